@@ -1,1 +1,59 @@
-//! placeholder
+//! Ichor's Datalog engine: the rule dialect of `rules-language.md`, evaluated on datafrog.
+//!
+//! Start here: `load` (files to a checked `Program`, with every diagnostic), `Engine::new`
+//! (compile once), `Engine::evaluate` (run many times on new facts), `explain` (a proof of
+//! any tuple, or why it does not hold), `ruletest` (facts in, expectations out).
+//!
+//! Architecture invariant: this crate knows no word of Talos, Kubernetes or Ichor and does no
+//! I/O. Files come through the `Sources` trait; time, if a program needs it, is a fact.
+//!
+//! Pipeline: `lexer` -> `parser` (`ast`) -> `loader` (includes) -> `check` (`program`) ->
+//! `plan` (join chains) -> `eval` (datafrog) -> `db` (results) -> `explain`. The `reference`
+//! module is a slow, obviously correct evaluator kept to check `eval` on random programs.
+
+pub mod ast;
+pub mod check;
+pub mod db;
+pub mod diag;
+pub mod eval;
+pub mod explain;
+pub mod facts;
+pub mod lexer;
+pub mod loader;
+pub mod parser;
+pub mod plan;
+pub mod program;
+pub mod reference;
+pub mod ruletest;
+pub mod value;
+
+pub use db::Database;
+pub use diag::{Diagnostic, Severity, SourceMap, Span};
+pub use eval::{EvalError, EvalOptions, Facts};
+pub use loader::{Loaded, MemSources, Sources, load, load_str};
+pub use plan::{Plan, PlanError};
+pub use program::{Const, Program, RelId};
+
+/// A checked program compiled for evaluation; build once, evaluate many times.
+#[derive(Debug)]
+pub struct Engine {
+    pub program: Program,
+    pub plan: Plan,
+}
+
+impl Engine {
+    pub fn new(program: Program) -> Result<Engine, Vec<PlanError>> {
+        let plan = Plan::new(&program)?;
+        Ok(Engine { program, plan })
+    }
+
+    /// Evaluates on `facts`, indexed by relation id (see `facts::FactSet` to build them by name).
+    pub fn evaluate(&self, facts: &Facts, opts: EvalOptions) -> Result<Database, EvalError> {
+        eval::evaluate(&self.program, &self.plan, facts, opts)
+    }
+
+    /// An empty fact set shaped for this program.
+    pub fn empty_facts(&self) -> Facts {
+        vec![vec![]; self.program.relations.len()]
+    }
+}

@@ -1,0 +1,88 @@
+//! Diagnostics: positions in rule files and the problems found there.
+//!
+//! Every stage (lexer, parser, loader, checker) returns all of its problems at once as a
+//! `Vec<Diagnostic>`; nothing stops at the first one. A `Span` names a file by index into the
+//! `SourceMap`, so diagnostics print as `path:line:col: error: message`.
+
+use std::fmt;
+
+/// A position in a loaded file: file index, 1-based line and column (in characters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Span {
+    pub file: u32,
+    pub line: u32,
+    pub col: u32,
+}
+
+/// The names of the files a program was loaded from, indexed by `Span::file`.
+#[derive(Clone, Debug, Default)]
+pub struct SourceMap {
+    pub files: Vec<String>,
+}
+
+impl SourceMap {
+    pub fn name(&self, span: Span) -> &str {
+        self.files.get(span.file as usize).map(String::as_str).unwrap_or("<unknown>")
+    }
+
+    /// `path:line:col`, the form every message uses to point at a place.
+    pub fn locate(&self, span: Span) -> String {
+        format!("{}:{}:{}", self.name(span), span.line, span.col)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+/// One problem, at one place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub severity: Severity,
+    pub span: Span,
+    pub message: String,
+}
+
+impl Diagnostic {
+    pub fn error(span: Span, message: impl Into<String>) -> Self {
+        Diagnostic { severity: Severity::Error, span, message: message.into() }
+    }
+
+    pub fn warning(span: Span, message: impl Into<String>) -> Self {
+        Diagnostic { severity: Severity::Warning, span, message: message.into() }
+    }
+
+    pub fn is_error(&self) -> bool {
+        self.severity == Severity::Error
+    }
+
+    /// Renders `path:line:col: error: message` with the file names of `map`.
+    pub fn display<'a>(&'a self, map: &'a SourceMap) -> impl fmt::Display + 'a {
+        DisplayDiag { diag: self, map }
+    }
+}
+
+struct DisplayDiag<'a> {
+    diag: &'a Diagnostic,
+    map: &'a SourceMap,
+}
+
+impl fmt::Display for DisplayDiag<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let level = match self.diag.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        write!(f, "{}: {}: {}", self.map.locate(self.diag.span), level, self.diag.message)
+    }
+}
+
+/// Sorts diagnostics by position so that output is deterministic whatever the order in which
+/// the stages found them.
+pub fn sort(diags: &mut [Diagnostic]) {
+    diags.sort_by(|a, b| {
+        (a.span, a.severity, &a.message).cmp(&(b.span, b.severity, &b.message))
+    });
+}

@@ -1,0 +1,814 @@
+//! The fast evaluator: a `Plan` run on datafrog 2.0.1, stratum by stratum.
+//!
+//! Start at `evaluate`. Rows are `[u32; W]` for the program's width `W` (2, 4, 8 or 16, chosen
+//! at load) beside a provenance field `M` that equality and order ignore: `()` when
+//! provenance is off, `Prov { rule, height }` when on, so deduplication keeps one derivation
+//! and costs nothing when unused. Each stratum is one datafrog `Iteration`: a `Variable` per
+//! relation, one per keyed index of those relations (`<relation>_by_<columns>`) and one per
+//! intermediate binding row of a multi-atom rule. Joins merge the key prefixes of two sorted
+//! inputs (datafrog's semi-naive recent x stable scheme) and apply the step's filters in the
+//! same pass. Negation looks rows up in a finished relation by binary search: datafrog's
+//! `Relation::from_antijoin` is not used (in 2.0.1 it always returns an empty relation).
+
+use crate::ast::{AggKind, CmpOp};
+use crate::db::{Database, INPUT, RelData};
+use crate::plan::{CExpr, MAX_VARS, Op, Plan, Source};
+use crate::program::{Const, Program, RelId};
+use crate::value::{self, Interner, ValueError};
+use datafrog::{Iteration, Relation, Variable};
+use regex::Regex;
+use std::cell::RefCell;
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// Provenance carried beside a row.
+pub trait Meta: Copy + Default + std::fmt::Debug + 'static {
+    fn new(rule: u32, height: u32) -> Self;
+    fn rule(self) -> u32;
+    fn height(self) -> u32;
+}
+
+impl Meta for () {
+    fn new(_: u32, _: u32) -> Self {}
+    fn rule(self) -> u32 {
+        INPUT
+    }
+    fn height(self) -> u32 {
+        0
+    }
+}
+
+/// The rule that derived a row and the round it appeared in.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Prov {
+    pub rule: u32,
+    pub height: u32,
+}
+
+impl Meta for Prov {
+    fn new(rule: u32, height: u32) -> Self {
+        Prov { rule, height }
+    }
+    fn rule(self) -> u32 {
+        self.rule
+    }
+    fn height(self) -> u32 {
+        self.height
+    }
+}
+
+/// A row and its provenance; order and equality look at the row only.
+#[derive(Clone, Copy, Debug)]
+pub struct Tup<const W: usize, M> {
+    pub row: [u32; W],
+    pub meta: M,
+}
+
+impl<const W: usize, M> PartialEq for Tup<W, M> {
+    fn eq(&self, other: &Self) -> bool {
+        self.row == other.row
+    }
+}
+impl<const W: usize, M> Eq for Tup<W, M> {}
+impl<const W: usize, M> PartialOrd for Tup<W, M> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<const W: usize, M> Ord for Tup<W, M> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.row.cmp(&other.row)
+    }
+}
+
+/// Options of one evaluation.
+#[derive(Clone, Copy, Debug)]
+pub struct EvalOptions {
+    /// Record which rule derived each tuple and when; needed for `explain`.
+    pub provenance: bool,
+    /// Stop with an error once the relations hold more tuples than this in total.
+    pub max_tuples: usize,
+}
+
+impl Default for EvalOptions {
+    fn default() -> Self {
+        EvalOptions { provenance: false, max_tuples: 50_000_000 }
+    }
+}
+
+/// A failure during evaluation, naming the rule and the value at fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvalError {
+    /// `file:line:col` of the rule.
+    pub at: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for EvalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.at, self.message)
+    }
+}
+
+/// Input facts, already interned against the evaluation's interner.
+pub type Facts = Vec<Vec<Vec<Const>>>;
+
+/// Evaluates the program on `facts` (indexed by relation id, values typed as declared).
+pub fn evaluate(program: &Program, plan: &Plan, facts: &Facts, opts: EvalOptions) -> Result<Database, EvalError> {
+    match (plan.width, opts.provenance) {
+        (2, false) => Eval::<2, ()>::run(program, plan, facts, opts),
+        (2, true) => Eval::<2, Prov>::run(program, plan, facts, opts),
+        (4, false) => Eval::<4, ()>::run(program, plan, facts, opts),
+        (4, true) => Eval::<4, Prov>::run(program, plan, facts, opts),
+        (8, false) => Eval::<8, ()>::run(program, plan, facts, opts),
+        (8, true) => Eval::<8, Prov>::run(program, plan, facts, opts),
+        (_, false) => Eval::<16, ()>::run(program, plan, facts, opts),
+        (_, true) => Eval::<16, Prov>::run(program, plan, facts, opts),
+    }
+}
+
+/// Compares the first `k` values of two rows.
+#[inline(always)]
+fn key_cmp<const W: usize>(a: &[u32; W], b: &[u32; W], k: usize) -> Ordering {
+    match k {
+        0 => Ordering::Equal,
+        1 => a[0].cmp(&b[0]),
+        2 => (a[0], a[1]).cmp(&(b[0], b[1])),
+        _ => a[..k].cmp(&b[..k]),
+    }
+}
+
+/// Skips past every element for which `less` holds (exponential then binary search).
+#[inline]
+fn gallop<T>(mut slice: &[T], mut less: impl FnMut(&T) -> bool) -> &[T] {
+    if !slice.is_empty() && less(&slice[0]) {
+        let mut step = 1;
+        while step < slice.len() && less(&slice[step]) {
+            slice = &slice[step..];
+            step <<= 1;
+        }
+        step >>= 1;
+        while step > 0 {
+            if step < slice.len() && less(&slice[step]) {
+                slice = &slice[step..];
+            }
+            step >>= 1;
+        }
+        slice = &slice[1..];
+    }
+    slice
+}
+
+/// Merge join of two sorted slices on their first `k` values.
+fn join_slices<const W: usize, M>(
+    mut a: &[Tup<W, M>],
+    mut b: &[Tup<W, M>],
+    k: usize,
+    f: &mut impl FnMut(&Tup<W, M>, &Tup<W, M>),
+) {
+    while !a.is_empty() && !b.is_empty() {
+        match key_cmp(&a[0].row, &b[0].row, k) {
+            Ordering::Less => {
+                let key = b[0].row;
+                a = gallop(a, |x| key_cmp(&x.row, &key, k) == Ordering::Less);
+            }
+            Ordering::Greater => {
+                let key = a[0].row;
+                b = gallop(b, |x| key_cmp(&x.row, &key, k) == Ordering::Less);
+            }
+            Ordering::Equal => {
+                let na = a.iter().take_while(|x| key_cmp(&x.row, &a[0].row, k) == Ordering::Equal).count();
+                let nb = b.iter().take_while(|x| key_cmp(&x.row, &b[0].row, k) == Ordering::Equal).count();
+                for x in &a[..na] {
+                    for y in &b[..nb] {
+                        f(x, y);
+                    }
+                }
+                a = &a[na..];
+                b = &b[nb..];
+            }
+        }
+    }
+}
+
+/// Where a step reads its rows from: a finished sorted vector or a datafrog variable.
+enum Input<const W: usize, M: Meta> {
+    Static(Rc<Vec<Tup<W, M>>>),
+    Dynamic(Variable<Tup<W, M>>),
+}
+
+impl<const W: usize, M: Meta> Input<W, M> {
+    fn is_dynamic(&self) -> bool {
+        matches!(self, Input::Dynamic(_))
+    }
+
+    /// Calls `f(recent, stable batches)`; a static input is all stable.
+    fn with<R>(&self, f: impl FnOnce(&[Tup<W, M>], &[&[Tup<W, M>]]) -> R) -> R {
+        match self {
+            Input::Static(v) => f(&[], &[&v[..]]),
+            Input::Dynamic(var) => {
+                let recent = var.recent.borrow();
+                let stable = var.stable.borrow();
+                let batches: Vec<&[Tup<W, M>]> = stable.iter().map(|r| &r.elements[..]).collect();
+                f(&recent.elements[..], &batches)
+            }
+        }
+    }
+}
+
+struct Ctx<'a, const W: usize> {
+    program: &'a Program,
+    plan: &'a Plan,
+    interner: RefCell<Interner>,
+    neg: Vec<Option<Rc<Vec<[u32; W]>>>>,
+    aggs: Vec<Option<HashMap<[u32; W], u32>>>,
+    dyn_regex: RefCell<HashMap<u32, Result<Regex, String>>>,
+    error: RefCell<Option<EvalError>>,
+    zero: u32,
+}
+
+impl<const W: usize> Ctx<'_, W> {
+    fn fail(&self, rule: usize, message: String) {
+        let mut e = self.error.borrow_mut();
+        if e.is_none() {
+            let r = &self.program.rules[rule];
+            let rule = r.aux_of.unwrap_or(rule);
+            let at = self.program.sources.locate(self.program.rules[rule].span);
+            *e = Some(EvalError { at, message: format!("in the rule for `{}`: {message}", self.program.relations[self.program.rules[rule].head].name) });
+        }
+    }
+
+    fn num(&self, e: &CExpr, env: &[u32; MAX_VARS]) -> Result<i64, ValueError> {
+        match e {
+            CExpr::Var(v) => Ok(self.interner.borrow().num(env[*v])),
+            CExpr::Lit(id) => Ok(self.interner.borrow().num(*id)),
+            CExpr::Arith(op, a, b) => value::arith(*op, self.num(a, env)?, self.num(b, env)?),
+            CExpr::Call(..) => {
+                let id = self.value(e, env)?;
+                Ok(self.interner.borrow().num(id))
+            }
+        }
+    }
+
+    fn value(&self, e: &CExpr, env: &[u32; MAX_VARS]) -> Result<u32, ValueError> {
+        match e {
+            CExpr::Var(v) => Ok(env[*v]),
+            CExpr::Lit(id) => Ok(*id),
+            CExpr::Arith(..) => {
+                let n = self.num(e, env)?;
+                Ok(self.interner.borrow_mut().intern_num(n))
+            }
+            CExpr::Call(f, args) => {
+                let mut vals = Vec::with_capacity(args.len());
+                for a in args {
+                    let id = self.value(a, env)?;
+                    vals.push(self.interner.borrow().value(id).clone());
+                }
+                let c = value::call(*f, &vals)?;
+                Ok(self.interner.borrow_mut().intern(c))
+            }
+        }
+    }
+
+    /// Runs a step's ops on the environment; false when a filter rejects it or on error.
+    fn run_ops(&self, ops: &[Op], env: &mut [u32; MAX_VARS], rule: usize) -> bool {
+        for op in ops {
+            let ok = match self.op(op, env) {
+                Ok(ok) => ok,
+                Err(e) => {
+                    self.fail(rule, e.to_string());
+                    false
+                }
+            };
+            if !ok {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn op(&self, op: &Op, env: &mut [u32; MAX_VARS]) -> Result<bool, ValueError> {
+        Ok(match op {
+            Op::Cmp(a, cmp, b) => {
+                let (x, y) = (self.value(a, env)?, self.value(b, env)?);
+                match cmp {
+                    CmpOp::Eq => x == y,
+                    CmpOp::Ne => x != y,
+                    _ => {
+                        let i = self.interner.borrow();
+                        let ord = i.value(x).cmp(i.value(y));
+                        match cmp {
+                            CmpOp::Lt => ord == Ordering::Less,
+                            CmpOp::Le => ord != Ordering::Greater,
+                            CmpOp::Gt => ord == Ordering::Greater,
+                            _ => ord != Ordering::Less,
+                        }
+                    }
+                }
+            }
+            Op::Bind(v, e) => {
+                env[*v] = self.value(e, env)?;
+                true
+            }
+            Op::Match(pattern, subject) => {
+                let s = self.value(subject, env)?;
+                let i = self.interner.borrow();
+                match pattern {
+                    Ok(re) => self.plan.regexes[*re].is_match(i.sym(s)),
+                    Err(p) => {
+                        drop(i);
+                        let pid = self.value(p, env)?;
+                        let i = self.interner.borrow();
+                        let mut cache = self.dyn_regex.borrow_mut();
+                        let re = cache
+                            .entry(pid)
+                            .or_insert_with(|| Regex::new(&crate::plan::whole(i.sym(pid))).map_err(|e| e.to_string()));
+                        match re {
+                            Ok(re) => re.is_match(i.sym(s)),
+                            Err(e) => return Err(ValueError::BadRegex(i.sym(pid).to_string(), e.clone())),
+                        }
+                    }
+                }
+            }
+            Op::Contains(sub, s) => {
+                let (a, b) = (self.value(sub, env)?, self.value(s, env)?);
+                let i = self.interner.borrow();
+                i.sym(b).contains(i.sym(a))
+            }
+            Op::Neg { index, vars } => {
+                let mut key = [0u32; W];
+                for (i, v) in vars.iter().enumerate() {
+                    key[i] = env[*v];
+                }
+                let rows = self.neg[*index].as_ref().expect("negation index built before its stratum");
+                rows.binary_search(&key).is_err()
+            }
+            Op::Agg { agg, corr, result, bound } => {
+                let mut key = [0u32; W];
+                for (i, v) in corr.iter().enumerate() {
+                    key[i] = env[*v];
+                }
+                let map = self.aggs[*agg].as_ref().expect("aggregate computed before its stratum");
+                let value = match map.get(&key) {
+                    Some(&v) => v,
+                    None => match self.plan.aggs[*agg].kind {
+                        AggKind::Count | AggKind::Sum => self.zero,
+                        AggKind::Min | AggKind::Max => return Ok(false),
+                    },
+                };
+                if *bound {
+                    env[*result] == value
+                } else {
+                    env[*result] = value;
+                    true
+                }
+            }
+        })
+    }
+}
+
+struct Eval<'a, const W: usize, M: Meta> {
+    ctx: Ctx<'a, W>,
+    done: Vec<Option<Rc<Vec<Tup<W, M>>>>>,
+    static_index: HashMap<usize, Rc<Vec<Tup<W, M>>>>,
+    height: u32,
+    opts: EvalOptions,
+}
+
+impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
+    fn run(program: &'a Program, plan: &'a Plan, facts: &Facts, opts: EvalOptions) -> Result<Database, EvalError> {
+        let mut interner = plan.base.clone();
+        let zero = interner.intern_num(0);
+        let nrels = program.relations.len();
+        let mut initial: Vec<Vec<Tup<W, M>>> = vec![vec![]; nrels];
+        for (rel, rows) in plan.facts.iter().enumerate() {
+            for r in rows {
+                initial[rel].push(Self::tup(r, M::new(INPUT, 0)));
+            }
+        }
+        for (rel, rows) in facts.iter().enumerate() {
+            for r in rows {
+                let ids: Vec<u32> = r.iter().map(|c| interner.intern(c.clone())).collect();
+                initial[rel].push(Self::tup(&ids, M::new(INPUT, 0)));
+            }
+        }
+        let mut ev = Eval {
+            ctx: Ctx {
+                program,
+                plan,
+                interner: RefCell::new(interner),
+                neg: vec![None; plan.neg_indexes.len()],
+                aggs: vec![None; plan.aggs.len()],
+                dyn_regex: RefCell::new(HashMap::new()),
+                error: RefCell::new(None),
+                zero,
+            },
+            done: vec![None; nrels],
+            static_index: HashMap::new(),
+            height: 0,
+            opts,
+        };
+        let mut total = 0usize;
+        for (s, stratum) in plan.strata.iter().enumerate() {
+            ev.stratum(s, &mut initial, &mut total)?;
+            let _ = stratum;
+        }
+        let rounds = ev.height;
+        let interner = ev.ctx.interner.into_inner();
+        let rels = ev
+            .done
+            .into_iter()
+            .enumerate()
+            .map(|(r, rows)| {
+                let arity = program.relations[r].arity();
+                let rows = rows.unwrap_or_default();
+                let mut data = RelData { arity, count: rows.len(), ..Default::default() };
+                data.rows.reserve(rows.len() * arity);
+                for t in rows.iter() {
+                    data.rows.extend_from_slice(&t.row[..arity]);
+                }
+                if opts.provenance {
+                    data.rule = rows.iter().map(|t| t.meta.rule()).collect();
+                    data.height = rows.iter().map(|t| t.meta.height()).collect();
+                }
+                data
+            })
+            .collect();
+        Ok(Database { interner, rels, provenance: opts.provenance, rounds })
+    }
+
+    fn tup(values: &[u32], meta: M) -> Tup<W, M> {
+        let mut row = [0u32; W];
+        row[..values.len()].copy_from_slice(values);
+        Tup { row, meta }
+    }
+
+    fn check_error(&self) -> Result<(), EvalError> {
+        match self.ctx.error.borrow().clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Projects a finished relation into an index (filters, permutation, sort, dedup).
+    fn project(&self, spec: &crate::plan::IndexSpec, rows: &[Tup<W, M>]) -> Vec<Tup<W, M>> {
+        let mut out: Vec<Tup<W, M>> = rows.iter().filter_map(|t| project_row(spec, t)).collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn static_index(&mut self, idx: usize) -> Rc<Vec<Tup<W, M>>> {
+        if let Some(v) = self.static_index.get(&idx) {
+            return v.clone();
+        }
+        let spec = &self.ctx.plan.indexes[idx];
+        let rows = self.done[spec.rel].clone().unwrap_or_default();
+        let v = Rc::new(self.project(spec, &rows));
+        self.static_index.insert(idx, v.clone());
+        v
+    }
+
+    /// Builds the negation indexes and aggregate tables the stratum's rules read.
+    fn prepare(&mut self, rules: &[usize]) -> Result<(), EvalError> {
+        let plan = self.ctx.plan;
+        for &r in rules {
+            for step in &plan.rules[r].steps {
+                for op in &step.ops {
+                    match op {
+                        Op::Neg { index, .. } if self.ctx.neg[*index].is_none() => {
+                            let spec = &plan.neg_indexes[*index];
+                            let rows = self.done[spec.rel].clone().unwrap_or_default();
+                            let mut keys: Vec<[u32; W]> =
+                                rows.iter().filter_map(|t| project_row(spec, t)).map(|t| t.row).collect();
+                            keys.sort_unstable();
+                            keys.dedup();
+                            self.ctx.neg[*index] = Some(Rc::new(keys));
+                        }
+                        Op::Agg { agg, .. } if self.ctx.aggs[*agg].is_none() => {
+                            let table = self.aggregate(*agg, plan.rules[r].rule)?;
+                            self.ctx.aggs[*agg] = Some(table);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn aggregate(&self, agg: usize, rule: usize) -> Result<HashMap<[u32; W], u32>, EvalError> {
+        let a = &self.ctx.plan.aggs[agg];
+        let rows = self.done[a.aux].clone().unwrap_or_default();
+        let mut out = HashMap::new();
+        let mut i = 0;
+        let mut env = [0u32; MAX_VARS];
+        while i < rows.len() {
+            let key_row = rows[i].row;
+            let mut j = i;
+            let mut acc: Option<i64> = None;
+            while j < rows.len() && rows[j].row[..a.corr_len] == key_row[..a.corr_len] {
+                let x = match &a.target {
+                    None => 1,
+                    Some(t) => {
+                        env[..W].copy_from_slice(&rows[j].row);
+                        match self.ctx.num(t, &env) {
+                            Ok(x) => x,
+                            Err(e) => {
+                                self.ctx.fail(rule, e.to_string());
+                                return Err(self.ctx.error.borrow().clone().unwrap());
+                            }
+                        }
+                    }
+                };
+                acc = Some(match (a.kind, acc) {
+                    (_, None) => x,
+                    (AggKind::Count | AggKind::Sum, Some(s)) => match s.checked_add(x) {
+                        Some(v) => v,
+                        None => {
+                            self.ctx.fail(rule, format!("integer overflow in {} over {s} + {x}", a.kind.name()));
+                            return Err(self.ctx.error.borrow().clone().unwrap());
+                        }
+                    },
+                    (AggKind::Min, Some(m)) => m.min(x),
+                    (AggKind::Max, Some(m)) => m.max(x),
+                });
+                j += 1;
+            }
+            let mut key = [0u32; W];
+            key[..a.corr_len].copy_from_slice(&key_row[..a.corr_len]);
+            let v = self.ctx.interner.borrow_mut().intern_num(acc.unwrap_or(0));
+            out.insert(key, v);
+            i = j;
+        }
+        Ok(out)
+    }
+
+    fn stratum(&mut self, s: usize, initial: &mut [Vec<Tup<W, M>>], total: &mut usize) -> Result<(), EvalError> {
+        let plan = self.ctx.plan;
+        let sp = &plan.strata[s];
+        self.height += 1;
+        if sp.rules.is_empty() {
+            for &rel in &sp.rels {
+                let rows = std::mem::take(&mut initial[rel]);
+                let rel_rows = Relation::from_vec(rows).elements;
+                *total += rel_rows.len();
+                self.done[rel] = Some(Rc::new(rel_rows));
+            }
+            return Ok(());
+        }
+        self.prepare(&sp.rules)?;
+        let in_stratum = |rel: RelId| sp.rels.contains(&rel);
+        let mut it = Iteration::new();
+        let mut vars: HashMap<RelId, Variable<Tup<W, M>>> = HashMap::new();
+        for &rel in &sp.rels {
+            let v = it.variable::<Tup<W, M>>(&self.ctx.program.relations[rel].name);
+            v.insert(Relation::from_vec(std::mem::take(&mut initial[rel])));
+            vars.insert(rel, v);
+        }
+        // Keyed copies of this stratum's relations, fed from their relation each round.
+        let mut dyn_index: HashMap<usize, Variable<Tup<W, M>>> = HashMap::new();
+        for &r in &sp.rules {
+            for step in &plan.rules[r].steps {
+                if let Source::Scan(idx, _) = &step.source {
+                    let spec = &plan.indexes[*idx];
+                    if in_stratum(spec.rel) && !dyn_index.contains_key(idx) {
+                        let name = index_name(self.ctx.program, spec);
+                        dyn_index.insert(*idx, it.variable(&name));
+                    }
+                }
+            }
+        }
+        // Per rule: the input of each step (its index) and the holder of each step's output.
+        struct RuleRt<const W: usize, M: Meta> {
+            plan: usize,
+            inputs: Vec<Input<W, M>>,
+            outs: Vec<Option<Input<W, M>>>,
+            dynamic: Vec<bool>,
+        }
+        let mut rts: Vec<RuleRt<W, M>> = vec![];
+        for &r in &sp.rules {
+            let rp = &plan.rules[r];
+            let mut inputs = vec![];
+            let mut dynamic = vec![];
+            for (i, step) in rp.steps.iter().enumerate() {
+                let input = match &step.source {
+                    Source::Unit => Input::Static(Rc::new(vec![Tup { row: [0; W], meta: M::default() }])),
+                    Source::Scan(idx, _) => match dyn_index.get(idx) {
+                        Some(v) => Input::Dynamic(v.clone()),
+                        None => Input::Static(self.static_index(*idx)),
+                    },
+                };
+                let d = input.is_dynamic() || (i > 0 && dynamic[i - 1]);
+                dynamic.push(d);
+                inputs.push(input);
+            }
+            let mut outs = vec![];
+            for (i, step) in rp.steps.iter().enumerate() {
+                let last = i + 1 == rp.steps.len();
+                // Step 0 with no filter is its own index: no copy.
+                let direct = i == 0 && step.ops.is_empty() && matches!(step.source, Source::Scan(..))
+                    && plan.indexes[match step.source { Source::Scan(idx, _) => idx, _ => 0 }].cols.len() == step.out.len();
+                if last || direct {
+                    outs.push(None);
+                } else if dynamic[i] {
+                    outs.push(Some(Input::Dynamic(it.variable(&format!("{}_step{i}", self.ctx.program.relations[rp.head].name)))));
+                } else {
+                    outs.push(Some(Input::Static(Rc::new(vec![]))));
+                }
+            }
+            rts.push(RuleRt { plan: r, inputs, outs, dynamic });
+        }
+        // Static parts: computed once, before the loop.
+        let h = self.height;
+        for rt in &mut rts {
+            let rp = &plan.rules[rt.plan];
+            for i in 0..rp.steps.len() {
+                if rt.dynamic[i] {
+                    break;
+                }
+                let rows = self.run_step(rp, i, &rt.inputs, &rt.outs, h, true);
+                let last = i + 1 == rp.steps.len();
+                if last {
+                    vars[&rp.head].insert(Relation::from_vec(rows));
+                } else if let Some(Input::Static(slot)) = &mut rt.outs[i] {
+                    *slot = Rc::new(Relation::from_vec(rows).elements);
+                }
+            }
+        }
+        self.check_error()?;
+        let names: Vec<(usize, RelId)> = dyn_index.keys().map(|&i| (i, plan.indexes[i].rel)).collect();
+        while it.changed() {
+            self.height += 1;
+            let h = self.height;
+            for &(idx, rel) in &names {
+                let spec = &plan.indexes[idx];
+                let src = vars[&rel].recent.borrow();
+                let rows: Vec<Tup<W, M>> = src.iter().filter_map(|t| project_row(spec, t)).collect();
+                drop(src);
+                dyn_index[&idx].insert(Relation::from_vec(rows));
+            }
+            for rt in &rts {
+                let rp = &plan.rules[rt.plan];
+                for i in 0..rp.steps.len() {
+                    if !rt.dynamic[i] {
+                        continue;
+                    }
+                    let rows = self.run_step(rp, i, &rt.inputs, &rt.outs, h, false);
+                    let last = i + 1 == rp.steps.len();
+                    if last {
+                        vars[&rp.head].insert(Relation::from_vec(rows));
+                    } else if let Some(Input::Dynamic(v)) = &rt.outs[i] {
+                        v.insert(Relation::from_vec(rows));
+                    }
+                }
+            }
+            self.check_error()?;
+            let mut size = *total;
+            for v in vars.values() {
+                size += v.recent.borrow().len() + v.stable.borrow().iter().map(|b| b.len()).sum::<usize>();
+            }
+            if size > self.opts.max_tuples {
+                return Err(EvalError {
+                    at: "evaluation".into(),
+                    message: format!(
+                        "stopped after {size} tuples (limit {}): does a rule make new values without bound, such as `p(N + 1) :- p(N).`?",
+                        self.opts.max_tuples
+                    ),
+                });
+            }
+        }
+        drop(rts);
+        drop(dyn_index);
+        for (rel, v) in vars {
+            let rows = v.complete().elements;
+            *total += rows.len();
+            self.done[rel] = Some(Rc::new(rows));
+        }
+        Ok(())
+    }
+
+    /// Runs step `i` of a rule: its source joined with the previous step's rows (semi-naive
+    /// unless `full`), then its ops; returns the produced rows (binding rows or head tuples).
+    fn run_step(
+        &self,
+        rp: &crate::plan::RulePlan,
+        i: usize,
+        inputs: &[Input<W, M>],
+        outs: &[Option<Input<W, M>>],
+        height: u32,
+        full: bool,
+    ) -> Vec<Tup<W, M>> {
+        let step = &rp.steps[i];
+        let last = i + 1 == rp.steps.len();
+        let rule = rp.rule;
+        let meta = M::new(rule as u32, height);
+        let mut results: Vec<Tup<W, M>> = vec![];
+        let held: &[usize] = match &step.source {
+            Source::Scan(_, held) => held,
+            Source::Unit => &[],
+        };
+        let ctx = &self.ctx;
+        let mut env = [0u32; MAX_VARS];
+        let mut emit = |env: &mut [u32; MAX_VARS], results: &mut Vec<Tup<W, M>>| {
+            if !ctx.run_ops(&step.ops, env, rule) {
+                return;
+            }
+            let mut row = [0u32; W];
+            if last {
+                for (k, e) in rp.head_exprs.iter().enumerate() {
+                    match ctx.value(e, env) {
+                        Ok(v) => row[k] = v,
+                        Err(err) => {
+                            ctx.fail(rule, err.to_string());
+                            return;
+                        }
+                    }
+                }
+            } else {
+                for (k, v) in step.out.iter().enumerate() {
+                    row[k] = env[*v];
+                }
+            }
+            results.push(Tup { row, meta });
+        };
+        if i == 0 {
+            let mut each = |rows: &[Tup<W, M>]| {
+                for t in rows {
+                    for (k, v) in held.iter().enumerate() {
+                        env[*v] = t.row[k];
+                    }
+                    emit(&mut env, &mut results);
+                }
+            };
+            inputs[0].with(|recent, stable| {
+                if full {
+                    stable.iter().for_each(|b| each(b));
+                }
+                each(recent);
+            });
+            return results;
+        }
+        // The left input: the previous step's rows, or its index directly.
+        let left = outs[i - 1].as_ref().unwrap_or(&inputs[i - 1]);
+        let prev_out: &[usize] = &rp.steps[i - 1].out;
+        let k = step.key_len;
+        let mut on_pair = |l: &Tup<W, M>, r: &Tup<W, M>| {
+            for (j, v) in prev_out.iter().enumerate() {
+                env[*v] = l.row[j];
+            }
+            for (j, v) in held.iter().enumerate().skip(k) {
+                env[*v] = r.row[j];
+            }
+            emit(&mut env, &mut results);
+        };
+        left.with(|l_recent, l_stable| {
+            inputs[i].with(|r_recent, r_stable| {
+                if full {
+                    for a in l_stable.iter().chain(std::iter::once(&l_recent)) {
+                        for b in r_stable.iter().chain(std::iter::once(&r_recent)) {
+                            join_slices(a, b, k, &mut on_pair);
+                        }
+                    }
+                } else {
+                    for b in r_stable {
+                        join_slices(l_recent, b, k, &mut on_pair);
+                    }
+                    for a in l_stable {
+                        join_slices(a, r_recent, k, &mut on_pair);
+                    }
+                    join_slices(l_recent, r_recent, k, &mut on_pair);
+                }
+            })
+        });
+        results
+    }
+}
+
+/// One row of an index: filtered by the spec's constants and equalities, then permuted.
+#[inline]
+fn project_row<const W: usize, M: Copy>(spec: &crate::plan::IndexSpec, t: &Tup<W, M>) -> Option<Tup<W, M>> {
+    for &(c, v) in &spec.consts {
+        if t.row[c] != v {
+            return None;
+        }
+    }
+    for &(a, b) in &spec.eqs {
+        if t.row[a] != t.row[b] {
+            return None;
+        }
+    }
+    let mut row = [0u32; W];
+    for (k, &c) in spec.cols.iter().enumerate() {
+        row[k] = t.row[c];
+    }
+    Some(Tup { row, meta: t.meta })
+}
+
+/// `<relation>_by_<columns>`, the name datafrog variables of keyed copies carry.
+pub fn index_name(program: &Program, spec: &crate::plan::IndexSpec) -> String {
+    let rel = &program.relations[spec.rel];
+    let key: Vec<&str> = spec.cols[..spec.key_len].iter().map(|&c| rel.columns[c].0.as_str()).collect();
+    if key.is_empty() { rel.name.clone() } else { format!("{}_by_{}", rel.name, key.join("_")) }
+}

@@ -1,0 +1,483 @@
+//! The compiled form of a program: each rule as a chain of joins over keyed indexes.
+//!
+//! Start at `Plan::new`. A rule `h :- a1, a2, ..., an, filters` becomes step 0 (a scan of an
+//! index of `a1`, or a unit row when there is no positive atom) followed by one join per further
+//! atom. Every index is the relation's rows permuted so that the join key is a prefix
+//! (`<relation>_by_<columns>`), with constants and repeated variables filtered and unused
+//! columns projected away. Each step carries the non-atom literals (constraints, bindings,
+//! negations, aggregates, predicates) that become evaluable once its variables are bound,
+//! and the layout of the binding row it produces: the next join's key first. The plan is
+//! computed once per program and reused for every evaluation.
+
+use crate::ast::{AggKind, ArithOp, CmpOp, Functor, Pred};
+use crate::program::*;
+use crate::value::Interner;
+use regex::Regex;
+use std::collections::HashMap;
+
+/// The most variables a rule may have (the evaluator's scratch environment is an array).
+pub const MAX_VARS: usize = 64;
+/// The widest row (relation arity or binding row) the evaluator is compiled for.
+pub const MAX_WIDTH: usize = 16;
+
+/// A projection of one relation: `cols[i]` is the source column of index column `i`; the first
+/// `key_len` columns are the join key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct IndexSpec {
+    pub rel: RelId,
+    pub cols: Vec<usize>,
+    pub key_len: usize,
+    /// Source column must equal an interned constant.
+    pub consts: Vec<(usize, u32)>,
+    /// Source columns that must be equal (a variable repeated in the atom).
+    pub eqs: Vec<(usize, usize)>,
+}
+
+/// An expression over the rule's environment (variables by id).
+#[derive(Clone, Debug)]
+pub enum CExpr {
+    Var(usize),
+    Lit(u32),
+    Arith(ArithOp, Box<CExpr>, Box<CExpr>),
+    Call(Functor, Vec<CExpr>),
+}
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    Cmp(CExpr, CmpOp, CExpr),
+    Bind(usize, CExpr),
+    /// Whole-string regex match; `Err` holds the pattern when it must be compiled at run time.
+    Match(Result<usize, CExpr>, CExpr),
+    Contains(CExpr, CExpr),
+    /// No row of the negation index equals these variables' values.
+    Neg { index: usize, vars: Vec<usize> },
+    /// Look up aggregate `agg` by the correlated variables; bind (or compare) `result`.
+    Agg { agg: usize, corr: Vec<usize>, result: usize, bound: bool },
+}
+
+#[derive(Clone, Debug)]
+pub enum Source {
+    Unit,
+    /// Index id, and the variable held in each index column.
+    Scan(usize, Vec<usize>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// For step 0: where rows come from. For later steps: `Scan` of the right-hand index,
+    /// joined with the previous step's rows on `key_len` leading columns.
+    pub source: Source,
+    pub key_len: usize,
+    pub ops: Vec<Op>,
+    /// Variables of the binding row this step produces (empty for the last step).
+    pub out: Vec<usize>,
+}
+
+#[derive(Clone, Debug)]
+pub struct RulePlan {
+    pub rule: usize,
+    pub head: RelId,
+    pub steps: Vec<Step>,
+    pub head_exprs: Vec<CExpr>,
+    pub nvars: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct AggPlan {
+    pub kind: AggKind,
+    pub aux: RelId,
+    pub corr_len: usize,
+    pub target: Option<CExpr>,
+}
+
+#[derive(Clone, Debug)]
+pub struct StratumPlan {
+    pub rels: Vec<RelId>,
+    pub rules: Vec<usize>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub width: usize,
+    pub indexes: Vec<IndexSpec>,
+    pub neg_indexes: Vec<IndexSpec>,
+    pub aggs: Vec<AggPlan>,
+    pub rules: Vec<RulePlan>,
+    pub strata: Vec<StratumPlan>,
+    pub regexes: Vec<Regex>,
+    /// Constants of the program, interned; each evaluation starts from a clone.
+    pub base: Interner,
+    /// Facts of the program, interned, per relation.
+    pub facts: Vec<Vec<Vec<u32>>>,
+}
+
+/// Why a program cannot be compiled (limits of the evaluator, each with the rule's place).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanError {
+    pub at: String,
+    pub message: String,
+}
+
+struct Builder<'p> {
+    program: &'p Program,
+    base: Interner,
+    indexes: Vec<IndexSpec>,
+    index_ids: HashMap<IndexSpec, usize>,
+    neg_indexes: Vec<IndexSpec>,
+    aggs: Vec<AggPlan>,
+    regexes: Vec<Regex>,
+    regex_ids: HashMap<String, usize>,
+    width: usize,
+}
+
+/// Anchors a pattern so that the whole subject must match, as in Soufflé.
+pub fn whole(pattern: &str) -> String {
+    format!("^(?:{pattern})$")
+}
+
+impl Builder<'_> {
+    fn lit(&mut self, c: &Const) -> u32 {
+        self.base.intern(c.clone())
+    }
+
+    fn expr(&mut self, e: &Expr) -> CExpr {
+        match e {
+            Expr::Var(v) => CExpr::Var(*v),
+            Expr::Const(c) => CExpr::Lit(self.lit(c)),
+            Expr::Arith(op, a, b) => CExpr::Arith(*op, Box::new(self.expr(a)), Box::new(self.expr(b))),
+            Expr::Call(f, args) => CExpr::Call(*f, args.iter().map(|a| self.expr(a)).collect()),
+        }
+    }
+
+    fn index(&mut self, spec: IndexSpec) -> usize {
+        self.width = self.width.max(spec.cols.len());
+        if let Some(&id) = self.index_ids.get(&spec) {
+            return id;
+        }
+        let id = self.indexes.len();
+        self.index_ids.insert(spec.clone(), id);
+        self.indexes.push(spec);
+        id
+    }
+
+    /// The index of an atom with `key` variables first, then `rest`; returns its id and the
+    /// variable held in each of its columns.
+    fn atom_index(&mut self, rel: RelId, args: &[Arg], key: &[usize], rest: &[usize]) -> (usize, Vec<usize>) {
+        let mut consts = vec![];
+        let mut eqs = vec![];
+        let mut first_col: HashMap<usize, usize> = HashMap::new();
+        for (i, a) in args.iter().enumerate() {
+            match a {
+                Arg::Const(c) => consts.push((i, self.lit(c))),
+                Arg::Var(v) => match first_col.get(v) {
+                    Some(&j) => eqs.push((j, i)),
+                    None => {
+                        first_col.insert(*v, i);
+                    }
+                },
+                Arg::Wild => {}
+            }
+        }
+        let vars: Vec<usize> = key.iter().chain(rest).copied().collect();
+        let cols = vars.iter().map(|v| first_col[v]).collect();
+        let id = self.index(IndexSpec { rel, cols, key_len: key.len(), consts, eqs });
+        (id, vars)
+    }
+
+    fn regex(&mut self, pattern: &str) -> Result<usize, String> {
+        if let Some(&id) = self.regex_ids.get(pattern) {
+            return Ok(id);
+        }
+        let re = Regex::new(&whole(pattern)).map_err(|e| e.to_string())?;
+        let id = self.regexes.len();
+        self.regexes.push(re);
+        self.regex_ids.insert(pattern.to_string(), id);
+        Ok(id)
+    }
+
+    fn op(&mut self, lit: &Lit, bound: &[bool]) -> Result<Op, String> {
+        Ok(match lit {
+            Lit::Cmp { lhs, op, rhs, .. } => Op::Cmp(self.expr(lhs), *op, self.expr(rhs)),
+            Lit::Bind { var, expr, .. } => Op::Bind(*var, self.expr(expr)),
+            Lit::Pred { pred: Pred::Match, pattern, subject, .. } => {
+                let p = match pattern {
+                    Expr::Const(Const::Sym(s)) => Ok(self.regex(s)?),
+                    other => Err(self.expr(other)),
+                };
+                Op::Match(p, self.expr(subject))
+            }
+            Lit::Pred { pred: Pred::Contains, pattern, subject, .. } => {
+                Op::Contains(self.expr(pattern), self.expr(subject))
+            }
+            Lit::Atom { rel, args, negated: true, .. } => {
+                let mut consts = vec![];
+                let mut eqs = vec![];
+                let mut cols = vec![];
+                let mut vars = vec![];
+                let mut first_col: HashMap<usize, usize> = HashMap::new();
+                for (i, a) in args.iter().enumerate() {
+                    match a {
+                        Arg::Const(c) => consts.push((i, self.lit(c))),
+                        Arg::Var(v) => match first_col.get(v) {
+                            Some(&j) => eqs.push((j, i)),
+                            None => {
+                                first_col.insert(*v, i);
+                                cols.push(i);
+                                vars.push(*v);
+                            }
+                        },
+                        Arg::Wild => {}
+                    }
+                }
+                let key_len = cols.len();
+                self.width = self.width.max(key_len);
+                let index = self.neg_indexes.len();
+                self.neg_indexes.push(IndexSpec { rel: *rel, cols, key_len, consts, eqs });
+                Op::Neg { index, vars }
+            }
+            Lit::Agg { agg, .. } => {
+                let id = self.aggs.len();
+                let target = agg.target.as_ref().map(|t| self.expr(t));
+                self.aggs.push(AggPlan { kind: agg.kind, aux: agg.aux, corr_len: agg.corr.len(), target });
+                Op::Agg { agg: id, corr: agg.corr.clone(), result: agg.result, bound: bound[agg.result] }
+            }
+            Lit::Atom { negated: false, .. } => unreachable!("positive atoms are steps"),
+        })
+    }
+
+    fn rule(&mut self, rule: &Rule) -> Result<RulePlan, String> {
+        let nvars = rule.vars.len();
+        if nvars > MAX_VARS {
+            return Err(format!("the rule has {nvars} variables; the evaluator supports at most {MAX_VARS}"));
+        }
+        let atoms: Vec<(RelId, &Vec<Arg>)> = rule
+            .body
+            .iter()
+            .filter_map(|l| match l {
+                Lit::Atom { rel, args, negated: false, .. } => Some((*rel, args)),
+                _ => None,
+            })
+            .collect();
+        let others: Vec<&Lit> = rule.body.iter().filter(|l| !matches!(l, Lit::Atom { negated: false, .. })).collect();
+        let atom_vars = |args: &Vec<Arg>| -> Vec<usize> {
+            let mut vs = vec![];
+            for a in args {
+                if let Arg::Var(v) = a {
+                    if !vs.contains(v) {
+                        vs.push(*v);
+                    }
+                }
+            }
+            vs
+        };
+        // Which step evaluates each non-atom literal: the first after which its inputs are bound.
+        let nsteps = atoms.len().max(1);
+        let mut bound = vec![false; nvars];
+        let mut step_ops: Vec<Vec<Op>> = vec![vec![]; nsteps];
+        let mut bound_after: Vec<Vec<bool>> = vec![];
+        let mut done = vec![false; others.len()];
+        for s in 0..nsteps {
+            if let Some((_, args)) = atoms.get(s) {
+                for v in atom_vars(args) {
+                    bound[v] = true;
+                }
+            }
+            // Literals are in dependency order (from the checker), so one pass suffices.
+            for (i, lit) in others.iter().enumerate() {
+                if done[i] {
+                    continue;
+                }
+                let mut needs = vec![];
+                crate::check::lit_vars(lit, &mut needs);
+                let (inputs, outputs): (Vec<usize>, Vec<usize>) = match lit {
+                    Lit::Bind { var, expr, .. } => {
+                        let mut e = vec![];
+                        expr.vars(&mut e);
+                        (e, vec![*var])
+                    }
+                    Lit::Agg { agg, .. } => (agg.corr.clone(), vec![agg.result]),
+                    _ => (needs, vec![]),
+                };
+                if inputs.iter().all(|&v| bound[v]) {
+                    let op = self.op(lit, &bound)?;
+                    step_ops[s].push(op);
+                    for v in outputs {
+                        bound[v] = true;
+                    }
+                    done[i] = true;
+                }
+            }
+            bound_after.push(bound.clone());
+        }
+        // Variables used at or after each step: later atoms, later ops, the head.
+        let mut head_vars = vec![];
+        rule.head_args.iter().for_each(|e| e.vars(&mut head_vars));
+        let op_vars = |ops: &[Op]| -> Vec<usize> {
+            let mut vs = vec![];
+            for op in ops {
+                op_inputs(op, &mut vs);
+            }
+            vs
+        };
+        let mut steps = vec![];
+        for s in 0..nsteps {
+            let last = s + 1 == nsteps;
+            // Live after this step: what later steps and the head read.
+            let mut live: Vec<usize> = head_vars.clone();
+            for t in s + 1..nsteps {
+                live.extend(atom_vars(atoms[t].1));
+                live.extend(op_vars(&step_ops[t]));
+            }
+            let out = if last {
+                vec![]
+            } else {
+                let next_key: Vec<usize> =
+                    atom_vars(atoms[s + 1].1).into_iter().filter(|&v| bound_after[s][v]).collect();
+                let mut out = next_key.clone();
+                for v in 0..nvars {
+                    if bound_after[s][v] && live.contains(&v) && !out.contains(&v) {
+                        out.push(v);
+                    }
+                }
+                out
+            };
+            self.width = self.width.max(out.len());
+            // What this step's index must hold: the key shared with the previous rows, then the
+            // atom's other variables that this step's ops or later steps read.
+            let source = match atoms.get(s) {
+                None => Source::Unit,
+                Some((rel, args)) => {
+                    let vars = atom_vars(args);
+                    // Step 0's index is laid out like its output rows, so that with no
+                    // filters it feeds the first join directly.
+                    let key: Vec<usize> = if s == 0 {
+                        out.clone()
+                    } else {
+                        // Same order as the previous step's output key.
+                        steps.last().map(|p: &Step| p.out.clone()).unwrap_or_default()
+                            .into_iter()
+                            .filter(|v| vars.contains(v))
+                            .collect()
+                    };
+                    let mut needed = live.clone();
+                    needed.extend(op_vars(&step_ops[s]));
+                    needed.extend(&out);
+                    let rest: Vec<usize> =
+                        vars.iter().copied().filter(|v| !key.contains(v) && needed.contains(v)).collect();
+                    let (id, held) = self.atom_index(*rel, args, &key, &rest);
+                    Source::Scan(id, held)
+                }
+            };
+            let key_len = match (&source, s) {
+                (Source::Scan(id, _), s) if s > 0 => self.indexes[*id].key_len,
+                _ => 0,
+            };
+            steps.push(Step { source, key_len, ops: std::mem::take(&mut step_ops[s]), out });
+        }
+        if done.iter().any(|d| !d) {
+            return Err("a literal's variables are never bound (the checker should have refused this rule)".into());
+        }
+        let head_exprs = rule.head_args.iter().map(|e| self.expr(e)).collect();
+        self.width = self.width.max(self.program.relations[rule.head].arity());
+        Ok(RulePlan { rule: rule.id, head: rule.head, steps, head_exprs, nvars })
+    }
+}
+
+/// The variables an op reads.
+pub fn op_inputs(op: &Op, out: &mut Vec<usize>) {
+    fn e(x: &CExpr, out: &mut Vec<usize>) {
+        match x {
+            CExpr::Var(v) => out.push(*v),
+            CExpr::Lit(_) => {}
+            CExpr::Arith(_, a, b) => {
+                e(a, out);
+                e(b, out);
+            }
+            CExpr::Call(_, args) => args.iter().for_each(|a| e(a, out)),
+        }
+    }
+    match op {
+        Op::Cmp(a, _, b) | Op::Contains(a, b) => {
+            e(a, out);
+            e(b, out);
+        }
+        Op::Bind(_, x) => e(x, out),
+        Op::Match(p, s) => {
+            if let Err(p) = p {
+                e(p, out);
+            }
+            e(s, out);
+        }
+        Op::Neg { vars, .. } => out.extend(vars),
+        Op::Agg { corr, result, bound, .. } => {
+            out.extend(corr);
+            if *bound {
+                out.push(*result);
+            }
+        }
+    }
+}
+
+impl Plan {
+    /// Compiles a checked program. Fails only on the evaluator's limits (too many variables in
+    /// a rule, rows wider than `MAX_WIDTH`) or a constant regex that does not compile.
+    pub fn new(program: &Program) -> Result<Plan, Vec<PlanError>> {
+        let mut b = Builder {
+            program,
+            base: Interner::default(),
+            indexes: vec![],
+            index_ids: HashMap::new(),
+            neg_indexes: vec![],
+            aggs: vec![],
+            regexes: vec![],
+            regex_ids: HashMap::new(),
+            width: 1,
+        };
+        let mut errors = vec![];
+        let mut rules = vec![];
+        for rule in &program.rules {
+            match b.rule(rule) {
+                Ok(p) => rules.push(p),
+                Err(message) => errors.push(PlanError { at: program.sources.locate(rule.span), message }),
+            }
+        }
+        for rel in &program.relations {
+            b.width = b.width.max(rel.arity());
+        }
+        let mut facts = vec![vec![]; program.relations.len()];
+        for (rel, values, _) in &program.facts {
+            let row = values.iter().map(|c| b.base.intern(c.clone())).collect();
+            facts[*rel].push(row);
+        }
+        let width = [2, 4, 8, 16].into_iter().find(|&w| w >= b.width);
+        let Some(width) = width else {
+            errors.push(PlanError {
+                at: "program".into(),
+                message: format!("a row of {} columns is wider than the evaluator's limit of {MAX_WIDTH}", b.width),
+            });
+            return Err(errors);
+        };
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let strata = program
+            .strata
+            .iter()
+            .map(|rels| StratumPlan {
+                rels: rels.clone(),
+                rules: rules.iter().enumerate().filter(|(_, r)| rels.contains(&r.head)).map(|(i, _)| i).collect(),
+            })
+            .collect();
+        Ok(Plan {
+            width,
+            indexes: b.indexes,
+            neg_indexes: b.neg_indexes,
+            aggs: b.aggs,
+            rules,
+            strata,
+            regexes: b.regexes,
+            base: b.base,
+            facts,
+        })
+    }
+}

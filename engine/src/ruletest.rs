@@ -1,0 +1,1 @@
+//! ruletest (being written)

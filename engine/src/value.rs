@@ -1,0 +1,190 @@
+//! Values at evaluation time: interning, arithmetic and the built-in functors.
+//!
+//! Every value (symbol or number) is interned to a `u32` so that rows are fixed-width arrays of
+//! `u32`. Numbers are interned like symbols (a tagged table, not their bits), so the interner
+//! is the one place that knows a value's type. Errors here (a version that does not parse,
+//! division by zero, overflow) name the value; the evaluator adds the rule.
+
+use crate::ast::{ArithOp, Functor};
+use crate::program::Const;
+use std::collections::HashMap;
+
+/// Interned value table. Ids are dense from 0.
+#[derive(Clone, Debug, Default)]
+pub struct Interner {
+    values: Vec<Const>,
+    ids: HashMap<Const, u32>,
+}
+
+impl Interner {
+    pub fn intern(&mut self, c: Const) -> u32 {
+        if let Some(&id) = self.ids.get(&c) {
+            return id;
+        }
+        let id = self.values.len() as u32;
+        self.values.push(c.clone());
+        self.ids.insert(c, id);
+        id
+    }
+
+    pub fn intern_num(&mut self, n: i64) -> u32 {
+        self.intern(Const::Num(n))
+    }
+
+    pub fn intern_sym(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.ids.get(&Const::Sym(s.to_string())) {
+            return id;
+        }
+        self.intern(Const::Sym(s.to_string()))
+    }
+
+    /// The id of a value if it was ever interned (a lookup that cannot grow the table).
+    pub fn get(&self, c: &Const) -> Option<u32> {
+        self.ids.get(c).copied()
+    }
+
+    pub fn value(&self, id: u32) -> &Const {
+        &self.values[id as usize]
+    }
+
+    pub fn num(&self, id: u32) -> i64 {
+        match &self.values[id as usize] {
+            Const::Num(n) => *n,
+            Const::Sym(_) => 0,
+        }
+    }
+
+    pub fn sym(&self, id: u32) -> &str {
+        match &self.values[id as usize] {
+            Const::Sym(s) => s,
+            Const::Num(_) => "",
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}
+
+/// A semantic version's numbers; a pre-release suffix is kept only for ordering.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    pub major: i64,
+    pub minor: i64,
+    pub patch: i64,
+    pub pre: Option<String>,
+}
+
+/// Parses `v1.36.4`, `1.36.4`, `v1.14` (patch 0) and `v1.14.0-rc.1`.
+pub fn parse_version(s: &str) -> Option<Version> {
+    let t = s.strip_prefix('v').unwrap_or(s);
+    let (core, pre) = match t.split_once(['-', '+']) {
+        Some((c, p)) => (c, Some(p.to_string())),
+        None => (t, None),
+    };
+    let mut parts = core.split('.');
+    let num = |p: Option<&str>| -> Option<i64> {
+        let p = p?;
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) || p.len() > 18 {
+            return None;
+        }
+        p.parse().ok()
+    };
+    let major = num(parts.next())?;
+    let minor = num(parts.next())?;
+    let patch = match parts.next() {
+        Some(p) => num(Some(p))?,
+        None => 0,
+    };
+    if parts.next().is_some() {
+        return None;
+    }
+    Some(Version { major, minor, patch, pre })
+}
+
+/// Semantic-version order: numbers first, then a release sorts after its pre-releases.
+pub fn version_cmp(a: &Version, b: &Version) -> std::cmp::Ordering {
+    (a.major, a.minor, a.patch).cmp(&(b.major, b.minor, b.patch)).then_with(|| match (&a.pre, &b.pre) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (Some(x), Some(y)) => x.cmp(y),
+    })
+}
+
+/// Why an expression could not be computed; the evaluator adds the rule's name and place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValueError {
+    BadVersion(String),
+    DivByZero { lhs: i64, op: ArithOp },
+    Overflow { lhs: i64, op: ArithOp, rhs: i64 },
+    BadNumber(String),
+    BadRegex(String, String),
+}
+
+impl std::fmt::Display for ValueError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ValueError::BadVersion(v) => write!(f, "version {v:?} does not parse (expected vX.Y.Z)"),
+            ValueError::DivByZero { lhs, op } => write!(f, "division by zero in {lhs} {} 0", op.symbol()),
+            ValueError::Overflow { lhs, op, rhs } => {
+                write!(f, "integer overflow in {lhs} {} {rhs}", op.symbol())
+            }
+            ValueError::BadNumber(s) => write!(f, "to_number: {s:?} is not an integer"),
+            ValueError::BadRegex(p, e) => write!(f, "regex {p:?} does not compile: {e}"),
+        }
+    }
+}
+
+pub fn arith(op: ArithOp, a: i64, b: i64) -> Result<i64, ValueError> {
+    let r = match op {
+        ArithOp::Add => a.checked_add(b),
+        ArithOp::Sub => a.checked_sub(b),
+        ArithOp::Mul => a.checked_mul(b),
+        ArithOp::Div | ArithOp::Rem if b == 0 => return Err(ValueError::DivByZero { lhs: a, op }),
+        ArithOp::Div => a.checked_div(b),
+        ArithOp::Rem => a.checked_rem(b),
+    };
+    r.ok_or(ValueError::Overflow { lhs: a, op, rhs: b })
+}
+
+/// Applies a functor to constant arguments (types were checked at load).
+pub fn call(f: Functor, args: &[Const]) -> Result<Const, ValueError> {
+    let sym = |i: usize| match &args[i] {
+        Const::Sym(s) => s.as_str(),
+        Const::Num(_) => "",
+    };
+    let version = |i: usize| parse_version(sym(i)).ok_or_else(|| ValueError::BadVersion(sym(i).to_string()));
+    Ok(match f {
+        Functor::Cat => {
+            let mut s = String::new();
+            for a in args {
+                match a {
+                    Const::Sym(x) => s.push_str(x),
+                    Const::Num(n) => s.push_str(&n.to_string()),
+                }
+            }
+            Const::Sym(s)
+        }
+        Functor::Strlen => Const::Num(sym(0).chars().count() as i64),
+        Functor::ToNumber => {
+            Const::Num(sym(0).trim().parse().map_err(|_| ValueError::BadNumber(sym(0).to_string()))?)
+        }
+        Functor::ToString => match &args[0] {
+            Const::Num(n) => Const::Sym(n.to_string()),
+            Const::Sym(s) => Const::Sym(s.clone()),
+        },
+        Functor::Major => Const::Num(version(0)?.major),
+        Functor::Minor => Const::Num(version(0)?.minor),
+        Functor::Patch => Const::Num(version(0)?.patch),
+        Functor::VersionCmp => Const::Num(match version_cmp(&version(0)?, &version(1)?) {
+            std::cmp::Ordering::Less => -1,
+            std::cmp::Ordering::Equal => 0,
+            std::cmp::Ordering::Greater => 1,
+        }),
+    })
+}
