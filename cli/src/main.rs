@@ -1,1 +1,90 @@
-fn main() {}
+//! The `ichor` binary: argument parsing and output over the library crates.
+//!
+//! Start at `main`. Each subcommand module turns validated arguments into a `Report` (text to
+//! print and an exit code); this file owns the exit-code contract of interfaces.md (0 nothing
+//! to report, 1 findings, 2 error), prints errors once as `ichor: error: a: b: c`, and exits
+//! quietly on a broken pipe.
+
+mod rules_cmd;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::io::Write;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "ichor", version, about = "Ichor's rules core: decide and explain Talos config changes and operations")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Load, check, evaluate and test rule programs.
+    #[command(subcommand)]
+    Rules(rules_cmd::RulesCommand),
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    #[default]
+    Text,
+    Json,
+}
+
+/// What a command has to say: stdout, stderr, and whether it found something.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub stdout: String,
+    pub stderr: String,
+    /// Exit 1 (success with findings) instead of 0.
+    pub findings: bool,
+}
+
+/// An error that already printed its own diagnostics; main adds one summary line.
+#[derive(Debug)]
+pub struct Diagnosed {
+    pub diagnostics: String,
+    pub summary: String,
+}
+
+impl std::fmt::Display for Diagnosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.summary)
+    }
+}
+
+impl std::error::Error for Diagnosed {}
+
+fn write_quietly(mut w: impl Write, text: &str) -> Result<(), ()> {
+    match w.write_all(text.as_bytes()).and_then(|_| w.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(()),
+        Err(_) => Err(()),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Rules(cmd) => rules_cmd::run(cmd),
+    };
+    match result {
+        Ok(report) => {
+            if write_quietly(std::io::stdout().lock(), &report.stdout).is_err() {
+                return ExitCode::SUCCESS;
+            }
+            let _ = write_quietly(std::io::stderr().lock(), &report.stderr);
+            if report.findings { ExitCode::from(1) } else { ExitCode::SUCCESS }
+        }
+        Err(err) => {
+            let mut text = String::new();
+            if let Some(d) = err.downcast_ref::<Diagnosed>() {
+                text.push_str(&d.diagnostics);
+            }
+            text.push_str(&format!("ichor: error: {err:#}\n"));
+            let _ = write_quietly(std::io::stderr().lock(), &text);
+            ExitCode::from(2)
+        }
+    }
+}

@@ -111,7 +111,7 @@ fn const_of(term: &Term) -> Option<Const> {
     }
 }
 
-/// Variables named in a term, aggregates' bodies included.
+/// Variables named in a term, outside any aggregate's body.
 fn term_var_names(term: &Term, out: &mut BTreeSet<String>) {
     match term {
         Term::Var(v, _) => {
@@ -122,12 +122,8 @@ fn term_var_names(term: &Term, out: &mut BTreeSet<String>) {
             term_var_names(b, out);
         }
         Term::Call(_, args, _) => args.iter().for_each(|a| term_var_names(a, out)),
-        Term::Agg(_, target, body, _) => {
-            if let Some(t) = target {
-                term_var_names(t, out);
-            }
-            body.iter().for_each(|l| lit_var_names(l, out));
-        }
+        // An aggregate's body is its own scope: its variables are not "outside" another one.
+        Term::Agg(..) => {}
         Term::Wild(_) | Term::Str(..) | Term::Num(..) => {}
     }
 }
@@ -680,7 +676,8 @@ impl Checker<'_> {
                 break;
             }
         }
-        let mut unsafe_vars = BTreeSet::new();
+        // Each unsafe variable once, at the first place that needs it.
+        let mut unsafe_vars: std::collections::BTreeMap<VarId, &str> = std::collections::BTreeMap::new();
         for lit in &rest {
             let mut vs = vec![];
             lit_vars(lit, &mut vs);
@@ -689,7 +686,7 @@ impl Checker<'_> {
             }
             for v in vs {
                 if !bound[v] {
-                    unsafe_vars.insert((v, where_of(lit)));
+                    unsafe_vars.entry(v).or_insert(where_of(lit));
                 }
             }
         }
@@ -697,7 +694,7 @@ impl Checker<'_> {
         head_args.iter().for_each(|e| e.vars(&mut hv));
         for v in hv {
             if !bound[v] {
-                unsafe_vars.insert((v, if aux_of.is_some() { "an aggregate (correlated variables must be bound by an atom inside the aggregate's body)" } else { "the head" }));
+                unsafe_vars.entry(v).or_insert(if aux_of.is_some() { "an aggregate (correlated variables must be bound by an atom inside the aggregate's body)" } else { "the head" });
             }
         }
         for (v, place) in unsafe_vars {

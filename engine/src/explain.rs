@@ -1,1 +1,639 @@
-//! explain (being written)
+//! Explanations: a proof for a tuple that holds, a why-not for one that does not.
+//!
+//! Start at `explain`. A proof is data (`Proof`), rendered by `Display` (indented text) and
+//! `Proof::to_json` (the shape interfaces.md gives). Proofs are rebuilt on demand from the
+//! evaluation's provenance: each tuple carries the rule that first derived it and the round
+//! (height) it appeared in, and a rule instance is accepted only if every positive premise has
+//! a strictly lower height. So proofs are finite and follow a derivation of minimal height.
+//! A why-not walks each rule whose head matches and names the first body literal that no
+//! binding can satisfy (one level deep).
+
+use crate::ast::{AggKind, CmpOp, Pred};
+use crate::db::{Database, INPUT};
+use crate::program::*;
+use crate::value;
+use serde_json::{Value as Json, json};
+
+use std::fmt;
+
+/// Where a rule is, for people.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleRef {
+    pub file: String,
+    pub line: u32,
+    pub doc: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AggProof {
+    /// `N = count : {...}` with the value.
+    pub text: String,
+    /// The bindings of the aggregate's body that produced the value.
+    pub tuples: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Proof {
+    Input { fact: String },
+    Rule {
+        fact: String,
+        rule: RuleRef,
+        bindings: Vec<(String, Const)>,
+        premises: Vec<Proof>,
+        negations: Vec<String>,
+        constraints: Vec<String>,
+        aggregates: Vec<AggProof>,
+    },
+}
+
+/// Why a tuple does not hold, for one rule whose head could produce it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WhyNot {
+    pub rule: RuleRef,
+    /// The first body literal no binding satisfies, as written with known values filled in.
+    pub failed: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Explanation {
+    Holds(Proof),
+    DoesNotHold { fact: String, input: bool, rules: Vec<WhyNot> },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExplainError {
+    UnknownRelation(String),
+    Arity { relation: String, expected: usize, found: usize },
+    NoProvenance,
+}
+
+impl fmt::Display for ExplainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExplainError::UnknownRelation(r) => write!(f, "unknown relation `{r}`"),
+            ExplainError::Arity { relation, expected, found } => {
+                write!(f, "`{relation}` has {expected} column(s), the tuple to explain has {found}")
+            }
+            ExplainError::NoProvenance => write!(f, "the evaluation ran without provenance: evaluate again with provenance on"),
+        }
+    }
+}
+
+/// Parses `rel("a", 1)` (the form `--explain` takes) into a relation name and values.
+pub fn parse_tuple(text: &str) -> Result<(String, Vec<Const>), String> {
+    let (toks, diags) = crate::lexer::lex(text, 0);
+    if let Some(d) = diags.first() {
+        return Err(format!("column {}: {}", d.span.col, d.message));
+    }
+    use crate::lexer::Tok;
+    let mut it = toks.into_iter().map(|t| t.tok).peekable();
+    let Some(Tok::Ident(name)) = it.next() else {
+        return Err("expected a relation name, as in rel(\"a\", 1)".into());
+    };
+    if it.next() != Some(Tok::LParen) {
+        return Err("expected `(` after the relation name".into());
+    }
+    let mut values = vec![];
+    loop {
+        match it.next() {
+            Some(Tok::RParen) if values.is_empty() => break,
+            Some(Tok::Str(s)) => values.push(Const::Sym(s)),
+            Some(Tok::Num(n)) => values.push(Const::Num(n)),
+            Some(Tok::Minus) => match it.next() {
+                Some(Tok::Num(n)) => values.push(Const::Num(-n)),
+                _ => return Err("expected a number after `-`".into()),
+            },
+            other => return Err(format!("expected a constant, found {}", other.map_or("end".into(), |t| t.describe()))),
+        }
+        match it.next() {
+            Some(Tok::Comma) => continue,
+            Some(Tok::RParen) => break,
+            other => return Err(format!("expected `,` or `)`, found {}", other.map_or("end".into(), |t| t.describe()))),
+        }
+    }
+    match it.next() {
+        Some(Tok::Eof) | None => Ok((name, values)),
+        Some(t) => Err(format!("unexpected {} after the tuple", t.describe())),
+    }
+}
+
+struct Ctx<'a> {
+    program: &'a Program,
+    db: &'a Database,
+    budget: usize,
+}
+
+fn rule_ref(program: &Program, rule: &Rule) -> RuleRef {
+    RuleRef { file: program.sources.name(rule.span).to_string(), line: rule.span.line, doc: rule.doc.clone() }
+}
+
+/// Explains `rel(values)`: its proof, or why no rule derives it.
+pub fn explain(program: &Program, db: &Database, rel: &str, values: &[Const]) -> Result<Explanation, ExplainError> {
+    let r = program
+        .relation(rel)
+        .filter(|&r| !program.relations[r].aux)
+        .ok_or_else(|| ExplainError::UnknownRelation(rel.to_string()))?;
+    let expected = program.relations[r].arity();
+    if values.len() != expected {
+        return Err(ExplainError::Arity { relation: rel.to_string(), expected, found: values.len() });
+    }
+    if !db.provenance {
+        return Err(ExplainError::NoProvenance);
+    }
+    let mut ctx = Ctx { program, db, budget: 2_000_000 };
+    let fact = Database::format_tuple(program, r, values);
+    if let Some(row) = db.encode(values) {
+        if let Some(i) = db.rels[r].find(&row) {
+            return Ok(Explanation::Holds(ctx.prove(r, i)));
+        }
+    }
+    let input = program.relations[r].input;
+    let rules = program.rules_for(r).filter_map(|rule| ctx.why_not(rule, values)).collect();
+    Ok(Explanation::DoesNotHold { fact, input, rules })
+}
+
+type Env = Vec<Option<Const>>;
+
+impl Ctx<'_> {
+    fn prove(&mut self, rel: RelId, i: usize) -> Proof {
+        let data = &self.db.rels[rel];
+        let values = self.db.decode_row(data.row(i));
+        let fact = Database::format_tuple(self.program, rel, &values);
+        let (rule_id, height) = (data.rule[i], data.height[i]);
+        if rule_id == INPUT {
+            return Proof::Input { fact };
+        }
+        // The recorded rule first; any rule whose instance has lower premises will do.
+        let mut order: Vec<usize> = vec![rule_id as usize];
+        order.extend(self.program.rules_for(rel).map(|r| r.id).filter(|&r| r != rule_id as usize));
+        for rid in order {
+            let rule = &self.program.rules[rid];
+            let mut env: Env = vec![None; rule.vars.len()];
+            if !head_unify(rule, &values, &mut env) {
+                continue;
+            }
+            let mut found: Option<(Env, Vec<(RelId, usize)>)> = None;
+            let mut premises = vec![];
+            self.search(rule, 0, &mut env, height, &mut premises, &values, &mut |env, prem| {
+                found = Some((env.to_vec(), prem.to_vec()));
+                true
+            });
+            if let Some((env, prem)) = found {
+                return self.build(rule, fact, &env, &prem);
+            }
+        }
+        // Unreachable when provenance is consistent; say so rather than loop.
+        Proof::Input { fact: format!("{fact} (no derivation found below height {height})") }
+    }
+
+    fn build(&mut self, rule: &Rule, fact: String, env: &Env, prem: &[(RelId, usize)]) -> Proof {
+        let premises = prem.iter().map(|&(r, i)| self.prove(r, i)).collect();
+        let mut negations = vec![];
+        let mut constraints = vec![];
+        let mut aggregates = vec![];
+        for lit in &rule.body {
+            match lit {
+                Lit::Atom { negated: true, .. } => negations.push(format!("no {} holds", fmt_lit(self.program, rule, lit, env))),
+                Lit::Cmp { .. } | Lit::Pred { .. } | Lit::Bind { .. } => {
+                    constraints.push(format!("{} holds", fmt_lit(self.program, rule, lit, env)))
+                }
+                Lit::Agg { agg, .. } => {
+                    let key: Vec<Const> = agg.corr.iter().map(|v| env[*v].clone().unwrap()).collect();
+                    let aux = &self.program.relations[agg.aux];
+                    let mut tuples = vec![];
+                    for row in self.db.rels[agg.aux].iter() {
+                        let vals = self.db.decode_row(row);
+                        if vals[..key.len()] == key[..] {
+                            let parts: Vec<String> = aux
+                                .columns
+                                .iter()
+                                .zip(&vals)
+                                .filter(|((n, _), _)| !n.starts_with('_'))
+                                .map(|((n, _), v)| format!("{n} = {v}"))
+                                .collect();
+                            tuples.push(format!("{{{}}}", parts.join(", ")));
+                        }
+                    }
+                    tuples.sort();
+                    aggregates.push(AggProof { text: fmt_lit(self.program, rule, lit, env), tuples });
+                }
+                Lit::Atom { .. } => {}
+            }
+        }
+        let bindings = rule
+            .vars
+            .iter()
+            .zip(env)
+            .filter(|((n, _), v)| !n.starts_with('_') && v.is_some())
+            .map(|((n, _), v)| (n.clone(), v.clone().unwrap()))
+            .collect();
+        let r = self.program.rules[rule.aux_of.unwrap_or(rule.id)].clone();
+        Proof::Rule { fact, rule: rule_ref(self.program, &r), bindings, premises, negations, constraints, aggregates }
+    }
+
+    /// Backtracking search for a body instance with premises below `height`; calls `k` with
+    /// each complete one until it returns true.
+    #[allow(clippy::too_many_arguments)]
+    fn search(
+        &mut self,
+        rule: &Rule,
+        i: usize,
+        env: &mut Env,
+        height: u32,
+        prem: &mut Vec<(RelId, usize)>,
+        head: &[Const],
+        k: &mut dyn FnMut(&Env, &[(RelId, usize)]) -> bool,
+    ) -> bool {
+        if self.budget == 0 {
+            return false;
+        }
+        self.budget -= 1;
+        let Some(lit) = rule.body.get(i) else {
+            // Heads with expressions are checked once everything is bound.
+            for (e, v) in rule.head_args.iter().zip(head) {
+                match eval(e, env) {
+                    Ok(x) if x == *v => {}
+                    _ => return false,
+                }
+            }
+            return k(env, prem);
+        };
+        match lit {
+            Lit::Atom { rel, args, negated: false, .. } => {
+                let data = &self.db.rels[*rel];
+                let n = data.len();
+                for j in 0..n {
+                    if data.height[j] >= height {
+                        continue;
+                    }
+                    let vals = self.db.decode_row(data.row(j));
+                    let saved = env.clone();
+                    if unify(args, &vals, env) {
+                        prem.push((*rel, j));
+                        if self.search(rule, i + 1, env, height, prem, head, k) {
+                            return true;
+                        }
+                        prem.pop();
+                    }
+                    *env = saved;
+                }
+                false
+            }
+            _ => match check_lit(self.program, self.db, rule, lit, env) {
+                Some(true) => self.search(rule, i + 1, env, height, prem, head, k),
+                _ => false,
+            },
+        }
+    }
+
+    fn why_not(&mut self, rule: &Rule, values: &[Const]) -> Option<WhyNot> {
+        let mut env: Env = vec![None; rule.vars.len()];
+        if !head_unify(rule, values, &mut env) {
+            return None;
+        }
+        // The deepest literal any partial binding reaches is the one that fails first.
+        let mut best: (usize, Env) = (0, env.clone());
+        self.deepest(rule, 0, &mut env, &mut best);
+        let failed = match rule.body.get(best.0) {
+            Some(lit) => fmt_lit(self.program, rule, lit, &best.1),
+            None => "the head's computed values differ".to_string(),
+        };
+        let r = &self.program.rules[rule.aux_of.unwrap_or(rule.id)];
+        Some(WhyNot { rule: rule_ref(self.program, r), failed })
+    }
+
+    fn deepest(&mut self, rule: &Rule, i: usize, env: &mut Env, best: &mut (usize, Env)) {
+        if self.budget == 0 {
+            return;
+        }
+        self.budget -= 1;
+        if i > best.0 {
+            *best = (i, env.clone());
+        }
+        let Some(lit) = rule.body.get(i) else { return };
+        match lit {
+            Lit::Atom { rel, args, negated: false, .. } => {
+                let data = &self.db.rels[*rel];
+                for j in 0..data.len() {
+                    let vals = self.db.decode_row(data.row(j));
+                    let saved = env.clone();
+                    if unify(args, &vals, env) {
+                        self.deepest(rule, i + 1, env, best);
+                    }
+                    *env = saved;
+                }
+            }
+            _ => {
+                if check_lit(self.program, self.db, rule, lit, env) == Some(true) {
+                    self.deepest(rule, i + 1, env, best);
+                }
+            }
+        }
+    }
+}
+
+fn head_unify(rule: &Rule, values: &[Const], env: &mut Env) -> bool {
+    for (e, v) in rule.head_args.iter().zip(values) {
+        match e {
+            Expr::Var(x) => match &env[*x] {
+                Some(b) if b != v => return false,
+                Some(_) => {}
+                None => env[*x] = Some(v.clone()),
+            },
+            Expr::Const(c) if c != v => return false,
+            _ => {}
+        }
+    }
+    true
+}
+
+fn unify(args: &[Arg], tuple: &[Const], env: &mut Env) -> bool {
+    for (a, v) in args.iter().zip(tuple) {
+        match a {
+            Arg::Wild => {}
+            Arg::Const(c) if c != v => return false,
+            Arg::Const(_) => {}
+            Arg::Var(x) => match &env[*x] {
+                Some(b) if b != v => return false,
+                Some(_) => {}
+                None => env[*x] = Some(v.clone()),
+            },
+        }
+    }
+    true
+}
+
+fn eval(e: &Expr, env: &Env) -> Result<Const, String> {
+    Ok(match e {
+        Expr::Var(v) => env[*v].clone().ok_or("unbound")?,
+        Expr::Const(c) => c.clone(),
+        Expr::Arith(op, a, b) => match (eval(a, env)?, eval(b, env)?) {
+            (Const::Num(x), Const::Num(y)) => Const::Num(value::arith(*op, x, y).map_err(|e| e.to_string())?),
+            _ => return Err("arithmetic on a symbol".into()),
+        },
+        Expr::Call(f, args) => {
+            let vals: Result<Vec<Const>, String> = args.iter().map(|a| eval(a, env)).collect();
+            value::call(*f, &vals?).map_err(|e| e.to_string())?
+        }
+    })
+}
+
+/// Evaluates a non-positive-atom literal under `env` (binding what it binds); `None` when
+/// its inputs are not bound or it errs.
+fn check_lit(program: &Program, db: &Database, _rule: &Rule, lit: &Lit, env: &mut Env) -> Option<bool> {
+    Some(match lit {
+        Lit::Atom { rel, args, negated: true, .. } => {
+            let data = &db.rels[*rel];
+            !(0..data.len()).any(|j| {
+                let vals = db.decode_row(data.row(j));
+                let mut probe = env.clone();
+                unify(args, &vals, &mut probe)
+            })
+        }
+        Lit::Cmp { lhs, op, rhs, .. } => {
+            let (a, b) = (eval(lhs, env).ok()?, eval(rhs, env).ok()?);
+            match op {
+                CmpOp::Eq => a == b,
+                CmpOp::Ne => a != b,
+                CmpOp::Lt => a < b,
+                CmpOp::Le => a <= b,
+                CmpOp::Gt => a > b,
+                CmpOp::Ge => a >= b,
+            }
+        }
+        Lit::Pred { pred, pattern, subject, .. } => {
+            let (Const::Sym(p), Const::Sym(s)) = (eval(pattern, env).ok()?, eval(subject, env).ok()?) else {
+                return None;
+            };
+            match pred {
+                Pred::Contains => s.contains(&p),
+                Pred::Match => regex::Regex::new(&crate::plan::whole(&p)).ok()?.is_match(&s),
+            }
+        }
+        Lit::Bind { var, expr, .. } => {
+            let v = eval(expr, env).ok()?;
+            match &env[*var] {
+                Some(b) => *b == v,
+                None => {
+                    env[*var] = Some(v);
+                    true
+                }
+            }
+        }
+        Lit::Agg { agg, .. } => {
+            let key: Vec<Const> = agg.corr.iter().map(|v| env[*v].clone()).collect::<Option<_>>()?;
+            let mut xs = vec![];
+            for row in db.rels[agg.aux].iter() {
+                let vals = db.decode_row(row);
+                if vals[..key.len()] == key[..] {
+                    let cols: Env = vals.into_iter().map(Some).collect();
+                    xs.push(match &agg.target {
+                        None => 1,
+                        Some(e) => match eval(e, &cols).ok()? {
+                            Const::Num(n) => n,
+                            Const::Sym(_) => return None,
+                        },
+                    });
+                }
+            }
+            let v = Const::Num(match agg.kind {
+                AggKind::Count => xs.len() as i64,
+                AggKind::Sum => xs.iter().sum(),
+                AggKind::Min => *xs.iter().min()?,
+                AggKind::Max => *xs.iter().max()?,
+            });
+            match &env[agg.result] {
+                Some(b) => *b == v,
+                None => {
+                    env[agg.result] = Some(v);
+                    true
+                }
+            }
+        }
+        Lit::Atom { .. } => return None,
+    })
+}
+
+fn fmt_expr(program: &Program, rule: &Rule, e: &Expr, env: &Env) -> String {
+    match e {
+        Expr::Var(v) => match &env[*v] {
+            Some(c) => c.to_string(),
+            None => rule.vars[*v].0.clone(),
+        },
+        Expr::Const(c) => c.to_string(),
+        Expr::Arith(op, a, b) => {
+            format!("({} {} {})", fmt_expr(program, rule, a, env), op.symbol(), fmt_expr(program, rule, b, env))
+        }
+        Expr::Call(f, args) => {
+            let a: Vec<String> = args.iter().map(|x| fmt_expr(program, rule, x, env)).collect();
+            format!("{}({})", f.name(), a.join(", "))
+        }
+    }
+}
+
+/// A literal as written, with bound variables replaced by their values.
+pub fn fmt_lit(program: &Program, rule: &Rule, lit: &Lit, env: &Env) -> String {
+    let var = |v: &VarId| -> String {
+        let name = &rule.vars[*v].0;
+        match &env[*v] {
+            Some(c) => c.to_string(),
+            None if name.starts_with('_') => "_".into(),
+            None => name.clone(),
+        }
+    };
+    match lit {
+        Lit::Atom { rel, args, negated, .. } => {
+            let a: Vec<String> = args
+                .iter()
+                .map(|a| match a {
+                    Arg::Var(v) => var(v),
+                    Arg::Const(c) => c.to_string(),
+                    Arg::Wild => "_".into(),
+                })
+                .collect();
+            let _ = negated;
+            format!("{}({})", program.relations[*rel].name, a.join(", "))
+        }
+        Lit::Cmp { lhs, op, rhs, .. } => {
+            format!("{} {} {}", fmt_expr(program, rule, lhs, env), op.symbol(), fmt_expr(program, rule, rhs, env))
+        }
+        Lit::Bind { var: v, expr, .. } => format!("{} = {}", var(v), fmt_expr(program, rule, expr, env)),
+        Lit::Pred { pred, pattern, subject, .. } => {
+            let name = match pred {
+                Pred::Match => "match",
+                Pred::Contains => "contains",
+            };
+            format!("{name}({}, {})", fmt_expr(program, rule, pattern, env), fmt_expr(program, rule, subject, env))
+        }
+        Lit::Agg { agg, .. } => format!("{} = {}", var(&agg.result), fmt_aggregate(program, agg)),
+    }
+}
+
+/// An aggregate as written: `min R2 : { pending(_, R2) }`, from its auxiliary rule.
+fn fmt_aggregate(program: &Program, agg: &Aggregate) -> String {
+    let Some(aux_rule) = program.rules.iter().find(|r| r.head == agg.aux) else {
+        return agg.kind.name().to_string();
+    };
+    let none: Env = vec![None; aux_rule.vars.len()];
+    let body: Vec<String> = aux_rule
+        .body
+        .iter()
+        .map(|l| {
+            let text = fmt_lit(program, aux_rule, l, &none);
+            if matches!(l, Lit::Atom { negated: true, .. }) { format!("!{text}") } else { text }
+        })
+        .collect();
+    let target = match &agg.target {
+        None => String::new(),
+        Some(t) => {
+            // The target is written over the aux relation's columns.
+            let cols: Env = program.relations[agg.aux].columns.iter().map(|_| None).collect();
+            let names = Rule { vars: program.relations[agg.aux].columns.clone(), ..aux_rule.clone() };
+            format!(" {}", fmt_expr(program, &names, t, &cols))
+        }
+    };
+    format!("{}{target} : {{ {} }}", agg.kind.name(), body.join(", "))
+}
+
+fn const_json(c: &Const) -> Json {
+    match c {
+        Const::Num(n) => json!(n),
+        Const::Sym(s) => json!(s),
+    }
+}
+
+impl Proof {
+    pub fn fact(&self) -> &str {
+        match self {
+            Proof::Input { fact } | Proof::Rule { fact, .. } => fact,
+        }
+    }
+
+    /// `{"fact", "rule": {"file", "line", "doc"} | "input", "bindings", "premises", "negations", ...}`
+    pub fn to_json(&self) -> Json {
+        match self {
+            Proof::Input { fact } => json!({"fact": fact, "rule": "input", "bindings": {}, "premises": [], "negations": []}),
+            Proof::Rule { fact, rule, bindings, premises, negations, constraints, aggregates } => {
+                let b: serde_json::Map<String, Json> = bindings.iter().map(|(n, v)| (n.clone(), const_json(v))).collect();
+                json!({
+                    "fact": fact,
+                    "rule": {"file": rule.file, "line": rule.line, "doc": rule.doc},
+                    "bindings": b,
+                    "premises": premises.iter().map(Proof::to_json).collect::<Vec<_>>(),
+                    "negations": negations,
+                    "constraints": constraints,
+                    "aggregates": aggregates.iter().map(|a| json!({"aggregate": a.text, "tuples": a.tuples})).collect::<Vec<_>>(),
+                })
+            }
+        }
+    }
+
+    fn write(&self, f: &mut fmt::Formatter<'_>, depth: usize) -> fmt::Result {
+        let pad = "  ".repeat(depth);
+        match self {
+            Proof::Input { fact } => writeln!(f, "{pad}{fact}  <- fact"),
+            Proof::Rule { fact, rule, bindings, premises, negations, constraints, aggregates } => {
+                let b: Vec<String> = bindings.iter().map(|(n, v)| format!("{n} = {v}")).collect();
+                writeln!(f, "{pad}{fact}  <- rule at {}:{} with {}", rule.file, rule.line, if b.is_empty() { "no variables".into() } else { b.join(", ") })?;
+                if let Some(doc) = &rule.doc {
+                    for line in doc.lines() {
+                        writeln!(f, "{pad}   /// {line}")?;
+                    }
+                }
+                for p in premises {
+                    p.write(f, depth + 1)?;
+                }
+                for n in negations.iter().chain(constraints) {
+                    writeln!(f, "{pad}  {n}")?;
+                }
+                for a in aggregates {
+                    writeln!(f, "{pad}  {} holds, over {} tuple(s): {}", a.text, a.tuples.len(), a.tuples.join(" "))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl fmt::Display for Proof {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write(f, 0)
+    }
+}
+
+impl Explanation {
+    pub fn to_json(&self) -> Json {
+        match self {
+            Explanation::Holds(p) => p.to_json(),
+            Explanation::DoesNotHold { fact, input, rules } => json!({
+                "fact": fact,
+                "holds": false,
+                "input": input,
+                "whyNot": rules.iter().map(|w| json!({"rule": {"file": w.rule.file, "line": w.rule.line, "doc": w.rule.doc}, "failed": w.failed})).collect::<Vec<_>>(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Explanation::Holds(p) => write!(f, "{p}"),
+            Explanation::DoesNotHold { fact, input, rules } => {
+                writeln!(f, "{fact} does not hold")?;
+                if rules.is_empty() {
+                    if *input {
+                        writeln!(f, "  it is an input relation and no such fact was given; no rule derives it")?;
+                    } else {
+                        writeln!(f, "  no rule's head can produce it")?;
+                    }
+                }
+                for w in rules {
+                    writeln!(f, "  rule at {}:{}: no binding satisfies {}", w.rule.file, w.rule.line, w.failed)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+

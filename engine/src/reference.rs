@@ -1,1 +1,191 @@
-//! reference (being written)
+//! The reference evaluator: slow, naive and obviously correct, kept to check `eval`.
+//!
+//! It shares only the checked `Program` (and the pure value functions) with the fast path:
+//! values are `Const`s, relations are `BTreeSet`s, each stratum is iterated naively (every
+//! rule re-run on everything) until nothing changes, and a rule body is enumerated by
+//! backtracking over its literals in order. Aggregates read their auxiliary relation, which
+//! this evaluator computes itself in a lower stratum. Never use it for real work.
+
+use crate::ast::{AggKind, CmpOp, Pred};
+use crate::eval::Facts;
+use crate::program::*;
+use crate::value;
+use std::collections::{BTreeMap, BTreeSet};
+
+pub type Relations = Vec<BTreeSet<Vec<Const>>>;
+
+/// Evaluates `program` on `facts`; the error is a message (the property test only compares
+/// that both evaluators fail).
+pub fn evaluate(program: &Program, facts: &Facts) -> Result<Relations, String> {
+    let mut rels: Relations = vec![BTreeSet::new(); program.relations.len()];
+    for (rel, values, _) in &program.facts {
+        rels[*rel].insert(values.clone());
+    }
+    for (rel, tuples) in facts.iter().enumerate() {
+        for t in tuples {
+            rels[rel].insert(t.clone());
+        }
+    }
+    for stratum in &program.strata {
+        loop {
+            let mut new: Vec<(RelId, Vec<Const>)> = vec![];
+            for rule in program.rules.iter().filter(|r| stratum.contains(&r.head)) {
+                let mut env: Vec<Option<Const>> = vec![None; rule.vars.len()];
+                body(program, rule, 0, &mut env, &rels, &mut |env| {
+                    let mut head = vec![];
+                    for e in &rule.head_args {
+                        head.push(expr(e, env)?);
+                    }
+                    new.push((rule.head, head));
+                    Ok(())
+                })?;
+            }
+            let mut changed = false;
+            for (rel, t) in new {
+                changed |= rels[rel].insert(t);
+            }
+            if !changed {
+                break;
+            }
+        }
+    }
+    Ok(rels)
+}
+
+fn expr(e: &Expr, env: &[Option<Const>]) -> Result<Const, String> {
+    Ok(match e {
+        Expr::Var(v) => env[*v].clone().ok_or("unbound variable")?,
+        Expr::Const(c) => c.clone(),
+        Expr::Arith(op, a, b) => {
+            let (Const::Num(x), Const::Num(y)) = (expr(a, env)?, expr(b, env)?) else {
+                return Err("arithmetic on a symbol".into());
+            };
+            Const::Num(value::arith(*op, x, y).map_err(|e| e.to_string())?)
+        }
+        Expr::Call(f, args) => {
+            let vals: Result<Vec<Const>, String> = args.iter().map(|a| expr(a, env)).collect();
+            value::call(*f, &vals?).map_err(|e| e.to_string())?
+        }
+    })
+}
+
+/// Does `args` match `tuple` under `env`? Binds new variables into `env` when it does.
+fn unify(args: &[Arg], tuple: &[Const], env: &mut [Option<Const>]) -> bool {
+    for (a, v) in args.iter().zip(tuple) {
+        match a {
+            Arg::Wild => {}
+            Arg::Const(c) => {
+                if c != v {
+                    return false;
+                }
+            }
+            Arg::Var(x) => match &env[*x] {
+                Some(b) if b != v => return false,
+                Some(_) => {}
+                None => env[*x] = Some(v.clone()),
+            },
+        }
+    }
+    true
+}
+
+fn body(
+    program: &Program,
+    rule: &Rule,
+    i: usize,
+    env: &mut Vec<Option<Const>>,
+    rels: &Relations,
+    k: &mut dyn FnMut(&[Option<Const>]) -> Result<(), String>,
+) -> Result<(), String> {
+    let Some(lit) = rule.body.get(i) else { return k(env) };
+    match lit {
+        Lit::Atom { rel, args, negated: false, .. } => {
+            for t in &rels[*rel] {
+                let saved = env.clone();
+                if unify(args, t, env) {
+                    body(program, rule, i + 1, env, rels, k)?;
+                }
+                *env = saved;
+            }
+            Ok(())
+        }
+        Lit::Atom { rel, args, negated: true, .. } => {
+            let any = rels[*rel].iter().any(|t| {
+                let mut probe = env.clone();
+                unify(args, t, &mut probe)
+            });
+            if any { Ok(()) } else { body(program, rule, i + 1, env, rels, k) }
+        }
+        Lit::Cmp { lhs, op, rhs, .. } => {
+            let (a, b) = (expr(lhs, env)?, expr(rhs, env)?);
+            let ok = match op {
+                CmpOp::Eq => a == b,
+                CmpOp::Ne => a != b,
+                CmpOp::Lt => a < b,
+                CmpOp::Le => a <= b,
+                CmpOp::Gt => a > b,
+                CmpOp::Ge => a >= b,
+            };
+            if ok { body(program, rule, i + 1, env, rels, k) } else { Ok(()) }
+        }
+        Lit::Pred { pred, pattern, subject, .. } => {
+            let (Const::Sym(p), Const::Sym(s)) = (expr(pattern, env)?, expr(subject, env)?) else {
+                return Err("predicate on a number".into());
+            };
+            let ok = match pred {
+                Pred::Contains => s.contains(&p),
+                Pred::Match => regex::Regex::new(&crate::plan::whole(&p)).map_err(|e| e.to_string())?.is_match(&s),
+            };
+            if ok { body(program, rule, i + 1, env, rels, k) } else { Ok(()) }
+        }
+        Lit::Bind { var, expr: e, .. } => {
+            let v = expr(e, env)?;
+            let saved = env[*var].clone();
+            env[*var] = Some(v);
+            body(program, rule, i + 1, env, rels, k)?;
+            env[*var] = saved;
+            Ok(())
+        }
+        Lit::Agg { agg, .. } => {
+            let key: Vec<Const> = agg.corr.iter().map(|v| env[*v].clone().unwrap()).collect();
+            let mut values: BTreeMap<(), Vec<i64>> = BTreeMap::new();
+            let group = values.entry(()).or_default();
+            for t in &rels[agg.aux] {
+                if t[..key.len()] == key[..] {
+                    let cols: Vec<Option<Const>> = t.iter().cloned().map(Some).collect();
+                    let x = match &agg.target {
+                        None => 1,
+                        Some(e) => match expr(e, &cols)? {
+                            Const::Num(n) => n,
+                            Const::Sym(_) => return Err("aggregate over a symbol".into()),
+                        },
+                    };
+                    group.push(x);
+                }
+            }
+            let v = match agg.kind {
+                AggKind::Count => group.len() as i64,
+                AggKind::Sum => group.iter().try_fold(0i64, |a, &b| a.checked_add(b)).ok_or("integer overflow in sum")?,
+                AggKind::Min => match group.iter().min() {
+                    Some(&m) => m,
+                    None => return Ok(()),
+                },
+                AggKind::Max => match group.iter().max() {
+                    Some(&m) => m,
+                    None => return Ok(()),
+                },
+            };
+            let v = Const::Num(v);
+            match &env[agg.result] {
+                Some(b) if *b != v => Ok(()),
+                Some(_) => body(program, rule, i + 1, env, rels, k),
+                None => {
+                    env[agg.result] = Some(v);
+                    body(program, rule, i + 1, env, rels, k)?;
+                    env[agg.result] = None;
+                    Ok(())
+                }
+            }
+        }
+    }
+}

@@ -1,1 +1,193 @@
-//! ruletest (being written)
+//! Rule tests: facts in, expectations on derived relations out.
+//!
+//! A test file (YAML, under `rules/tests/`) holds one case or a list under `cases:`:
+//!
+//! ```yaml
+//! name: control planes go first
+//! facts:
+//!   machine: [["c1", "controlplane"], ["w1", "worker"]]
+//! expect:
+//!   next_step:
+//!     contains: [["c1"]]      # each listed tuple is derived
+//!     excludes: [["w1"]]      # none of these is derived
+//!   warning:
+//!     equals: []              # exactly these tuples, no more
+//! ```
+//!
+//! Strings are symbols and integers are numbers. `run` is pure: the CLI reads the files.
+//! A failing case reports, per relation and check, the expected and the derived tuples.
+
+use crate::db::Database;
+use crate::facts::FactSet;
+use crate::program::Const;
+use crate::{Engine, EvalOptions};
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Case {
+    pub name: String,
+    #[serde(default)]
+    pub facts: BTreeMap<String, Vec<Vec<Scalar>>>,
+    #[serde(default)]
+    pub expect: BTreeMap<String, Expect>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    #[serde(default)]
+    pub contains: Option<Vec<Vec<Scalar>>>,
+    #[serde(default)]
+    pub excludes: Option<Vec<Vec<Scalar>>>,
+    #[serde(default)]
+    pub equals: Option<Vec<Vec<Scalar>>>,
+}
+
+/// A YAML value in a tuple: a string (symbol) or an integer (number).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Scalar {
+    Num(i64),
+    Sym(String),
+}
+
+impl From<&Scalar> for Const {
+    fn from(s: &Scalar) -> Const {
+        match s {
+            Scalar::Num(n) => Const::Num(*n),
+            Scalar::Sym(s) => Const::Sym(s.clone()),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum File {
+    Many { cases: Vec<Case> },
+    One(Case),
+}
+
+/// Parses a test file; the error carries serde_yaml's line and column.
+pub fn parse(text: &str) -> Result<Vec<Case>, String> {
+    match serde_yaml::from_str::<File>(text) {
+        Ok(File::Many { cases }) => Ok(cases),
+        Ok(File::One(case)) => Ok(vec![case]),
+        Err(e) => {
+            // Untagged enums hide the real error: retry as one case for a precise message.
+            let detail = serde_yaml::from_str::<Case>(text).err().unwrap_or(e);
+            Err(match detail.location() {
+                Some(l) => format!("{}:{}: {detail}", l.line(), l.column()),
+                None => detail.to_string(),
+            })
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub relation: String,
+    /// `contains`, `excludes`, `equals`, or `error` when the case could not run.
+    pub check: String,
+    pub expected: Vec<String>,
+    pub derived: Vec<String>,
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    pub name: String,
+    pub failures: Vec<Failure>,
+}
+
+fn tuples(engine: &Engine, rel: &str, list: &[Vec<Scalar>]) -> BTreeSet<Vec<Const>> {
+    let _ = (engine, rel);
+    list.iter().map(|t| t.iter().map(Const::from).collect()).collect()
+}
+
+/// Runs one case on a compiled program.
+pub fn run(engine: &Engine, case: &Case) -> CaseResult {
+    let error = |relation: &str, message: String| CaseResult {
+        name: case.name.clone(),
+        failures: vec![Failure { relation: relation.into(), check: "error".into(), expected: vec![], derived: vec![], message: Some(message) }],
+    };
+    let mut set = FactSet::default();
+    for (rel, ts) in &case.facts {
+        for t in ts {
+            set.add(rel, t.iter().map(Const::from).collect());
+        }
+        set.relations.entry(rel.clone()).or_default();
+    }
+    let facts = match set.resolve(&engine.program) {
+        Ok(f) => f,
+        Err(errs) => {
+            let msg: Vec<String> = errs.iter().map(ToString::to_string).collect();
+            return error("", format!("bad facts: {}", msg.join("; ")));
+        }
+    };
+    let db = match engine.evaluate(&facts, EvalOptions::default()) {
+        Ok(db) => db,
+        Err(e) => return error("", format!("evaluation failed: {e}")),
+    };
+    let mut failures = vec![];
+    for (rel, expect) in &case.expect {
+        let Some(r) = engine.program.relation(rel).filter(|&r| !engine.program.relations[r].aux) else {
+            failures.push(Failure { relation: rel.clone(), check: "error".into(), expected: vec![], derived: vec![], message: Some(format!("the program has no relation `{rel}`")) });
+            continue;
+        };
+        let derived: BTreeSet<Vec<Const>> = db.decoded(r).into_iter().collect();
+        let show = |ts: &BTreeSet<Vec<Const>>| -> Vec<String> {
+            ts.iter().map(|t| Database::format_tuple(&engine.program, r, t)).collect()
+        };
+        if let Some(list) = &expect.contains {
+            let want = tuples(engine, rel, list);
+            let missing: BTreeSet<_> = want.difference(&derived).cloned().collect();
+            if !missing.is_empty() {
+                failures.push(Failure { relation: rel.clone(), check: "contains".into(), expected: show(&missing), derived: show(&derived), message: None });
+            }
+        }
+        if let Some(list) = &expect.excludes {
+            let unwanted = tuples(engine, rel, list);
+            let present: BTreeSet<_> = unwanted.intersection(&derived).cloned().collect();
+            if !present.is_empty() {
+                failures.push(Failure { relation: rel.clone(), check: "excludes".into(), expected: vec![], derived: show(&present), message: None });
+            }
+        }
+        if let Some(list) = &expect.equals {
+            let want = tuples(engine, rel, list);
+            if want != derived {
+                failures.push(Failure { relation: rel.clone(), check: "equals".into(), expected: show(&want), derived: show(&derived), message: None });
+            }
+        }
+    }
+    CaseResult { name: case.name.clone(), failures }
+}
+
+/// Expected and derived tuples side by side, one row per distinct tuple.
+pub fn render_failure(f: &Failure) -> String {
+    let mut out = String::new();
+    if let Some(m) = &f.message {
+        out.push_str(&format!("  {}{}\n", if f.relation.is_empty() { String::new() } else { format!("{}: ", f.relation) }, m));
+        return out;
+    }
+    let title = match f.check.as_str() {
+        "contains" => "expected to contain",
+        "excludes" => "expected not to contain, but derived",
+        _ => "expected exactly",
+    };
+    out.push_str(&format!("  {} ({title}):\n", f.relation));
+    let all: BTreeSet<&String> = f.expected.iter().chain(&f.derived).collect();
+    let width = f.expected.iter().map(String::len).max().unwrap_or(0).max("expected".len());
+    out.push_str(&format!("    {:width$} | derived\n", "expected"));
+    for t in all {
+        let e = if f.expected.contains(t) { t.as_str() } else { "-" };
+        let d = if f.derived.contains(t) { t.as_str() } else { "-" };
+        if f.check == "excludes" {
+            out.push_str(&format!("    {:width$} | {d}\n", "(absent)"));
+        } else {
+            out.push_str(&format!("    {e:width$} | {d}\n"));
+        }
+    }
+    out
+}

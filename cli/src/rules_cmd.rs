@@ -1,0 +1,242 @@
+//! `ichor rules check|eval|test`: the engine on any program (interfaces.md).
+//!
+//! `check` loads every `.rules` file under a directory; `eval` evaluates given files over a
+//! FACTS.json and prints every `.output` relation (and proofs with `--explain`); `test` runs
+//! the YAML cases under `<rules>/tests/`. File reading lives here: the engine does no I/O.
+
+use crate::{Diagnosed, Output, Report};
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Subcommand;
+use engine::explain::{self, Explanation};
+use engine::facts::FactSet;
+use engine::{Database, Engine, EvalOptions, Loaded, Sources};
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand, Debug)]
+pub enum RulesCommand {
+    /// Load every .rules file under DIR and run all static checks.
+    #[command(after_help = "Example:\n  ichor rules check --rules rules/")]
+    Check {
+        #[arg(long, default_value = "rules")]
+        rules: PathBuf,
+    },
+    /// Evaluate rule files over facts and print every .output relation.
+    #[command(after_help = "Examples:\n  ichor rules eval examples/rules/tc.rules --facts examples/rules/tc.facts.json\n  ichor rules eval tc.rules --facts f.json --output json --explain 'path(1, 4)'")]
+    Eval {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// FACTS.json: {"relation": [[value, ...], ...]}; strings are symbols, integers numbers.
+        #[arg(long)]
+        facts: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+        /// A tuple to explain, as rel("a", 1); repeatable.
+        #[arg(long)]
+        explain: Vec<String>,
+    },
+    /// Run the rule tests under DIR/tests/*.yaml against the rules in DIR.
+    #[command(after_help = "Example:\n  ichor rules test --rules rules/")]
+    Test {
+        #[arg(long, default_value = "rules")]
+        rules: PathBuf,
+    },
+}
+
+/// Reads rule files from disk for the engine's loader.
+pub struct FsSources;
+
+impl Sources for FsSources {
+    fn read(&self, path: &str) -> Result<Vec<u8>, String> {
+        std::fs::read(path).map_err(|e| e.to_string())
+    }
+}
+
+pub fn run(cmd: RulesCommand) -> Result<Report> {
+    match cmd {
+        RulesCommand::Check { rules } => check(&rules),
+        RulesCommand::Eval { files, facts, output, explain } => eval(&files, facts.as_deref(), output, &explain),
+        RulesCommand::Test { rules } => test(&rules),
+    }
+}
+
+/// Every `.rules` file under `dir`, sorted, as paths the loader can read.
+pub fn rule_files(dir: &Path) -> Result<Vec<String>> {
+    let mut out = vec![];
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = std::fs::read_dir(&d).with_context(|| format!("reading rules directory {}", d.display()))?;
+        for e in entries {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rules") {
+                out.push(p.to_string_lossy().into_owned());
+            }
+        }
+    }
+    out.sort();
+    if out.is_empty() {
+        bail!("no .rules file under {}: point --rules at the rules directory", dir.display());
+    }
+    Ok(out)
+}
+
+/// Loads and compiles, or fails with every diagnostic.
+pub fn load(files: &[String]) -> Result<(Engine, Loaded)> {
+    let mut loaded = engine::load(files, &FsSources);
+    let Some(program) = loaded.program.take() else {
+        let n = loaded.errors().count();
+        return Err(Diagnosed {
+            diagnostics: loaded.render_diagnostics(),
+            summary: format!("the rules do not load: {n} error(s); fix them and run `ichor rules check`"),
+        }
+        .into());
+    };
+    let engine = Engine::new(program).map_err(|errs| {
+        let text: Vec<String> = errs.iter().map(|e| format!("{}: error: {}", e.at, e.message)).collect();
+        anyhow!(Diagnosed { diagnostics: text.join("\n") + "\n", summary: "the rules cannot be compiled".into() })
+    })?;
+    Ok((engine, loaded))
+}
+
+fn check(dir: &Path) -> Result<Report> {
+    let files = rule_files(dir)?;
+    let (engine, loaded) = load(&files)?;
+    let p = &engine.program;
+    let user_rels = p.relations.iter().filter(|r| !r.aux).count();
+    let user_rules = p.rules.iter().filter(|r| r.aux_of.is_none()).count();
+    let stdout = format!(
+        "ok: {} file(s), {user_rels} relation(s), {user_rules} rule(s), {} stratum(s)\n",
+        files.len(),
+        p.strata.len()
+    );
+    Ok(Report { stdout, stderr: loaded.render_diagnostics(), findings: false })
+}
+
+fn eval(files: &[PathBuf], facts: Option<&Path>, output: Output, explain_args: &[String]) -> Result<Report> {
+    let files: Vec<String> = files.iter().map(|f| f.to_string_lossy().into_owned()).collect();
+    let (engine, loaded) = load(&files)?;
+    let set = match facts {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading facts {}", path.display()))?;
+            FactSet::from_json(&text).map_err(|errs| fact_errors(path, &errs))?
+        }
+        None => FactSet::default(),
+    };
+    let facts_by_id = set.resolve(&engine.program).map_err(|errs| fact_errors(facts.unwrap_or(Path::new("facts")), &errs))?;
+    let mut targets = vec![];
+    for e in explain_args {
+        let (rel, values) = explain::parse_tuple(e).map_err(|m| anyhow!("--explain {e:?}: {m}"))?;
+        targets.push((rel, values));
+    }
+    let opts = EvalOptions { provenance: !targets.is_empty(), ..EvalOptions::default() };
+    let db = engine.evaluate(&facts_by_id, opts).map_err(|e| anyhow!("evaluation failed: {e}"))?;
+    let mut explanations = vec![];
+    for (rel, values) in &targets {
+        explanations.push(explain::explain(&engine.program, &db, rel, values).map_err(|e| anyhow!("--explain: {e}"))?);
+    }
+    let stdout = match output {
+        Output::Json => json_output(&engine, &db, &explanations),
+        Output::Text => text_output(&engine, &db, &explanations),
+    };
+    Ok(Report { stdout, stderr: loaded.render_diagnostics(), findings: false })
+}
+
+fn fact_errors(path: &Path, errs: &[engine::facts::FactError]) -> anyhow::Error {
+    let lines: Vec<String> = errs.iter().map(|e| format!("{}: error: {e}", path.display())).collect();
+    anyhow!(Diagnosed { diagnostics: lines.join("\n") + "\n", summary: format!("the facts in {} are not valid for this program", path.display()) })
+}
+
+fn const_json(c: &engine::Const) -> serde_json::Value {
+    match c {
+        engine::Const::Num(n) => serde_json::json!(n),
+        engine::Const::Sym(s) => serde_json::json!(s),
+    }
+}
+
+fn outputs_sorted(engine: &Engine) -> Vec<engine::RelId> {
+    let mut outs: Vec<_> = engine.program.outputs().collect();
+    outs.sort_by(|a, b| engine.program.relations[*a].name.cmp(&engine.program.relations[*b].name));
+    outs
+}
+
+/// One JSON object: each output relation's tuples (one tuple per line, for readable diffs),
+/// then `"explanations"` when asked for.
+fn json_output(engine: &Engine, db: &Database, explanations: &[Explanation]) -> String {
+    let mut parts = vec![];
+    for r in outputs_sorted(engine) {
+        let tuples: Vec<String> = db
+            .decoded(r)
+            .iter()
+            .map(|t| serde_json::Value::Array(t.iter().map(const_json).collect()).to_string())
+            .collect();
+        let name = serde_json::Value::String(engine.program.relations[r].name.clone());
+        if tuples.is_empty() {
+            parts.push(format!("  {name}: []"));
+        } else {
+            parts.push(format!("  {name}: [\n    {}\n  ]", tuples.join(",\n    ")));
+        }
+    }
+    if !explanations.is_empty() {
+        let list: serde_json::Value = explanations.iter().map(Explanation::to_json).collect();
+        let pretty = serde_json::to_string_pretty(&list).unwrap().replace('\n', "\n  ");
+        parts.push(format!("  \"explanations\": {pretty}"));
+    }
+    format!("{{\n{}\n}}\n", parts.join(",\n"))
+}
+
+fn text_output(engine: &Engine, db: &Database, explanations: &[Explanation]) -> String {
+    let mut out = String::new();
+    for r in outputs_sorted(engine) {
+        let tuples = db.decoded(r);
+        out.push_str(&format!("{}: {} tuple(s)\n", engine.program.relations[r].name, tuples.len()));
+        for t in tuples {
+            out.push_str(&format!("  {}\n", Database::format_tuple(&engine.program, r, &t)));
+        }
+    }
+    for e in explanations {
+        out.push_str("\nexplanation:\n");
+        out.push_str(&e.to_string());
+    }
+    out
+}
+
+fn test(dir: &Path) -> Result<Report> {
+    let files = rule_files(dir)?;
+    let (engine, loaded) = load(&files)?;
+    let tests_dir = dir.join("tests");
+    let mut cases_files = vec![];
+    if tests_dir.is_dir() {
+        for e in std::fs::read_dir(&tests_dir).with_context(|| format!("reading {}", tests_dir.display()))? {
+            let p = e?.path();
+            if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                cases_files.push(p);
+            }
+        }
+    }
+    cases_files.sort();
+    if cases_files.is_empty() {
+        bail!("no rule tests under {}: add YAML cases there (see `ichor rules test --help`)", tests_dir.display());
+    }
+    let mut out = String::new();
+    let (mut passed, mut failed) = (0, 0);
+    for path in &cases_files {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let cases = engine::ruletest::parse(&text).map_err(|e| anyhow!("{}:{e}", path.display()))?;
+        for case in &cases {
+            let result = engine::ruletest::run(&engine, case);
+            if result.failures.is_empty() {
+                passed += 1;
+                out.push_str(&format!("ok   {}: {}\n", path.display(), case.name));
+            } else {
+                failed += 1;
+                out.push_str(&format!("FAIL {}: {}\n", path.display(), case.name));
+                for f in &result.failures {
+                    out.push_str(&engine::ruletest::render_failure(f));
+                }
+            }
+        }
+    }
+    out.push_str(&format!("{passed} passed, {failed} failed\n"));
+    Ok(Report { stdout: out, stderr: loaded.render_diagnostics(), findings: failed > 0 })
+}
