@@ -56,9 +56,15 @@ impl Parser {
         }
     }
 
-    /// Skips to just after the next `.` or to the next directive: the start of the next clause.
+    /// Skips to the start of the next clause: just after the next `.`, or to the next directive,
+    /// or to a token in column 1 of a later line (a clause left unfinished).
     fn recover(&mut self) {
+        let line = self.span().line;
         loop {
+            let span = self.span();
+            if span.col == 1 && span.line > line {
+                return;
+            }
             match self.peek() {
                 Tok::Eof | Tok::Directive(_) => return,
                 Tok::Dot => {

@@ -351,7 +351,7 @@ impl Builder<'_> {
                     // Step 0's index is laid out like its output rows, so that with no
                     // filters it feeds the first join directly.
                     let key: Vec<usize> = if s == 0 {
-                        out.clone()
+                        out.iter().copied().filter(|v| vars.contains(v)).collect()
                     } else {
                         // Same order as the previous step's output key.
                         steps.last().map(|p: &Step| p.out.clone()).unwrap_or_default()
