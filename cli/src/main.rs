@@ -12,7 +12,11 @@ use std::io::Write;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "ichor", version, about = "Ichor's rules core: decide and explain Talos config changes and operations")]
+#[command(
+    name = "ichor",
+    version,
+    about = "Ichor's rules core: decide and explain Talos config changes and operations"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -75,7 +79,11 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             let _ = write_quietly(std::io::stderr().lock(), &report.stderr);
-            if report.findings { ExitCode::from(1) } else { ExitCode::SUCCESS }
+            if report.findings {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(err) => {
             let mut text = String::new();

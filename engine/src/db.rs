@@ -71,6 +71,23 @@ impl RelData {
     }
 }
 
+impl RelData {
+    /// Like `with_prefix`, owning its prefix.
+    pub fn with_prefix_owned(&self, prefix: Vec<u32>) -> impl Iterator<Item = usize> + '_ {
+        let k = prefix.len();
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.row(mid)[..k] < prefix[..] {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo..self.len()).take_while(move |&i| self.row(i)[..k] == prefix[..])
+    }
+}
+
 /// Every relation's contents after an evaluation.
 #[derive(Clone, Debug)]
 pub struct Database {
@@ -87,7 +104,9 @@ impl Database {
     }
 
     pub fn decode_row(&self, row: &[u32]) -> Vec<Const> {
-        row.iter().map(|&v| self.interner.value(v).clone()).collect()
+        row.iter()
+            .map(|&v| self.interner.value(v).clone())
+            .collect()
     }
 
     /// A relation's tuples as values, in the user-facing order.
@@ -103,7 +122,8 @@ impl Database {
     }
 
     pub fn contains(&self, rel: RelId, values: &[Const]) -> bool {
-        self.encode(values).is_some_and(|row| self.rels[rel].find(&row).is_some())
+        self.encode(values)
+            .is_some_and(|row| self.rels[rel].find(&row).is_some())
     }
 
     /// `rel("a", 1)` in the dialect's own syntax.

@@ -22,7 +22,10 @@ pub struct SourceMap {
 
 impl SourceMap {
     pub fn name(&self, span: Span) -> &str {
-        self.files.get(span.file as usize).map(String::as_str).unwrap_or("<unknown>")
+        self.files
+            .get(span.file as usize)
+            .map(String::as_str)
+            .unwrap_or("<unknown>")
     }
 
     /// `path:line:col`, the form every message uses to point at a place.
@@ -47,11 +50,19 @@ pub struct Diagnostic {
 
 impl Diagnostic {
     pub fn error(span: Span, message: impl Into<String>) -> Self {
-        Diagnostic { severity: Severity::Error, span, message: message.into() }
+        Diagnostic {
+            severity: Severity::Error,
+            span,
+            message: message.into(),
+        }
     }
 
     pub fn warning(span: Span, message: impl Into<String>) -> Self {
-        Diagnostic { severity: Severity::Warning, span, message: message.into() }
+        Diagnostic {
+            severity: Severity::Warning,
+            span,
+            message: message.into(),
+        }
     }
 
     pub fn is_error(&self) -> bool {
@@ -75,14 +86,18 @@ impl fmt::Display for DisplayDiag<'_> {
             Severity::Error => "error",
             Severity::Warning => "warning",
         };
-        write!(f, "{}: {}: {}", self.map.locate(self.diag.span), level, self.diag.message)
+        write!(
+            f,
+            "{}: {}: {}",
+            self.map.locate(self.diag.span),
+            level,
+            self.diag.message
+        )
     }
 }
 
 /// Sorts diagnostics by position so that output is deterministic whatever the order in which
 /// the stages found them.
 pub fn sort(diags: &mut [Diagnostic]) {
-    diags.sort_by(|a, b| {
-        (a.span, a.severity, &a.message).cmp(&(b.span, b.severity, &b.message))
-    });
+    diags.sort_by(|a, b| (a.span, a.severity, &a.message).cmp(&(b.span, b.severity, &b.message)));
 }

@@ -93,7 +93,10 @@ pub struct EvalOptions {
 
 impl Default for EvalOptions {
     fn default() -> Self {
-        EvalOptions { provenance: false, max_tuples: 50_000_000 }
+        EvalOptions {
+            provenance: false,
+            max_tuples: 50_000_000,
+        }
     }
 }
 
@@ -115,7 +118,12 @@ impl std::fmt::Display for EvalError {
 pub type Facts = Vec<Vec<Vec<Const>>>;
 
 /// Evaluates the program on `facts` (indexed by relation id, values typed as declared).
-pub fn evaluate(program: &Program, plan: &Plan, facts: &Facts, opts: EvalOptions) -> Result<Database, EvalError> {
+pub fn evaluate(
+    program: &Program,
+    plan: &Plan,
+    facts: &Facts,
+    opts: EvalOptions,
+) -> Result<Database, EvalError> {
     match (plan.width, opts.provenance) {
         (2, false) => Eval::<2, ()>::run(program, plan, facts, opts),
         (2, true) => Eval::<2, Prov>::run(program, plan, facts, opts),
@@ -178,8 +186,14 @@ fn join_slices<const W: usize, M>(
                 b = gallop(b, |x| key_cmp(&x.row, &key, k) == Ordering::Less);
             }
             Ordering::Equal => {
-                let na = a.iter().take_while(|x| key_cmp(&x.row, &a[0].row, k) == Ordering::Equal).count();
-                let nb = b.iter().take_while(|x| key_cmp(&x.row, &b[0].row, k) == Ordering::Equal).count();
+                let na = a
+                    .iter()
+                    .take_while(|x| key_cmp(&x.row, &a[0].row, k) == Ordering::Equal)
+                    .count();
+                let nb = b
+                    .iter()
+                    .take_while(|x| key_cmp(&x.row, &b[0].row, k) == Ordering::Equal)
+                    .count();
                 for x in &a[..na] {
                     for y in &b[..nb] {
                         f(x, y);
@@ -222,7 +236,8 @@ struct Ctx<'a, const W: usize> {
     plan: &'a Plan,
     interner: RefCell<Interner>,
     neg: Vec<Option<Rc<Vec<[u32; W]>>>>,
-    aggs: Vec<Option<HashMap<[u32; W], u32>>>,
+    /// Per aggregate: (correlated key, value), sorted by key (built from the sorted aux relation).
+    aggs: Vec<Option<Vec<([u32; W], u32)>>>,
     dyn_regex: RefCell<HashMap<u32, Result<Regex, String>>>,
     error: RefCell<Option<EvalError>>,
     zero: u32,
@@ -235,7 +250,13 @@ impl<const W: usize> Ctx<'_, W> {
             let r = &self.program.rules[rule];
             let rule = r.aux_of.unwrap_or(rule);
             let at = self.program.sources.locate(self.program.rules[rule].span);
-            *e = Some(EvalError { at, message: format!("in the rule for `{}`: {message}", self.program.relations[self.program.rules[rule].head].name) });
+            *e = Some(EvalError {
+                at,
+                message: format!(
+                    "in the rule for `{}`: {message}",
+                    self.program.relations[self.program.rules[rule].head].name
+                ),
+            });
         }
     }
 
@@ -321,12 +342,14 @@ impl<const W: usize> Ctx<'_, W> {
                         let pid = self.value(p, env)?;
                         let i = self.interner.borrow();
                         let mut cache = self.dyn_regex.borrow_mut();
-                        let re = cache
-                            .entry(pid)
-                            .or_insert_with(|| Regex::new(&crate::plan::whole(i.sym(pid))).map_err(|e| e.to_string()));
+                        let re = cache.entry(pid).or_insert_with(|| {
+                            Regex::new(&crate::plan::whole(i.sym(pid))).map_err(|e| e.to_string())
+                        });
                         match re {
                             Ok(re) => re.is_match(i.sym(s)),
-                            Err(e) => return Err(ValueError::BadRegex(i.sym(pid).to_string(), e.clone())),
+                            Err(e) => {
+                                return Err(ValueError::BadRegex(i.sym(pid).to_string(), e.clone()));
+                            }
                         }
                     }
                 }
@@ -341,18 +364,27 @@ impl<const W: usize> Ctx<'_, W> {
                 for (i, v) in vars.iter().enumerate() {
                     key[i] = env[*v];
                 }
-                let rows = self.neg[*index].as_ref().expect("negation index built before its stratum");
+                let rows = self.neg[*index]
+                    .as_ref()
+                    .expect("negation index built before its stratum");
                 rows.binary_search(&key).is_err()
             }
-            Op::Agg { agg, corr, result, bound } => {
+            Op::Agg {
+                agg,
+                corr,
+                result,
+                bound,
+            } => {
                 let mut key = [0u32; W];
                 for (i, v) in corr.iter().enumerate() {
                     key[i] = env[*v];
                 }
-                let map = self.aggs[*agg].as_ref().expect("aggregate computed before its stratum");
-                let value = match map.get(&key) {
-                    Some(&v) => v,
-                    None => match self.plan.aggs[*agg].kind {
+                let table = self.aggs[*agg]
+                    .as_ref()
+                    .expect("aggregate computed before its stratum");
+                let value = match table.binary_search_by(|(k, _)| k.cmp(&key)) {
+                    Ok(i) => table[i].1,
+                    Err(_) => match self.plan.aggs[*agg].kind {
                         AggKind::Count | AggKind::Sum => self.zero,
                         AggKind::Min | AggKind::Max => return Ok(false),
                     },
@@ -377,7 +409,12 @@ struct Eval<'a, const W: usize, M: Meta> {
 }
 
 impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
-    fn run(program: &'a Program, plan: &'a Plan, facts: &Facts, opts: EvalOptions) -> Result<Database, EvalError> {
+    fn run(
+        program: &'a Program,
+        plan: &'a Plan,
+        facts: &Facts,
+        opts: EvalOptions,
+    ) -> Result<Database, EvalError> {
         let mut interner = plan.base.clone();
         let zero = interner.intern_num(0);
         let nrels = program.relations.len();
@@ -388,9 +425,16 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             }
         }
         for (rel, rows) in facts.iter().enumerate() {
+            initial[rel].reserve(rows.len());
             for r in rows {
-                let ids: Vec<u32> = r.iter().map(|c| interner.intern(c.clone())).collect();
-                initial[rel].push(Self::tup(&ids, M::new(INPUT, 0)));
+                let mut row = [0u32; W];
+                for (k, c) in r.iter().enumerate() {
+                    row[k] = interner.intern_ref(c);
+                }
+                initial[rel].push(Tup {
+                    row,
+                    meta: M::new(INPUT, 0),
+                });
             }
         }
         let mut ev = Eval {
@@ -423,7 +467,11 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             .map(|(r, rows)| {
                 let arity = program.relations[r].arity();
                 let rows = rows.unwrap_or_default();
-                let mut data = RelData { arity, count: rows.len(), ..Default::default() };
+                let mut data = RelData {
+                    arity,
+                    count: rows.len(),
+                    ..Default::default()
+                };
                 data.rows.reserve(rows.len() * arity);
                 for t in rows.iter() {
                     data.rows.extend_from_slice(&t.row[..arity]);
@@ -435,7 +483,12 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                 data
             })
             .collect();
-        Ok(Database { interner, rels, provenance: opts.provenance, rounds })
+        Ok(Database {
+            interner,
+            rels,
+            provenance: opts.provenance,
+            rounds,
+        })
     }
 
     fn tup(values: &[u32], meta: M) -> Tup<W, M> {
@@ -453,10 +506,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
 
     /// Projects a finished relation into an index (filters, permutation, sort, dedup).
     fn project(&self, spec: &crate::plan::IndexSpec, rows: &[Tup<W, M>]) -> Vec<Tup<W, M>> {
-        let mut out: Vec<Tup<W, M>> = rows.iter().filter_map(|t| project_row(spec, t)).collect();
-        out.sort();
-        out.dedup();
-        out
+        sorted(rows.iter().filter_map(|t| project_row(spec, t)).collect()).elements
     }
 
     fn static_index(&mut self, idx: usize) -> Rc<Vec<Tup<W, M>>> {
@@ -480,8 +530,11 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                         Op::Neg { index, .. } if self.ctx.neg[*index].is_none() => {
                             let spec = &plan.neg_indexes[*index];
                             let rows = self.done[spec.rel].clone().unwrap_or_default();
-                            let mut keys: Vec<[u32; W]> =
-                                rows.iter().filter_map(|t| project_row(spec, t)).map(|t| t.row).collect();
+                            let mut keys: Vec<[u32; W]> = rows
+                                .iter()
+                                .filter_map(|t| project_row(spec, t))
+                                .map(|t| t.row)
+                                .collect();
                             keys.sort_unstable();
                             keys.dedup();
                             self.ctx.neg[*index] = Some(Rc::new(keys));
@@ -498,10 +551,10 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         Ok(())
     }
 
-    fn aggregate(&self, agg: usize, rule: usize) -> Result<HashMap<[u32; W], u32>, EvalError> {
+    fn aggregate(&self, agg: usize, rule: usize) -> Result<Vec<([u32; W], u32)>, EvalError> {
         let a = &self.ctx.plan.aggs[agg];
         let rows = self.done[a.aux].clone().unwrap_or_default();
-        let mut out = HashMap::new();
+        let mut out = vec![];
         let mut i = 0;
         let mut env = [0u32; MAX_VARS];
         while i < rows.len() {
@@ -527,7 +580,10 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                     (AggKind::Count | AggKind::Sum, Some(s)) => match s.checked_add(x) {
                         Some(v) => v,
                         None => {
-                            self.ctx.fail(rule, format!("integer overflow in {} over {s} + {x}", a.kind.name()));
+                            self.ctx.fail(
+                                rule,
+                                format!("integer overflow in {} over {s} + {x}", a.kind.name()),
+                            );
                             return Err(self.ctx.error.borrow().clone().unwrap());
                         }
                     },
@@ -539,20 +595,25 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             let mut key = [0u32; W];
             key[..a.corr_len].copy_from_slice(&key_row[..a.corr_len]);
             let v = self.ctx.interner.borrow_mut().intern_num(acc.unwrap_or(0));
-            out.insert(key, v);
+            out.push((key, v));
             i = j;
         }
         Ok(out)
     }
 
-    fn stratum(&mut self, s: usize, initial: &mut [Vec<Tup<W, M>>], total: &mut usize) -> Result<(), EvalError> {
+    fn stratum(
+        &mut self,
+        s: usize,
+        initial: &mut [Vec<Tup<W, M>>],
+        total: &mut usize,
+    ) -> Result<(), EvalError> {
         let plan = self.ctx.plan;
         let sp = &plan.strata[s];
         self.height += 1;
         if sp.rules.is_empty() {
             for &rel in &sp.rels {
                 let rows = std::mem::take(&mut initial[rel]);
-                let rel_rows = Relation::from_vec(rows).elements;
+                let rel_rows = sorted(rows).elements;
                 *total += rel_rows.len();
                 self.done[rel] = Some(Rc::new(rel_rows));
             }
@@ -560,11 +621,19 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         }
         self.prepare(&sp.rules)?;
         let in_stratum = |rel: RelId| sp.rels.contains(&rel);
+        let recursive = sp.rules.iter().any(|&r| {
+            plan.rules[r].steps.iter().any(
+                |st| matches!(st.source, Source::Scan(idx, _) if in_stratum(plan.indexes[idx].rel)),
+            )
+        });
+        if !recursive {
+            return self.non_recursive(s, initial, total);
+        }
         let mut it = Iteration::new();
         let mut vars: HashMap<RelId, Variable<Tup<W, M>>> = HashMap::new();
         for &rel in &sp.rels {
             let v = it.variable::<Tup<W, M>>(&self.ctx.program.relations[rel].name);
-            v.insert(Relation::from_vec(std::mem::take(&mut initial[rel])));
+            v.insert(sorted(std::mem::take(&mut initial[rel])));
             vars.insert(rel, v);
         }
         // Keyed copies of this stratum's relations, fed from their relation each round.
@@ -594,7 +663,10 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             let mut dynamic = vec![];
             for (i, step) in rp.steps.iter().enumerate() {
                 let input = match &step.source {
-                    Source::Unit => Input::Static(Rc::new(vec![Tup { row: [0; W], meta: M::default() }])),
+                    Source::Unit => Input::Static(Rc::new(vec![Tup {
+                        row: [0; W],
+                        meta: M::default(),
+                    }])),
                     Source::Scan(idx, _) => match dyn_index.get(idx) {
                         Some(v) => Input::Dynamic(v.clone()),
                         None => Input::Static(self.static_index(*idx)),
@@ -608,17 +680,33 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             for (i, step) in rp.steps.iter().enumerate() {
                 let last = i + 1 == rp.steps.len();
                 // Step 0 with no filter is its own index: no copy.
-                let direct = i == 0 && step.ops.is_empty() && matches!(step.source, Source::Scan(..))
-                    && plan.indexes[match step.source { Source::Scan(idx, _) => idx, _ => 0 }].cols.len() == step.out.len();
+                let direct = i == 0
+                    && step.ops.is_empty()
+                    && matches!(step.source, Source::Scan(..))
+                    && plan.indexes[match step.source {
+                        Source::Scan(idx, _) => idx,
+                        _ => 0,
+                    }]
+                    .cols
+                    .len()
+                        == step.out.len();
                 if last || direct {
                     outs.push(None);
                 } else if dynamic[i] {
-                    outs.push(Some(Input::Dynamic(it.variable(&format!("{}_step{i}", self.ctx.program.relations[rp.head].name)))));
+                    outs.push(Some(Input::Dynamic(it.variable(&format!(
+                        "{}_step{i}",
+                        self.ctx.program.relations[rp.head].name
+                    )))));
                 } else {
                     outs.push(Some(Input::Static(Rc::new(vec![]))));
                 }
             }
-            rts.push(RuleRt { plan: r, inputs, outs, dynamic });
+            rts.push(RuleRt {
+                plan: r,
+                inputs,
+                outs,
+                dynamic,
+            });
         }
         // Static parts: computed once, before the loop.
         let h = self.height;
@@ -631,23 +719,27 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                 let rows = self.run_step(rp, i, &rt.inputs, &rt.outs, h, true);
                 let last = i + 1 == rp.steps.len();
                 if last {
-                    vars[&rp.head].insert(Relation::from_vec(rows));
+                    vars[&rp.head].insert(sorted(rows));
                 } else if let Some(Input::Static(slot)) = &mut rt.outs[i] {
-                    *slot = Rc::new(Relation::from_vec(rows).elements);
+                    *slot = Rc::new(sorted(rows).elements);
                 }
             }
         }
         self.check_error()?;
-        let names: Vec<(usize, RelId)> = dyn_index.keys().map(|&i| (i, plan.indexes[i].rel)).collect();
+        let names: Vec<(usize, RelId)> = dyn_index
+            .keys()
+            .map(|&i| (i, plan.indexes[i].rel))
+            .collect();
         while it.changed() {
             self.height += 1;
             let h = self.height;
             for &(idx, rel) in &names {
                 let spec = &plan.indexes[idx];
                 let src = vars[&rel].recent.borrow();
-                let rows: Vec<Tup<W, M>> = src.iter().filter_map(|t| project_row(spec, t)).collect();
+                let rows: Vec<Tup<W, M>> =
+                    src.iter().filter_map(|t| project_row(spec, t)).collect();
                 drop(src);
-                dyn_index[&idx].insert(Relation::from_vec(rows));
+                dyn_index[&idx].insert(sorted(rows));
             }
             for rt in &rts {
                 let rp = &plan.rules[rt.plan];
@@ -658,16 +750,17 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                     let rows = self.run_step(rp, i, &rt.inputs, &rt.outs, h, false);
                     let last = i + 1 == rp.steps.len();
                     if last {
-                        vars[&rp.head].insert(Relation::from_vec(rows));
+                        vars[&rp.head].insert(sorted(rows));
                     } else if let Some(Input::Dynamic(v)) = &rt.outs[i] {
-                        v.insert(Relation::from_vec(rows));
+                        v.insert(sorted(rows));
                     }
                 }
             }
             self.check_error()?;
             let mut size = *total;
             for v in vars.values() {
-                size += v.recent.borrow().len() + v.stable.borrow().iter().map(|b| b.len()).sum::<usize>();
+                size += v.recent.borrow().len()
+                    + v.stable.borrow().iter().map(|b| b.len()).sum::<usize>();
             }
             if size > self.opts.max_tuples {
                 return Err(EvalError {
@@ -683,6 +776,54 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         drop(dyn_index);
         for (rel, v) in vars {
             let rows = v.complete().elements;
+            *total += rows.len();
+            self.done[rel] = Some(Rc::new(rows));
+        }
+        Ok(())
+    }
+
+    /// A stratum whose rules read only lower strata: each rule's chain runs once over finished
+    /// inputs, with no datafrog iteration (it would find nothing new after the first round).
+    fn non_recursive(
+        &mut self,
+        s: usize,
+        initial: &mut [Vec<Tup<W, M>>],
+        total: &mut usize,
+    ) -> Result<(), EvalError> {
+        let plan = self.ctx.plan;
+        let sp = &plan.strata[s];
+        let h = self.height;
+        let mut rows: HashMap<RelId, Vec<Tup<W, M>>> = HashMap::new();
+        for &rel in &sp.rels {
+            rows.insert(rel, std::mem::take(&mut initial[rel]));
+        }
+        for &r in &sp.rules {
+            let rp = &plan.rules[r];
+            let mut inputs = vec![];
+            for step in &rp.steps {
+                inputs.push(match &step.source {
+                    Source::Unit => Input::Static(Rc::new(vec![Tup {
+                        row: [0; W],
+                        meta: M::default(),
+                    }])),
+                    Source::Scan(idx, _) => Input::Static(self.static_index(*idx)),
+                });
+            }
+            let mut outs: Vec<Option<Input<W, M>>> = vec![];
+            for i in 0..rp.steps.len() {
+                let produced = self.run_step(rp, i, &inputs, &outs, h, true);
+                if i + 1 == rp.steps.len() {
+                    rows.get_mut(&rp.head)
+                        .expect("head in its stratum")
+                        .extend(produced);
+                } else {
+                    outs.push(Some(Input::Static(Rc::new(sorted(produced).elements))));
+                }
+            }
+            self.check_error()?;
+        }
+        for (rel, r) in rows {
+            let rows = sorted(r).elements;
             *total += rows.len();
             self.done[rel] = Some(Rc::new(rows));
         }
@@ -786,9 +927,20 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
     }
 }
 
+/// Sorts and deduplicates rows (unstable sort: duplicates in one batch come from the same
+/// round, so whichever is kept is a valid derivation).
+fn sorted<T: Ord>(mut rows: Vec<T>) -> Relation<T> {
+    rows.sort_unstable();
+    rows.dedup();
+    Relation { elements: rows }
+}
+
 /// One row of an index: filtered by the spec's constants and equalities, then permuted.
 #[inline]
-fn project_row<const W: usize, M: Copy>(spec: &crate::plan::IndexSpec, t: &Tup<W, M>) -> Option<Tup<W, M>> {
+fn project_row<const W: usize, M: Copy>(
+    spec: &crate::plan::IndexSpec,
+    t: &Tup<W, M>,
+) -> Option<Tup<W, M>> {
     for &(c, v) in &spec.consts {
         if t.row[c] != v {
             return None;
@@ -809,6 +961,13 @@ fn project_row<const W: usize, M: Copy>(spec: &crate::plan::IndexSpec, t: &Tup<W
 /// `<relation>_by_<columns>`, the name datafrog variables of keyed copies carry.
 pub fn index_name(program: &Program, spec: &crate::plan::IndexSpec) -> String {
     let rel = &program.relations[spec.rel];
-    let key: Vec<&str> = spec.cols[..spec.key_len].iter().map(|&c| rel.columns[c].0.as_str()).collect();
-    if key.is_empty() { rel.name.clone() } else { format!("{}_by_{}", rel.name, key.join("_")) }
+    let key: Vec<&str> = spec.cols[..spec.key_len]
+        .iter()
+        .map(|&c| rel.columns[c].0.as_str())
+        .collect();
+    if key.is_empty() {
+        rel.name.clone()
+    } else {
+        format!("{}_by_{}", rel.name, key.join("_"))
+    }
 }

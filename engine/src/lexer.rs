@@ -97,7 +97,11 @@ struct Lexer<'a> {
 
 impl Lexer<'_> {
     fn span(&self) -> Span {
-        Span { file: self.file, line: self.line, col: self.col }
+        Span {
+            file: self.file,
+            line: self.line,
+            col: self.col,
+        }
     }
 
     fn bump(&mut self) -> Option<char> {
@@ -348,8 +352,14 @@ impl Lexer<'_> {
 
 /// Splits `text` (the content of file number `file`) into tokens; the last token is `Eof`.
 pub fn lex(text: &str, file: u32) -> (Vec<Token>, Vec<Diagnostic>) {
-    let mut lexer =
-        Lexer { chars: text.chars().peekable(), file, line: 1, col: 1, out: vec![], diags: vec![] };
+    let mut lexer = Lexer {
+        chars: text.chars().peekable(),
+        file,
+        line: 1,
+        col: 1,
+        out: vec![],
+        diags: vec![],
+    };
     lexer.run();
     (lexer.out, lexer.diags)
 }

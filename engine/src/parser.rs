@@ -44,7 +44,10 @@ impl Parser {
     fn error<T>(&mut self, expected: &str) -> PResult<T> {
         let found = self.peek().describe();
         let span = self.span();
-        self.diags.push(Diagnostic::error(span, format!("expected {expected}, found {found}")));
+        self.diags.push(Diagnostic::error(
+            span,
+            format!("expected {expected}, found {found}"),
+        ));
         Err(())
     }
 
@@ -91,7 +94,11 @@ impl Parser {
                 }
                 _ => {}
             }
-            let d = if doc.is_empty() { None } else { Some(doc.join("\n")) };
+            let d = if doc.is_empty() {
+                None
+            } else {
+                Some(doc.join("\n"))
+            };
             doc.clear();
             match self.item(d) {
                 Ok(item) => items.push(item),
@@ -113,7 +120,11 @@ impl Parser {
                             self.bump();
                             names.push(self.relation_name()?);
                         }
-                        Ok(if d == "input" { Item::Input(names) } else { Item::Output(names) })
+                        Ok(if d == "input" {
+                            Item::Input(names)
+                        } else {
+                            Item::Output(names)
+                        })
                     }
                     "include" => match self.peek().clone() {
                         Tok::Str(path) => {
@@ -149,7 +160,12 @@ impl Parser {
                         } else {
                             return self.error("`,` or the `.` that ends the rule");
                         }
-                        Ok(Item::Rule(Rule { head, body, span, doc }))
+                        Ok(Item::Rule(Rule {
+                            head,
+                            body,
+                            span,
+                            doc,
+                        }))
                     }
                     _ => self.error("`:-` or the `.` that ends a fact"),
                 }
@@ -198,7 +214,12 @@ impl Parser {
             }
         }
         self.expect(Tok::RParen, "`,` or `)` in the column list")?;
-        Ok(Item::Decl(Decl { name, span: name_span, columns, doc }))
+        Ok(Item::Decl(Decl {
+            name,
+            span: name_span,
+            columns,
+            doc,
+        }))
     }
 
     fn atom(&mut self) -> PResult<Atom> {
@@ -238,7 +259,11 @@ impl Parser {
             lits.push(self.literal()?);
         }
         if self.peek() != end && *self.peek() != Tok::Dot {
-            let what = if *end == Tok::RBrace { "`,` or `}`" } else { "`,` or the `.` that ends the rule" };
+            let what = if *end == Tok::RBrace {
+                "`,` or `}`"
+            } else {
+                "`,` or the `.` that ends the rule"
+            };
             return self.error(what);
         }
         Ok(lits)
@@ -256,7 +281,11 @@ impl Parser {
                 let span = self.bump().span;
                 self.bump();
                 let args = self.args()?;
-                let pred = if name == "match" { Pred::Match } else { Pred::Contains };
+                let pred = if name == "match" {
+                    Pred::Match
+                } else {
+                    Pred::Contains
+                };
                 if args.len() != 2 {
                     self.diags.push(Diagnostic::error(
                         span,
@@ -330,7 +359,12 @@ impl Parser {
                 return Ok(Term::Num(-n, span));
             }
             let inner = self.unary()?;
-            return Ok(Term::Arith(ArithOp::Sub, Box::new(Term::Num(0, span)), Box::new(inner), span));
+            return Ok(Term::Arith(
+                ArithOp::Sub,
+                Box::new(Term::Num(0, span)),
+                Box::new(inner),
+                span,
+            ));
         }
         self.primary()
     }
@@ -411,7 +445,11 @@ impl Parser {
 /// Parses one file. Returns the items that parsed and every diagnostic (lexical and syntactic).
 pub fn parse(text: &str, file: u32) -> (Module, Vec<Diagnostic>) {
     let (toks, mut diags) = lex(text, file);
-    let mut p = Parser { toks, pos: 0, diags: vec![] };
+    let mut p = Parser {
+        toks,
+        pos: 0,
+        diags: vec![],
+    };
     let module = p.module();
     diags.append(&mut p.diags);
     (module, diags)

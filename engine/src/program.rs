@@ -105,12 +105,34 @@ pub struct Aggregate {
 
 #[derive(Clone, Debug)]
 pub enum Lit {
-    Atom { rel: RelId, args: Vec<Arg>, negated: bool, span: Span },
-    Cmp { lhs: Expr, op: CmpOp, rhs: Expr, span: Span },
-    Pred { pred: Pred, pattern: Expr, subject: Expr, span: Span },
+    Atom {
+        rel: RelId,
+        args: Vec<Arg>,
+        negated: bool,
+        span: Span,
+    },
+    Cmp {
+        lhs: Expr,
+        op: CmpOp,
+        rhs: Expr,
+        span: Span,
+    },
+    Pred {
+        pred: Pred,
+        pattern: Expr,
+        subject: Expr,
+        span: Span,
+    },
     /// `Var = Expr` where the variable is not bound before this literal.
-    Bind { var: VarId, expr: Expr, span: Span },
-    Agg { agg: Aggregate, span: Span },
+    Bind {
+        var: VarId,
+        expr: Expr,
+        span: Span,
+    },
+    Agg {
+        agg: Aggregate,
+        span: Span,
+    },
 }
 
 impl Lit {

@@ -103,14 +103,22 @@ pub struct CaseResult {
 
 fn tuples(engine: &Engine, rel: &str, list: &[Vec<Scalar>]) -> BTreeSet<Vec<Const>> {
     let _ = (engine, rel);
-    list.iter().map(|t| t.iter().map(Const::from).collect()).collect()
+    list.iter()
+        .map(|t| t.iter().map(Const::from).collect())
+        .collect()
 }
 
 /// Runs one case on a compiled program.
 pub fn run(engine: &Engine, case: &Case) -> CaseResult {
     let error = |relation: &str, message: String| CaseResult {
         name: case.name.clone(),
-        failures: vec![Failure { relation: relation.into(), check: "error".into(), expected: vec![], derived: vec![], message: Some(message) }],
+        failures: vec![Failure {
+            relation: relation.into(),
+            check: "error".into(),
+            expected: vec![],
+            derived: vec![],
+            message: Some(message),
+        }],
     };
     let mut set = FactSet::default();
     for (rel, ts) in &case.facts {
@@ -132,43 +140,84 @@ pub fn run(engine: &Engine, case: &Case) -> CaseResult {
     };
     let mut failures = vec![];
     for (rel, expect) in &case.expect {
-        let Some(r) = engine.program.relation(rel).filter(|&r| !engine.program.relations[r].aux) else {
-            failures.push(Failure { relation: rel.clone(), check: "error".into(), expected: vec![], derived: vec![], message: Some(format!("the program has no relation `{rel}`")) });
+        let Some(r) = engine
+            .program
+            .relation(rel)
+            .filter(|&r| !engine.program.relations[r].aux)
+        else {
+            failures.push(Failure {
+                relation: rel.clone(),
+                check: "error".into(),
+                expected: vec![],
+                derived: vec![],
+                message: Some(format!("the program has no relation `{rel}`")),
+            });
             continue;
         };
         let derived: BTreeSet<Vec<Const>> = db.decoded(r).into_iter().collect();
         let show = |ts: &BTreeSet<Vec<Const>>| -> Vec<String> {
-            ts.iter().map(|t| Database::format_tuple(&engine.program, r, t)).collect()
+            ts.iter()
+                .map(|t| Database::format_tuple(&engine.program, r, t))
+                .collect()
         };
         if let Some(list) = &expect.contains {
             let want = tuples(engine, rel, list);
             let missing: BTreeSet<_> = want.difference(&derived).cloned().collect();
             if !missing.is_empty() {
-                failures.push(Failure { relation: rel.clone(), check: "contains".into(), expected: show(&missing), derived: show(&derived), message: None });
+                failures.push(Failure {
+                    relation: rel.clone(),
+                    check: "contains".into(),
+                    expected: show(&missing),
+                    derived: show(&derived),
+                    message: None,
+                });
             }
         }
         if let Some(list) = &expect.excludes {
             let unwanted = tuples(engine, rel, list);
             let present: BTreeSet<_> = unwanted.intersection(&derived).cloned().collect();
             if !present.is_empty() {
-                failures.push(Failure { relation: rel.clone(), check: "excludes".into(), expected: vec![], derived: show(&present), message: None });
+                failures.push(Failure {
+                    relation: rel.clone(),
+                    check: "excludes".into(),
+                    expected: vec![],
+                    derived: show(&present),
+                    message: None,
+                });
             }
         }
         if let Some(list) = &expect.equals {
             let want = tuples(engine, rel, list);
             if want != derived {
-                failures.push(Failure { relation: rel.clone(), check: "equals".into(), expected: show(&want), derived: show(&derived), message: None });
+                failures.push(Failure {
+                    relation: rel.clone(),
+                    check: "equals".into(),
+                    expected: show(&want),
+                    derived: show(&derived),
+                    message: None,
+                });
             }
         }
     }
-    CaseResult { name: case.name.clone(), failures }
+    CaseResult {
+        name: case.name.clone(),
+        failures,
+    }
 }
 
 /// Expected and derived tuples side by side, one row per distinct tuple.
 pub fn render_failure(f: &Failure) -> String {
     let mut out = String::new();
     if let Some(m) = &f.message {
-        out.push_str(&format!("  {}{}\n", if f.relation.is_empty() { String::new() } else { format!("{}: ", f.relation) }, m));
+        out.push_str(&format!(
+            "  {}{}\n",
+            if f.relation.is_empty() {
+                String::new()
+            } else {
+                format!("{}: ", f.relation)
+            },
+            m
+        ));
         return out;
     }
     let title = match f.check.as_str() {
@@ -178,11 +227,25 @@ pub fn render_failure(f: &Failure) -> String {
     };
     out.push_str(&format!("  {} ({title}):\n", f.relation));
     let all: BTreeSet<&String> = f.expected.iter().chain(&f.derived).collect();
-    let width = f.expected.iter().map(String::len).max().unwrap_or(0).max("expected".len());
+    let width = f
+        .expected
+        .iter()
+        .map(String::len)
+        .max()
+        .unwrap_or(0)
+        .max("expected".len());
     out.push_str(&format!("    {:width$} | derived\n", "expected"));
     for t in all {
-        let e = if f.expected.contains(t) { t.as_str() } else { "-" };
-        let d = if f.derived.contains(t) { t.as_str() } else { "-" };
+        let e = if f.expected.contains(t) {
+            t.as_str()
+        } else {
+            "-"
+        };
+        let d = if f.derived.contains(t) {
+            t.as_str()
+        } else {
+            "-"
+        };
         if f.check == "excludes" {
             out.push_str(&format!("    {:width$} | {d}\n", "(absent)"));
         } else {

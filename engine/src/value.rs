@@ -9,11 +9,53 @@ use crate::ast::{ArithOp, Functor};
 use crate::program::Const;
 use std::collections::HashMap;
 
+/// A fast, non-cryptographic hasher (the Fx hash of rustc) for tables keyed by interned
+/// ids and values; the inputs are our own, so flooding resistance is not needed.
+#[derive(Clone, Copy, Default)]
+pub struct FxHasher(u64);
+
+impl std::hash::Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(b));
+        }
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+pub type FxBuild = std::hash::BuildHasherDefault<FxHasher>;
+pub type FxHashMap<K, V> = HashMap<K, V, FxBuild>;
+
 /// Interned value table. Ids are dense from 0.
 #[derive(Clone, Debug, Default)]
 pub struct Interner {
     values: Vec<Const>,
-    ids: HashMap<Const, u32>,
+    ids: FxHashMap<Const, u32>,
 }
 
 impl Interner {
@@ -25,6 +67,14 @@ impl Interner {
         self.values.push(c.clone());
         self.ids.insert(c, id);
         id
+    }
+
+    /// Interns by reference: clones the value only when it is new.
+    pub fn intern_ref(&mut self, c: &Const) -> u32 {
+        if let Some(&id) = self.ids.get(c) {
+            return id;
+        }
+        self.intern(c.clone())
     }
 
     pub fn intern_num(&mut self, n: i64) -> u32 {
@@ -103,17 +153,24 @@ pub fn parse_version(s: &str) -> Option<Version> {
     if parts.next().is_some() {
         return None;
     }
-    Some(Version { major, minor, patch, pre })
+    Some(Version {
+        major,
+        minor,
+        patch,
+        pre,
+    })
 }
 
 /// Semantic-version order: numbers first, then a release sorts after its pre-releases.
 pub fn version_cmp(a: &Version, b: &Version) -> std::cmp::Ordering {
-    (a.major, a.minor, a.patch).cmp(&(b.major, b.minor, b.patch)).then_with(|| match (&a.pre, &b.pre) {
-        (None, None) => std::cmp::Ordering::Equal,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (Some(x), Some(y)) => x.cmp(y),
-    })
+    (a.major, a.minor, a.patch)
+        .cmp(&(b.major, b.minor, b.patch))
+        .then_with(|| match (&a.pre, &b.pre) {
+            (None, None) => std::cmp::Ordering::Equal,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (Some(x), Some(y)) => x.cmp(y),
+        })
 }
 
 /// Why an expression could not be computed; the evaluator adds the rule's name and place.
@@ -129,8 +186,12 @@ pub enum ValueError {
 impl std::fmt::Display for ValueError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ValueError::BadVersion(v) => write!(f, "version {v:?} does not parse (expected vX.Y.Z)"),
-            ValueError::DivByZero { lhs, op } => write!(f, "division by zero in {lhs} {} 0", op.symbol()),
+            ValueError::BadVersion(v) => {
+                write!(f, "version {v:?} does not parse (expected vX.Y.Z)")
+            }
+            ValueError::DivByZero { lhs, op } => {
+                write!(f, "division by zero in {lhs} {} 0", op.symbol())
+            }
             ValueError::Overflow { lhs, op, rhs } => {
                 write!(f, "integer overflow in {lhs} {} {rhs}", op.symbol())
             }
@@ -158,7 +219,8 @@ pub fn call(f: Functor, args: &[Const]) -> Result<Const, ValueError> {
         Const::Sym(s) => s.as_str(),
         Const::Num(_) => "",
     };
-    let version = |i: usize| parse_version(sym(i)).ok_or_else(|| ValueError::BadVersion(sym(i).to_string()));
+    let version =
+        |i: usize| parse_version(sym(i)).ok_or_else(|| ValueError::BadVersion(sym(i).to_string()));
     Ok(match f {
         Functor::Cat => {
             let mut s = String::new();
@@ -171,9 +233,12 @@ pub fn call(f: Functor, args: &[Const]) -> Result<Const, ValueError> {
             Const::Sym(s)
         }
         Functor::Strlen => Const::Num(sym(0).chars().count() as i64),
-        Functor::ToNumber => {
-            Const::Num(sym(0).trim().parse().map_err(|_| ValueError::BadNumber(sym(0).to_string()))?)
-        }
+        Functor::ToNumber => Const::Num(
+            sym(0)
+                .trim()
+                .parse()
+                .map_err(|_| ValueError::BadNumber(sym(0).to_string()))?,
+        ),
         Functor::ToString => match &args[0] {
             Const::Num(n) => Const::Sym(n.to_string()),
             Const::Sym(s) => Const::Sym(s.clone()),

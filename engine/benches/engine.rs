@@ -1,0 +1,396 @@
+//! Engine benchmark: each workload through the engine and through a hand-written datafrog
+//! program with the same joins, in one process, on the same facts; prints the ratios.
+//!
+//! Run with `cargo bench -p engine` (add `-- quick` for fewer repetitions). Workloads (issue 2):
+//! transitive closure on a 2,000-node chain and on a random 2,000-node / 4,000-edge graph; a
+//! classification (10^5 changed paths, 300 patterns, most specific wins) followed by an
+//! operation plan over 5,000 machines; a small reconcile (1,000 paths, 50 machines);
+//! explaining one derived fact; loading a 300-rule file. Times are medians; the ratio
+//! `engine / hand-written` compares the whole evaluate call (interning included) with the
+//! hand-written program given the same string facts.
+
+use datafrog::{Iteration, Relation};
+use engine::facts::FactSet;
+use engine::{Const, Engine, EvalOptions, load_str};
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// Median wall time of `f`, repeated until `budget` is spent (at least 3, at most 15 runs).
+fn time<R>(budget: Duration, mut f: impl FnMut() -> R) -> Duration {
+    let mut samples = vec![];
+    let start = Instant::now();
+    while samples.len() < 3 || (start.elapsed() < budget && samples.len() < 15) {
+        let t = Instant::now();
+        black_box(f());
+        samples.push(t.elapsed());
+    }
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+const TC: &str = "
+.decl edge(a: number, b: number)
+.input edge
+.decl path(a: number, b: number)
+.output path
+path(X, Y) :- edge(X, Y).
+path(X, Z) :- path(X, Y), edge(Y, Z).
+";
+
+fn tc_hand(edges: &[(i64, i64)]) -> usize {
+    // The same work as the engine: values interned to u32 first.
+    let mut ids: HashMap<i64, u32> = HashMap::new();
+    let mut id = |v: i64| {
+        let n = ids.len() as u32;
+        *ids.entry(v).or_insert(n)
+    };
+    let edges: Vec<(u32, u32)> = edges.iter().map(|&(a, b)| (id(a), id(b))).collect();
+    let mut it = Iteration::new();
+    let edge: Relation<(u32, u32)> = edges.iter().copied().collect();
+    let path = it.variable::<(u32, u32)>("path");
+    let path_by_y = it.variable::<(u32, u32)>("path_by_y");
+    path.extend(edges.iter().copied());
+    while it.changed() {
+        path_by_y.from_map(&path, |&(x, y)| (y, x));
+        path.from_join(&path_by_y, &edge, |_, &x, &z| (x, z));
+    }
+    path.complete().len()
+}
+
+fn tc_facts(edges: &[(i64, i64)]) -> FactSet {
+    let mut f = FactSet::default();
+    for &(a, b) in edges {
+        f.add("edge", vec![Const::Num(a), Const::Num(b)]);
+    }
+    f
+}
+
+/// xorshift, for reproducible random graphs and paths.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const CLASSIFY: &str = r#"
+/// `path` matched `pattern` (computed in Rust by a regex set, once per path).
+.decl matches(path: symbol, pattern: symbol)
+.input matches
+/// A pattern's specificity (higher wins) and its class.
+.decl spec(pattern: symbol, s: number)
+.input spec
+.decl pclass(pattern: symbol, class: symbol)
+.input pclass
+.decl machine(m: symbol, role: symbol)
+.input machine
+.decl changed(m: symbol, path: symbol)
+.input changed
+/// The most specific pattern's specificity, per path.
+.decl best(path: symbol, s: number)
+best(P, S) :- matches(P, _), S = max S2 : { matches(P, Pat), spec(Pat, S2) }.
+/// The class of each path: the class of its most specific pattern.
+.decl class_of(path: symbol, class: symbol)
+.output class_of
+class_of(P, C) :- best(P, S), matches(P, Pat), spec(Pat, S), pclass(Pat, C).
+.decl reboot(m: symbol)
+reboot(M) :- changed(M, P), class_of(P, "reboot-required").
+.decl role_rank(role: symbol, r: number)
+role_rank("controlplane", 0).
+role_rank("worker", 1).
+.decl candidate(m: symbol, r: number)
+candidate(M, R) :- reboot(M), machine(M, Role), role_rank(Role, R).
+/// The machines that go first: the lowest rank among those needing a reboot.
+.decl next(m: symbol)
+.output next
+next(M) :- candidate(M, R), R = min R2 : { candidate(_, R2) }.
+/// Machines whose changes are all live.
+.decl live(m: symbol)
+.output live
+live(M) :- machine(M, _), !reboot(M).
+"#;
+
+struct Workload {
+    matches: Vec<(String, String)>,
+    spec: Vec<(String, i64)>,
+    pclass: Vec<(String, String)>,
+    machine: Vec<(String, String)>,
+    changed: Vec<(String, String)>,
+}
+
+fn workload(paths: usize, patterns: usize, machines: usize, seed: u64) -> Workload {
+    let mut rng = Rng(seed);
+    let classes = ["safe", "reboot-required", "install-time-only"];
+    let spec = (0..patterns)
+        .map(|p| (format!("pat{p}"), rng.below(10) as i64))
+        .collect();
+    let pclass = (0..patterns)
+        .map(|p| {
+            (
+                format!("pat{p}"),
+                classes[rng.below(3) as usize].to_string(),
+            )
+        })
+        .collect();
+    let mut matches = vec![];
+    for i in 0..paths {
+        for _ in 0..1 + rng.below(3) {
+            matches.push((
+                format!("machine.path{i}"),
+                format!("pat{}", rng.below(patterns as u64)),
+            ));
+        }
+    }
+    let machine = (0..machines)
+        .map(|m| {
+            (
+                format!("m{m}"),
+                if m % 10 == 0 {
+                    "controlplane"
+                } else {
+                    "worker"
+                }
+                .to_string(),
+            )
+        })
+        .collect();
+    let changed = (0..paths)
+        .map(|i| (format!("m{}", i % machines), format!("machine.path{i}")))
+        .collect();
+    Workload {
+        matches,
+        spec,
+        pclass,
+        machine,
+        changed,
+    }
+}
+
+fn classify_facts(w: &Workload) -> FactSet {
+    let mut f = FactSet::default();
+    let s = |x: &str| Const::Sym(x.to_string());
+    for (a, b) in &w.matches {
+        f.add("matches", vec![s(a), s(b)]);
+    }
+    for (a, n) in &w.spec {
+        f.add("spec", vec![s(a), Const::Num(*n)]);
+    }
+    for (a, b) in &w.pclass {
+        f.add("pclass", vec![s(a), s(b)]);
+    }
+    for (a, b) in &w.machine {
+        f.add("machine", vec![s(a), s(b)]);
+    }
+    for (a, b) in &w.changed {
+        f.add("changed", vec![s(a), s(b)]);
+    }
+    f
+}
+
+/// The same program by hand on datafrog: aggregates by a sorted scan, as hand-written
+/// datafrog code does them between computations.
+fn classify_hand(w: &Workload) -> (usize, usize, usize) {
+    let mut ids: HashMap<String, u32> = HashMap::new();
+    let mut id = |v: &str| -> u32 {
+        if let Some(&x) = ids.get(v) {
+            return x;
+        }
+        let n = ids.len() as u32;
+        ids.insert(v.to_string(), n);
+        n
+    };
+    let matches: Relation<(u32, u32)> = w.matches.iter().map(|(p, q)| (id(p), id(q))).collect();
+    let spec: Relation<(u32, u32)> = w.spec.iter().map(|(p, s)| (id(p), *s as u32)).collect();
+    let pclass: Relation<(u32, u32)> = w.pclass.iter().map(|(p, c)| (id(p), id(c))).collect();
+    let machine: Relation<(u32, u32)> = w.machine.iter().map(|(m, r)| (id(m), id(r))).collect();
+    let changed: Relation<(u32, u32)> = w.changed.iter().map(|(m, p)| (id(m), id(p))).collect();
+    let reboot_class = id("reboot-required");
+    let cp = id("controlplane");
+    // matches by pattern -> (pattern, path), joined with spec -> (path, (pattern, s)).
+    let matches_by_pat: Relation<(u32, u32)> = matches.iter().map(|&(p, q)| (q, p)).collect();
+    let with_spec: Relation<(u32, (u32, u32))> =
+        Relation::from_join(&matches_by_pat, &spec, |&q, &p, &s| (p, (q, s)));
+    // best(P, S): max over the sorted (path, ...) groups.
+    let mut best: Vec<((u32, u32), ())> = vec![];
+    let mut i = 0;
+    while i < with_spec.len() {
+        let p = with_spec[i].0;
+        let mut m = 0;
+        while i < with_spec.len() && with_spec[i].0 == p {
+            m = m.max(with_spec[i].1.1);
+            i += 1;
+        }
+        best.push(((p, m), ()));
+    }
+    let best: Relation<((u32, u32), ())> = Relation::from_vec(best);
+    // class_of(P, C) :- best(P, S), matches(P, Pat), spec(Pat, S), pclass(Pat, C).
+    let keyed: Relation<((u32, u32), u32)> =
+        with_spec.iter().map(|&(p, (q, s))| ((p, s), q)).collect();
+    let best_pat: Relation<(u32, u32)> =
+        Relation::from_join(&best, &keyed, |&(p, _), _, &q| (q, p));
+    let class_of: Relation<(u32, u32)> =
+        Relation::from_join(&best_pat, &pclass, |_, &p, &c| (p, c));
+    // reboot(M) :- changed(M, P), class_of(P, "reboot-required").
+    let changed_by_p: Relation<(u32, u32)> = changed.iter().map(|&(m, p)| (p, m)).collect();
+    let reboot_paths: Relation<(u32, ())> = class_of
+        .iter()
+        .filter(|x| x.1 == reboot_class)
+        .map(|&(p, _)| (p, ()))
+        .collect();
+    let reboot: Relation<(u32, ())> =
+        Relation::from_join(&changed_by_p, &reboot_paths, |_, &m, _| (m, ()));
+    // candidate(M, R) and next(M): the minimum rank.
+    let cand: Relation<(u32, u32)> =
+        Relation::from_join(&reboot, &machine, |&m, _, &r| (m, u32::from(r != cp)));
+    let min = cand.iter().map(|x| x.1).min();
+    let next = cand.iter().filter(|x| Some(x.1) == min).count();
+    // live(M) :- machine(M, _), !reboot(M): an antijoin over the sorted slice.
+    let mut it = Iteration::new();
+    let machines = it.variable::<(u32, u32)>("machine");
+    machines.insert(machine.clone());
+    let rb: Relation<u32> = reboot.iter().map(|x| x.0).collect();
+    let live = it.variable::<(u32, u32)>("live");
+    while it.changed() {
+        live.from_antijoin(&machines, &rb, |&m, &r| (m, r));
+    }
+    (class_of.len(), next, live.complete().len())
+}
+
+fn engine_for(src: &str) -> Engine {
+    let loaded = load_str("bench.rules", src);
+    Engine::new(loaded.program.expect("bench program loads")).unwrap()
+}
+
+fn row(name: &str, engine: Duration, hand: Duration, prov: Duration) {
+    println!(
+        "{name:<38} engine {:>9.2} ms  hand-written {:>9.2} ms  ratio {:>5.2}x  provenance on {:>9.2} ms ({:.2}x of off)",
+        ms(engine),
+        ms(hand),
+        engine.as_secs_f64() / hand.as_secs_f64(),
+        ms(prov),
+        prov.as_secs_f64() / engine.as_secs_f64()
+    );
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "quick");
+    let budget = Duration::from_millis(if quick { 200 } else { 2000 });
+    let off = EvalOptions::default();
+    let on = EvalOptions {
+        provenance: true,
+        ..EvalOptions::default()
+    };
+
+    // 1. Transitive closure.
+    let tc = engine_for(TC);
+    let chain: Vec<(i64, i64)> = (0..1999).map(|i| (i, i + 1)).collect();
+    let mut rng = Rng(0x5eed);
+    let random: Vec<(i64, i64)> = (0..4000)
+        .map(|_| (rng.below(2000) as i64, rng.below(2000) as i64))
+        .collect();
+    for (name, edges) in [
+        ("tc: chain 2,000", &chain),
+        ("tc: random 2,000 nodes / 4,000 edges", &random),
+    ] {
+        let facts = tc_facts(edges).resolve(&tc.program).unwrap();
+        let n_engine =
+            tc.evaluate(&facts, off).unwrap().rels[tc.program.relation("path").unwrap()].len();
+        assert_eq!(
+            n_engine,
+            tc_hand(edges),
+            "{name}: engine and hand-written disagree"
+        );
+        let e = time(budget, || tc.evaluate(&facts, off).unwrap());
+        let h = time(budget, || tc_hand(edges));
+        let p = time(budget, || tc.evaluate(&facts, on).unwrap());
+        row(&format!("{name} ({n_engine} paths)"), e, h, p);
+    }
+
+    // 2. Classification + plan, and the small reconcile.
+    let cl = engine_for(CLASSIFY);
+    let class_of = cl.program.relation("class_of").unwrap();
+    for (name, w) in [
+        (
+            "classify 10^5 paths x 300 + plan 5,000",
+            workload(100_000, 300, 5_000, 7),
+        ),
+        (
+            "small reconcile: 1,000 paths, 50 machines",
+            workload(1_000, 300, 50, 11),
+        ),
+    ] {
+        let facts = classify_facts(&w).resolve(&cl.program).unwrap();
+        let db = cl.evaluate(&facts, off).unwrap();
+        let (h_class, h_next, h_live) = classify_hand(&w);
+        assert_eq!(db.rels[class_of].len(), h_class, "{name}: class_of differs");
+        assert_eq!(
+            db.rels[cl.program.relation("next").unwrap()].len(),
+            h_next,
+            "{name}: next differs"
+        );
+        assert_eq!(
+            db.rels[cl.program.relation("live").unwrap()].len(),
+            h_live,
+            "{name}: live differs"
+        );
+        // Fact building (strings to engine facts) is timed apart: the controller builds them once.
+        let e = time(budget, || cl.evaluate(&facts, off).unwrap());
+        let h = time(budget, || classify_hand(&w));
+        let p = time(budget, || cl.evaluate(&facts, on).unwrap());
+        row(name, e, h, p);
+        let fb = time(budget, || classify_facts(&w).resolve(&cl.program).unwrap());
+        println!(
+            "{:<38} fact building {:.2} ms (not in the ratio)",
+            "",
+            ms(fb)
+        );
+    }
+
+    // 3. Explaining one derived fact (a class_of proof: aggregate, joins, inputs).
+    let w = workload(100_000, 300, 5_000, 7);
+    let facts = classify_facts(&w).resolve(&cl.program).unwrap();
+    let db = cl.evaluate(&facts, on).unwrap();
+    let target = db.decoded(class_of)[12_345].clone();
+    let t = time(budget, || {
+        engine::explain::explain(&cl.program, &db, "class_of", &target).unwrap()
+    });
+    println!(
+        "{:<38} {:.3} ms (target < 1 ms)",
+        "explain one class_of fact (10^5 paths)",
+        ms(t)
+    );
+
+    // 4. Loading (parse, check, plan) a 300-rule file.
+    let mut src = String::from(".decl base(a: symbol, b: number)\n.input base\n");
+    for i in 0..300 {
+        let prev = if i == 0 {
+            "base".to_string()
+        } else {
+            format!("r{}", i - 1)
+        };
+        src += &format!(
+            "/// Rule {i}.\n.decl r{i}(a: symbol, b: number)\n.output r{i}\nr{i}(A, N) :- {prev}(A, M), base(A, K), N = M + K, N < {}, !base(A, N), match(\"x{i}.*\", A).\n",
+            1000 + i
+        );
+    }
+    let t = time(budget, || {
+        let loaded = load_str("big.rules", &src);
+        Engine::new(loaded.program.unwrap()).unwrap()
+    });
+    println!(
+        "{:<38} {:.2} ms (target < 50 ms)",
+        "load 300 rules (parse, check, plan)",
+        ms(t)
+    );
+}
