@@ -78,6 +78,7 @@ pub fn rule_files(dir: &Path) -> Result<Vec<String>> {
             if p.is_dir() {
                 stack.push(p);
             } else if p.extension().is_some_and(|x| x == "rules") {
+                let p = p.strip_prefix(".").unwrap_or(&p);
                 out.push(p.to_string_lossy().into_owned());
             }
         }

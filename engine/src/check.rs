@@ -5,7 +5,7 @@
 //! stratification over the relation dependency graph; then warnings for unused relations.
 //! A program with any error is not returned, but all of its diagnostics are.
 
-use crate::ast::{self, AggKind, CmpOp, Functor, Literal, Term, Type};
+use crate::ast::{self, AggKind, CmpOp, Literal, Term, Type};
 use crate::diag::{Diagnostic, SourceMap, Span};
 use crate::program::*;
 use std::collections::{BTreeSet, HashMap};
@@ -617,21 +617,18 @@ impl Checker<'_> {
                         ..
                     } => {
                         for (a, b) in [(lhs, rhs), (rhs, lhs)] {
-                            if let Expr::Var(v) = a {
-                                if types[*v].is_none() {
-                                    if let Some(t) = infer(b, &types) {
-                                        types[*v] = Some(t);
-                                        changed = true;
-                                    }
-                                }
+                            if let Expr::Var(v) = a
+                                && types[*v].is_none()
+                                && let Some(t) = infer(b, &types)
+                            {
+                                types[*v] = Some(t);
+                                changed = true;
                             }
                         }
                     }
-                    Lit::Agg { agg, .. } => {
-                        if types[agg.result].is_none() {
-                            types[agg.result] = Some(Type::Number);
-                            changed = true;
-                        }
+                    Lit::Agg { agg, .. } if types[agg.result].is_none() => {
+                        types[agg.result] = Some(Type::Number);
+                        changed = true;
                     }
                     _ => {}
                 }
@@ -644,20 +641,20 @@ impl Checker<'_> {
         for lit in &body {
             match lit {
                 Lit::Cmp { lhs, op, rhs, span } => {
-                    let a = self.type_of(lhs, &types, &scope, *span);
-                    let b = self.type_of(rhs, &types, &scope, *span);
-                    if let (Some(a), Some(b)) = (a, b) {
-                        if a != b {
-                            self.err(
-                                *span,
-                                format!(
-                                    "type mismatch: `{}` compares a {} with a {}",
-                                    op.symbol(),
-                                    a.name(),
-                                    b.name()
-                                ),
-                            );
-                        }
+                    let a = self.type_of(lhs, &types, *span);
+                    let b = self.type_of(rhs, &types, *span);
+                    if let (Some(a), Some(b)) = (a, b)
+                        && a != b
+                    {
+                        self.err(
+                            *span,
+                            format!(
+                                "type mismatch: `{}` compares a {} with a {}",
+                                op.symbol(),
+                                a.name(),
+                                b.name()
+                            ),
+                        );
                     }
                 }
                 Lit::Pred {
@@ -667,53 +664,52 @@ impl Checker<'_> {
                     span,
                 } => {
                     for e in [pattern, subject] {
-                        if let Some(t) = self.type_of(e, &types, &scope, *span) {
-                            if t != Type::Symbol {
-                                let name = match pred {
-                                    ast::Pred::Match => "match",
-                                    ast::Pred::Contains => "contains",
-                                };
-                                self.err(
-                                    *span,
-                                    format!(
-                                        "type mismatch: `{name}` takes symbols, found a number"
-                                    ),
-                                );
-                            }
+                        if let Some(t) = self.type_of(e, &types, *span)
+                            && t != Type::Symbol
+                        {
+                            let name = match pred {
+                                ast::Pred::Match => "match",
+                                ast::Pred::Contains => "contains",
+                            };
+                            self.err(
+                                *span,
+                                format!("type mismatch: `{name}` takes symbols, found a number"),
+                            );
                         }
                     }
                 }
                 Lit::Agg { agg, span } => {
-                    if let Some(t) = types[agg.result] {
-                        if t != Type::Number {
-                            self.err(*span, "type mismatch: an aggregate's value is a number");
-                        }
+                    if let Some(t) = types[agg.result]
+                        && t != Type::Number
+                    {
+                        self.err(*span, "type mismatch: an aggregate's value is a number");
                     }
                 }
                 _ => {}
             }
         }
-        if let Some(t) = agg_target {
-            if let Some(ty) = self.type_of(t, &types, &scope, span) {
-                if ty != Type::Number && agg_kind != AggKind::Count {
-                    self.err(
-                        span,
-                        format!(
-                            "type mismatch: `{}` aggregates numbers, found a symbol",
-                            agg_kind.name()
-                        ),
-                    );
-                }
-            }
+        if let Some(t) = agg_target
+            && let Some(ty) = self.type_of(t, &types, span)
+            && ty != Type::Number
+            && agg_kind != AggKind::Count
+        {
+            self.err(
+                span,
+                format!(
+                    "type mismatch: `{}` aggregates numbers, found a symbol",
+                    agg_kind.name()
+                ),
+            );
         }
         let mut head_types = vec![];
         for (i, e) in head_args.iter().enumerate() {
-            let t = self.type_of(e, &types, &scope, span);
+            let t = self.type_of(e, &types, span);
             if !self.relations[head].aux {
                 let (col, ty) = self.relations[head].columns[i].clone();
-                if let Some(t) = t {
-                    if t != ty {
-                        self.err(
+                if let Some(t) = t
+                    && t != ty
+                {
+                    self.err(
                             span,
                             format!(
                                 "type mismatch: column `{col}` of `{}` is a {}, but the head gives it a {}",
@@ -722,7 +718,6 @@ impl Checker<'_> {
                                 t.name()
                             ),
                         );
-                    }
                 }
             }
             head_types.push(t.unwrap_or(Type::Number));
@@ -863,28 +858,22 @@ impl Checker<'_> {
         Some(head_types)
     }
 
-    fn type_of(
-        &mut self,
-        e: &Expr,
-        types: &[Option<Type>],
-        scope: &Scope,
-        span: Span,
-    ) -> Option<Type> {
+    fn type_of(&mut self, e: &Expr, types: &[Option<Type>], span: Span) -> Option<Type> {
         match e {
             Expr::Var(v) => types[*v],
             Expr::Const(c) => Some(c.ty()),
             Expr::Arith(op, a, b) => {
                 for x in [a, b] {
-                    if let Some(t) = self.type_of(x, types, scope, span) {
-                        if t != Type::Number {
-                            self.err(
-                                span,
-                                format!(
-                                    "type mismatch: `{}` takes numbers, found a symbol",
-                                    op.symbol()
-                                ),
-                            );
-                        }
+                    if let Some(t) = self.type_of(x, types, span)
+                        && t != Type::Number
+                    {
+                        self.err(
+                            span,
+                            format!(
+                                "type mismatch: `{}` takes numbers, found a symbol",
+                                op.symbol()
+                            ),
+                        );
                     }
                 }
                 Some(Type::Number)
@@ -892,18 +881,18 @@ impl Checker<'_> {
             Expr::Call(f, args) => {
                 let (_, arg_ty, ret) = f.signature();
                 for x in args {
-                    if let Some(t) = self.type_of(x, types, scope, span) {
-                        if t != arg_ty {
-                            self.err(
-                                span,
-                                format!(
-                                    "type mismatch: `{}` takes {}s, found a {}",
-                                    f.name(),
-                                    arg_ty.name(),
-                                    t.name()
-                                ),
-                            );
-                        }
+                    if let Some(t) = self.type_of(x, types, span)
+                        && t != arg_ty
+                    {
+                        self.err(
+                            span,
+                            format!(
+                                "type mismatch: `{}` takes {}s, found a {}",
+                                f.name(),
+                                arg_ty.name(),
+                                t.name()
+                            ),
+                        );
                     }
                 }
                 Some(ret)

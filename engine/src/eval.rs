@@ -231,13 +231,16 @@ impl<const W: usize, M: Meta> Input<W, M> {
     }
 }
 
+/// An aggregate's values by correlated key, sorted by key.
+type AggTable<const W: usize> = Vec<([u32; W], u32)>;
+
 struct Ctx<'a, const W: usize> {
     program: &'a Program,
     plan: &'a Plan,
     interner: RefCell<Interner>,
     neg: Vec<Option<Rc<Vec<[u32; W]>>>>,
     /// Per aggregate: (correlated key, value), sorted by key (built from the sorted aux relation).
-    aggs: Vec<Option<Vec<([u32; W], u32)>>>,
+    aggs: Vec<Option<AggTable<W>>>,
     dyn_regex: RefCell<HashMap<u32, Result<Regex, String>>>,
     error: RefCell<Option<EvalError>>,
     zero: u32,
@@ -348,7 +351,10 @@ impl<const W: usize> Ctx<'_, W> {
                         match re {
                             Ok(re) => re.is_match(i.sym(s)),
                             Err(e) => {
-                                return Err(ValueError::BadRegex(i.sym(pid).to_string(), e.clone()));
+                                return Err(ValueError::BadRegex(
+                                    i.sym(pid).to_string(),
+                                    e.clone(),
+                                ));
                             }
                         }
                     }
@@ -551,7 +557,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         Ok(())
     }
 
-    fn aggregate(&self, agg: usize, rule: usize) -> Result<Vec<([u32; W], u32)>, EvalError> {
+    fn aggregate(&self, agg: usize, rule: usize) -> Result<AggTable<W>, EvalError> {
         let a = &self.ctx.plan.aggs[agg];
         let rows = self.done[a.aux].clone().unwrap_or_default();
         let mut out = vec![];
@@ -852,7 +858,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         };
         let ctx = &self.ctx;
         let mut env = [0u32; MAX_VARS];
-        let mut emit = |env: &mut [u32; MAX_VARS], results: &mut Vec<Tup<W, M>>| {
+        let emit = |env: &mut [u32; MAX_VARS], results: &mut Vec<Tup<W, M>>| {
             if !ctx.run_ops(&step.ops, env, rule) {
                 return;
             }

@@ -189,10 +189,10 @@ pub fn explain(
         budget: 2_000_000,
     };
     let fact = Database::format_tuple(program, r, values);
-    if let Some(row) = db.encode(values) {
-        if let Some(i) = db.rels[r].find(&row) {
-            return Ok(Explanation::Holds(ctx.prove(r, i)));
-        }
+    if let Some(row) = db.encode(values)
+        && let Some(i) = db.rels[r].find(&row)
+    {
+        return Ok(Explanation::Holds(ctx.prove(r, i)));
     }
     let input = program.relations[r].input;
     let rules = program
@@ -203,6 +203,8 @@ pub fn explain(
 }
 
 type Env = Vec<Option<Const>>;
+/// Called with each complete body instance (bindings, premises); true stops the search.
+type Found<'a> = dyn FnMut(&Env, &[(RelId, usize)]) -> bool + 'a;
 
 impl Ctx<'_> {
     fn prove(&mut self, rel: RelId, i: usize) -> Proof {
@@ -320,7 +322,7 @@ impl Ctx<'_> {
         height: u32,
         prem: &mut Vec<(RelId, usize)>,
         head: &[Const],
-        k: &mut dyn FnMut(&Env, &[(RelId, usize)]) -> bool,
+        k: &mut Found<'_>,
     ) -> bool {
         if self.budget == 0 {
             return false;
@@ -435,22 +437,6 @@ fn head_unify(rule: &Rule, values: &[Const], env: &mut Env) -> bool {
     true
 }
 
-fn unify(args: &[Arg], tuple: &[Const], env: &mut Env) -> bool {
-    for (a, v) in args.iter().zip(tuple) {
-        match a {
-            Arg::Wild => {}
-            Arg::Const(c) if c != v => return false,
-            Arg::Const(_) => {}
-            Arg::Var(x) => match &env[*x] {
-                Some(b) if b != v => return false,
-                Some(_) => {}
-                None => env[*x] = Some(v.clone()),
-            },
-        }
-    }
-    true
-}
-
 /// The rows of `rel` that can match `args` under `env`: a prefix range when the leading
 /// arguments are known, else every row; empty when a known value was never interned.
 fn candidates<'a>(
@@ -535,7 +521,7 @@ fn eval(e: &Expr, env: &Env) -> Result<Const, String> {
 /// Evaluates a non-positive-atom literal under `env` (binding what it binds); `None` when
 /// its inputs are not bound or it errs.
 fn check_lit(
-    program: &Program,
+    _program: &Program,
     db: &Database,
     _rule: &Rule,
     lit: &Lit,
@@ -629,7 +615,7 @@ fn check_lit(
     })
 }
 
-fn fmt_expr(program: &Program, rule: &Rule, e: &Expr, env: &Env) -> String {
+fn fmt_expr(rule: &Rule, e: &Expr, env: &Env) -> String {
     match e {
         Expr::Var(v) => match &env[*v] {
             Some(c) => c.to_string(),
@@ -639,16 +625,13 @@ fn fmt_expr(program: &Program, rule: &Rule, e: &Expr, env: &Env) -> String {
         Expr::Arith(op, a, b) => {
             format!(
                 "({} {} {})",
-                fmt_expr(program, rule, a, env),
+                fmt_expr(rule, a, env),
                 op.symbol(),
-                fmt_expr(program, rule, b, env)
+                fmt_expr(rule, b, env)
             )
         }
         Expr::Call(f, args) => {
-            let a: Vec<String> = args
-                .iter()
-                .map(|x| fmt_expr(program, rule, x, env))
-                .collect();
+            let a: Vec<String> = args.iter().map(|x| fmt_expr(rule, x, env)).collect();
             format!("{}({})", f.name(), a.join(", "))
         }
     }
@@ -682,13 +665,13 @@ pub fn fmt_lit(program: &Program, rule: &Rule, lit: &Lit, env: &Env) -> String {
         Lit::Cmp { lhs, op, rhs, .. } => {
             format!(
                 "{} {} {}",
-                fmt_expr(program, rule, lhs, env),
+                fmt_expr(rule, lhs, env),
                 op.symbol(),
-                fmt_expr(program, rule, rhs, env)
+                fmt_expr(rule, rhs, env)
             )
         }
         Lit::Bind { var: v, expr, .. } => {
-            format!("{} = {}", var(v), fmt_expr(program, rule, expr, env))
+            format!("{} = {}", var(v), fmt_expr(rule, expr, env))
         }
         Lit::Pred {
             pred,
@@ -702,8 +685,8 @@ pub fn fmt_lit(program: &Program, rule: &Rule, lit: &Lit, env: &Env) -> String {
             };
             format!(
                 "{name}({}, {})",
-                fmt_expr(program, rule, pattern, env),
-                fmt_expr(program, rule, subject, env)
+                fmt_expr(rule, pattern, env),
+                fmt_expr(rule, subject, env)
             )
         }
         Lit::Agg { agg, .. } => format!("{} = {}", var(&agg.result), fmt_aggregate(program, agg)),
@@ -741,7 +724,7 @@ fn fmt_aggregate(program: &Program, agg: &Aggregate) -> String {
                 vars: program.relations[agg.aux].columns.clone(),
                 ..aux_rule.clone()
             };
-            format!(" {}", fmt_expr(program, &names, t, &cols))
+            format!(" {}", fmt_expr(&names, t, &cols))
         }
     };
     format!("{}{target} : {{ {} }}", agg.kind.name(), body.join(", "))

@@ -93,6 +93,7 @@ pub fn load(roots: &[String], sources: &dyn Sources) -> Loaded {
     let mut modules: Vec<Module> = vec![];
     let mut loaded: HashMap<String, u32> = HashMap::new();
     // Depth-first, with the include stack kept to name cycles.
+    #[allow(clippy::too_many_arguments)] // the loader's state, passed down the recursion
     fn visit(
         path: &str,
         at: Option<Span>,
@@ -188,16 +189,11 @@ pub fn load(roots: &[String], sources: &dyn Sources) -> Loaded {
             &mut loaded,
         );
     }
-    if diags.iter().any(Diagnostic::is_error) {
-        crate::diag::sort(&mut diags);
-        return Loaded {
-            program: None,
-            diagnostics: diags,
-            sources: map,
-        };
-    }
+    // Check what parsed even when something did not, so that one run reports everything.
+    let broken = diags.iter().any(Diagnostic::is_error);
     let (program, mut more) = check(&modules, map.clone());
     diags.append(&mut more);
+    let program = if broken { None } else { program };
     crate::diag::sort(&mut diags);
     Loaded {
         program,

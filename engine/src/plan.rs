@@ -296,6 +296,7 @@ impl Builder<'_> {
         })
     }
 
+    #[allow(clippy::needless_range_loop)] // steps index several parallel vectors
     fn rule(&mut self, rule: &Rule) -> Result<RulePlan, String> {
         let nvars = rule.vars.len();
         if nvars > MAX_VARS {
@@ -324,10 +325,10 @@ impl Builder<'_> {
         let atom_vars = |args: &Vec<Arg>| -> Vec<usize> {
             let mut vs = vec![];
             for a in args {
-                if let Arg::Var(v) = a {
-                    if !vs.contains(v) {
-                        vs.push(*v);
-                    }
+                if let Arg::Var(v) = a
+                    && !vs.contains(v)
+                {
+                    vs.push(*v);
                 }
             }
             vs

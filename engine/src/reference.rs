@@ -13,6 +13,8 @@ use crate::value;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub type Relations = Vec<BTreeSet<Vec<Const>>>;
+/// Called with each satisfying binding of a rule's body.
+type Emit<'a> = dyn FnMut(&[Option<Const>]) -> Result<(), String> + 'a;
 
 /// Evaluates `program` on `facts`; the error is a message (the property test only compares
 /// that both evaluators fail).
@@ -31,7 +33,7 @@ pub fn evaluate(program: &Program, facts: &Facts) -> Result<Relations, String> {
             let mut new: Vec<(RelId, Vec<Const>)> = vec![];
             for rule in program.rules.iter().filter(|r| stratum.contains(&r.head)) {
                 let mut env: Vec<Option<Const>> = vec![None; rule.vars.len()];
-                body(program, rule, 0, &mut env, &rels, &mut |env| {
+                body(rule, 0, &mut env, &rels, &mut |env| {
                     let mut head = vec![];
                     for e in &rule.head_args {
                         head.push(expr(e, env)?);
@@ -90,12 +92,11 @@ fn unify(args: &[Arg], tuple: &[Const], env: &mut [Option<Const>]) -> bool {
 }
 
 fn body(
-    program: &Program,
     rule: &Rule,
     i: usize,
     env: &mut Vec<Option<Const>>,
     rels: &Relations,
-    k: &mut dyn FnMut(&[Option<Const>]) -> Result<(), String>,
+    k: &mut Emit<'_>,
 ) -> Result<(), String> {
     let Some(lit) = rule.body.get(i) else {
         return k(env);
@@ -110,7 +111,7 @@ fn body(
             for t in &rels[*rel] {
                 let saved = env.clone();
                 if unify(args, t, env) {
-                    body(program, rule, i + 1, env, rels, k)?;
+                    body(rule, i + 1, env, rels, k)?;
                 }
                 *env = saved;
             }
@@ -129,7 +130,7 @@ fn body(
             if any {
                 Ok(())
             } else {
-                body(program, rule, i + 1, env, rels, k)
+                body(rule, i + 1, env, rels, k)
             }
         }
         Lit::Cmp { lhs, op, rhs, .. } => {
@@ -143,7 +144,7 @@ fn body(
                 CmpOp::Ge => a >= b,
             };
             if ok {
-                body(program, rule, i + 1, env, rels, k)
+                body(rule, i + 1, env, rels, k)
             } else {
                 Ok(())
             }
@@ -164,7 +165,7 @@ fn body(
                     .is_match(&s),
             };
             if ok {
-                body(program, rule, i + 1, env, rels, k)
+                body(rule, i + 1, env, rels, k)
             } else {
                 Ok(())
             }
@@ -173,7 +174,7 @@ fn body(
             let v = expr(e, env)?;
             let saved = env[*var].clone();
             env[*var] = Some(v);
-            body(program, rule, i + 1, env, rels, k)?;
+            body(rule, i + 1, env, rels, k)?;
             env[*var] = saved;
             Ok(())
         }
@@ -212,10 +213,10 @@ fn body(
             let v = Const::Num(v);
             match &env[agg.result] {
                 Some(b) if *b != v => Ok(()),
-                Some(_) => body(program, rule, i + 1, env, rels, k),
+                Some(_) => body(rule, i + 1, env, rels, k),
                 None => {
                     env[agg.result] = Some(v);
-                    body(program, rule, i + 1, env, rels, k)?;
+                    body(rule, i + 1, env, rels, k)?;
                     env[agg.result] = None;
                     Ok(())
                 }

@@ -796,19 +796,103 @@ fn parser_and_checker_never_panic_on_mutated_texts() {
                     &files(&[("m.rules", &s), ("x.rules", ".decl x(a: number)\n")]),
                 );
                 // Whatever loads must also compile and evaluate without panicking.
-                if let Some(p) = loaded.program {
-                    if let Ok(e) = Engine::new(p) {
-                        let _ = e.evaluate(
-                            &e.empty_facts(),
-                            EvalOptions {
-                                provenance: true,
-                                max_tuples: 10_000,
-                            },
-                        );
-                    }
+                if let Some(p) = loaded.program
+                    && let Ok(e) = Engine::new(p)
+                {
+                    let _ = e.evaluate(
+                        &e.empty_facts(),
+                        EvalOptions {
+                            provenance: true,
+                            max_tuples: 10_000,
+                        },
+                    );
                 }
                 Ok(())
             },
         )
         .unwrap();
+}
+
+// ---- architecture ----
+
+/// Architecture invariant: `engine` and `render` do no I/O, so neither may depend (directly or
+/// through any normal dependency) on an async runtime, an RPC stack or a Kubernetes client.
+#[test]
+fn engine_and_render_depend_on_no_io_stack() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: HashMap<String, String> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["id"].as_str().unwrap().to_string(),
+                p["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let nodes = meta["resolve"]["nodes"].as_array().unwrap();
+    let deps_of = |id: &str| -> Vec<String> {
+        let node = nodes.iter().find(|n| n["id"] == id).unwrap();
+        node["deps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| {
+                d["dep_kinds"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|k| k["kind"].is_null())
+            })
+            .map(|d| d["pkg"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let forbidden = [
+        "tokio",
+        "tonic",
+        "hyper",
+        "kube",
+        "kube-client",
+        "kube-runtime",
+        "reqwest",
+        "mio",
+        "tower",
+    ];
+    for root in ["engine", "render"] {
+        let id = names
+            .iter()
+            .find(|(_, n)| *n == root)
+            .map(|(id, _)| id.clone())
+            .expect("package in workspace");
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![id];
+        while let Some(x) = stack.pop() {
+            for d in deps_of(&x) {
+                if seen.insert(d.clone()) {
+                    stack.push(d);
+                }
+            }
+        }
+        let bad: Vec<&String> = seen
+            .iter()
+            .map(|id| &names[id])
+            .filter(|n| forbidden.contains(&n.as_str()))
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "`{root}` depends on {bad:?}: it must stay free of I/O (architecture.md)"
+        );
+    }
 }
