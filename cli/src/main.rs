@@ -5,6 +5,7 @@
 //! to report, 1 findings, 2 error), prints errors once as `ichor: error: a: b: c`, and exits
 //! quietly on a broken pipe.
 
+mod contract_cmd;
 mod rules_cmd;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -27,6 +28,9 @@ enum Command {
     /// Load, check, evaluate and test rule programs.
     #[command(subcommand)]
     Rules(rules_cmd::RulesCommand),
+    /// Talos config contracts: derive a contract's path inventory from its schema.
+    #[command(subcommand)]
+    Contract(contract_cmd::ContractCommand),
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Rules(cmd) => rules_cmd::run(cmd),
+        Command::Contract(cmd) => contract_cmd::run(cmd),
     };
     match result {
         Ok(report) => {

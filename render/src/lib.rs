@@ -1,1 +1,13 @@
-//! render
+//! Ichor's pure domain: Talos configs, paths, field metadata, classification.
+//!
+//! Start at `config` (parse a multi-document machine config), `path` (the path syntax and
+//! patterns), `diff` (changed paths and the redacted unified diff), `inventory` (the paths
+//! each Talos contract has, derived from its schema), `fieldmeta` (the classes of paths, from
+//! `rules/fieldmeta.yaml`) and `classify` (facts for the classification rules, and their
+//! answers decoded).
+//!
+//! Architecture invariant: no I/O, no async, no clock. Files arrive as strings.
+
+pub mod config;
+pub mod inventory;
+pub mod path;

@@ -1,0 +1,348 @@
+//! A Talos machine configuration: the legacy `v1alpha1` document plus typed documents.
+//!
+//! Start at `Config::parse`. Documents are split on `---` lines so that every error names the
+//! line (and column) in the whole file. A typed document is identified by `kind` and, for
+//! named kinds, `name`; the v1alpha1 document is the one with `version`/`machine`/`cluster`/
+//! `debug`/`persist` keys and no `kind`. Duplicate documents, non-mapping documents, empty
+//! files and files over `MAX_CONFIG_BYTES` are refused. `Config::leaves` enumerates every
+//! leaf path with its value.
+
+use crate::path::{Path, Seg};
+use serde_yaml::Value;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// 10 MiB: a machine configuration is a few KiB; anything this large is not one.
+pub const MAX_CONFIG_BYTES: usize = 10 * 1024 * 1024;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Doc {
+    /// `None` for the v1alpha1 document.
+    pub kind: Option<String>,
+    pub name: Option<String>,
+    pub value: Value,
+    /// 1-based line where the document starts.
+    pub line: usize,
+}
+
+impl Doc {
+    /// `v1alpha1`, `KubeProxyConfig`, `LinkConfig[eth0]`.
+    pub fn id(&self) -> String {
+        match (&self.kind, &self.name) {
+            (None, _) => "v1alpha1".into(),
+            (Some(k), None) => k.clone(),
+            (Some(k), Some(n)) => Path {
+                segs: vec![Seg::Field(k.clone()), Seg::Name(n.clone())],
+            }
+            .to_string(),
+        }
+    }
+
+    /// The path of the document itself (empty for v1alpha1, whose fields start at the root).
+    fn base(&self) -> Option<Path> {
+        let kind = self.kind.as_ref()?;
+        let mut p = Path::root(kind);
+        if let Some(n) = &self.name {
+            p.segs.push(Seg::Name(n.clone()));
+        }
+        Some(p)
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Config {
+    pub docs: Vec<Doc>,
+}
+
+/// A problem with a config file, with its position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub line: usize,
+    pub col: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.line, self.col, self.message)
+    }
+}
+
+const V1ALPHA1_KEYS: [&str; 5] = ["version", "machine", "cluster", "debug", "persist"];
+
+impl Config {
+    /// Parses a multi-document config; every problem found is returned.
+    pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
+        if text.len() > MAX_CONFIG_BYTES {
+            return Err(vec![ConfigError {
+                line: 1,
+                col: 1,
+                message: format!(
+                    "the file is {} bytes, over the {MAX_CONFIG_BYTES}-byte (10 MiB) limit for a machine configuration",
+                    text.len()
+                ),
+            }]);
+        }
+        let mut errors = vec![];
+        let mut docs: Vec<Doc> = vec![];
+        // Split on document separators, remembering where each chunk starts.
+        let mut chunks: Vec<(usize, String)> = vec![];
+        let mut current = String::new();
+        let mut start = 1;
+        for (i, line) in text.lines().enumerate() {
+            if line.starts_with("---") && line[3..].trim().is_empty() {
+                chunks.push((start, std::mem::take(&mut current)));
+                start = i + 2;
+            } else {
+                current.push_str(line);
+                current.push('\n');
+            }
+        }
+        chunks.push((start, current));
+        for (start, chunk) in chunks {
+            let value: Value = match serde_yaml::from_str(&chunk) {
+                Ok(v) => v,
+                Err(e) => {
+                    let (line, col) = e
+                        .location()
+                        .map_or((start, 1), |l| (start + l.line() - 1, l.column()));
+                    let msg = e.to_string();
+                    // serde_yaml appends "at line X column Y" relative to the chunk: drop it.
+                    let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
+                    errors.push(ConfigError {
+                        line,
+                        col,
+                        message: format!("not valid YAML: {msg}"),
+                    });
+                    continue;
+                }
+            };
+            if value.is_null() {
+                continue; // an empty document (a leading `---`, or comments only)
+            }
+            let first = first_content_line(&chunk).map_or(start, |l| start + l);
+            let Value::Mapping(map) = &value else {
+                errors.push(ConfigError {
+                    line: first,
+                    col: 1,
+                    message: format!(
+                        "a config document must be a mapping, found {}",
+                        kind_of(&value)
+                    ),
+                });
+                continue;
+            };
+            let get = |k: &str| map.get(Value::String(k.into()));
+            let doc = match get("kind") {
+                Some(Value::String(kind)) => {
+                    let name = match get("name") {
+                        Some(Value::String(n)) => Some(n.clone()),
+                        Some(other) => {
+                            errors.push(ConfigError {
+                                line: first,
+                                col: 1,
+                                message: format!(
+                                    "`name` of a {kind} document must be a string, found {}",
+                                    kind_of(other)
+                                ),
+                            });
+                            continue;
+                        }
+                        None => None,
+                    };
+                    Doc {
+                        kind: Some(kind.clone()),
+                        name,
+                        value: value.clone(),
+                        line: first,
+                    }
+                }
+                Some(other) => {
+                    errors.push(ConfigError {
+                        line: first,
+                        col: 1,
+                        message: format!("`kind` must be a string, found {}", kind_of(other)),
+                    });
+                    continue;
+                }
+                None if V1ALPHA1_KEYS.iter().any(|k| get(k).is_some()) => Doc {
+                    kind: None,
+                    name: None,
+                    value: value.clone(),
+                    line: first,
+                },
+                None => {
+                    errors.push(ConfigError {
+                        line: first,
+                        col: 1,
+                        message: "the document is neither a typed document (it has no `kind`) nor the v1alpha1 config (no `version`, `machine` or `cluster`)".into(),
+                    });
+                    continue;
+                }
+            };
+            if let Some(prev) = docs
+                .iter()
+                .find(|d| d.kind == doc.kind && d.name == doc.name)
+            {
+                let what = if doc.kind.is_none() {
+                    "duplicate v1alpha1 document".to_string()
+                } else {
+                    format!("duplicate document {}", doc.id())
+                };
+                errors.push(ConfigError {
+                    line: doc.line,
+                    col: 1,
+                    message: format!(
+                        "{what} (first at line {}): Talos refuses a config with two",
+                        prev.line
+                    ),
+                });
+                continue;
+            }
+            docs.push(doc);
+        }
+        if docs.is_empty() && errors.is_empty() {
+            errors.push(ConfigError {
+                line: 1,
+                col: 1,
+                message: "the file holds no config document".into(),
+            });
+        }
+        if errors.is_empty() {
+            Ok(Config { docs })
+        } else {
+            Err(errors)
+        }
+    }
+
+    pub fn v1alpha1(&self) -> Option<&Doc> {
+        self.docs.iter().find(|d| d.kind.is_none())
+    }
+
+    /// `machine.type` of the v1alpha1 document (`controlplane`, `worker`, `init`), if set.
+    pub fn machine_type(&self) -> Option<&str> {
+        self.v1alpha1()?.value.get("machine")?.get("type")?.as_str()
+    }
+
+    /// Every leaf path and its value; an empty mapping or list is a leaf itself. Identity keys
+    /// of typed documents (`apiVersion`, `kind`, `name`) are not paths.
+    pub fn leaves(&self) -> BTreeMap<Path, Value> {
+        let mut out = BTreeMap::new();
+        for d in &self.docs {
+            let Value::Mapping(map) = &d.value else {
+                continue;
+            };
+            let base = d.base();
+            for (k, v) in map {
+                let Some(key) = key_text(k) else { continue };
+                if d.kind.is_some() && matches!(key.as_str(), "apiVersion" | "kind" | "name") {
+                    continue;
+                }
+                let p = match &base {
+                    Some(b) => b.child_key(&key),
+                    None => Path::root(&key),
+                };
+                walk(&p, v, &mut out);
+            }
+            if let (Some(b), true) = (&base, map.len() <= 2 + usize::from(d.name.is_some())) {
+                // A document with nothing but its identity is still a change when added.
+                out.insert(b.clone(), Value::Mapping(Default::default()));
+            }
+        }
+        out
+    }
+}
+
+fn first_content_line(chunk: &str) -> Option<usize> {
+    chunk.lines().position(|l| {
+        let t = l.trim();
+        !t.is_empty() && !t.starts_with('#')
+    })
+}
+
+fn key_text(k: &Value) -> Option<String> {
+    match k {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+fn walk(path: &Path, v: &Value, out: &mut BTreeMap<Path, Value>) {
+    match v {
+        Value::Mapping(m) if !m.is_empty() => {
+            for (k, x) in m {
+                if let Some(key) = key_text(k) {
+                    walk(&path.child_key(&key), x, out);
+                }
+            }
+        }
+        Value::Sequence(s) if !s.is_empty() => {
+            for (i, x) in s.iter().enumerate() {
+                walk(&path.child_index(i), x, out);
+            }
+        }
+        Value::Tagged(t) => walk(path, &t.value, out),
+        _ => {
+            out.insert(path.clone(), v.clone());
+        }
+    }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Sequence(_) => "a list",
+        Value::Mapping(_) => "a mapping",
+        Value::Tagged(_) => "a tagged value",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_and_leaves() {
+        let c = Config::parse(
+            "version: v1alpha1\nmachine:\n  type: worker\n  nodeLabels:\n    node.kubernetes.io/x: \"\"\n---\napiVersion: v1alpha1\nkind: LinkConfig\nname: eth0\nmtu: 9000\n---\napiVersion: v1alpha1\nkind: KubeProxyConfig\nenabled: false\n",
+        )
+        .unwrap();
+        assert_eq!(c.docs.len(), 3);
+        assert_eq!(c.docs[1].line, 7);
+        let leaves: Vec<String> = c.leaves().keys().map(|p| p.to_string()).collect();
+        assert_eq!(
+            leaves,
+            vec![
+                "KubeProxyConfig.enabled",
+                "LinkConfig[eth0].mtu",
+                "machine.nodeLabels[\"node.kubernetes.io/x\"]",
+                "machine.type",
+                "version"
+            ]
+        );
+        assert_eq!(c.machine_type(), Some("worker"));
+    }
+
+    #[test]
+    fn errors_have_positions() {
+        let e = Config::parse("version: v1alpha1\n---\nkind: A\n---\nkind: A\n").unwrap_err();
+        assert_eq!(
+            e[0].to_string(),
+            "5:1: duplicate document A (first at line 3): Talos refuses a config with two"
+        );
+        let e = Config::parse("machine:\n  type: [worker\n").unwrap_err();
+        assert_eq!(e[0].line, 3, "{}", e[0]);
+        let e = Config::parse("").unwrap_err();
+        assert_eq!(e[0].message, "the file holds no config document");
+        let e = Config::parse("version: v1alpha1\n---\n- a\n- b\n").unwrap_err();
+        assert_eq!(
+            e[0].to_string(),
+            "3:1: a config document must be a mapping, found a list"
+        );
+    }
+}

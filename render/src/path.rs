@@ -1,0 +1,363 @@
+//! Config paths: the syntax of interfaces.md, parsing, display, and wildcard patterns.
+//!
+//! A path is a list of segments. The v1alpha1 document's fields start at its root
+//! (`machine.install.disk`); other documents start with their kind (`KubeProxyConfig.enabled`),
+//! and a named document carries its name in brackets (`LinkConfig[eth0].mtu`). List elements
+//! are `[0]`. A map key that is not a plain name (it contains `.`, `[`, `]`, `"` or blanks) is
+//! quoted: `machine.nodeLabels["node.kubernetes.io/role"]`. Patterns add `*` (one segment),
+//! `**` (any number of segments, none included) and `[*]` (any index or document name).
+//! Start at `Path::parse`, `Display for Path`, and `Pattern::new`.
+
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Seg {
+    /// A field or a plain map key.
+    Field(String),
+    /// A map key that needs quoting.
+    Key(String),
+    Index(usize),
+    /// A named document's name (second segment only).
+    Name(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Path {
+    pub segs: Vec<Seg>,
+}
+
+/// Whether a map key can be written bare.
+pub fn is_plain(key: &str) -> bool {
+    !key.is_empty()
+        && !key
+            .chars()
+            .any(|c| matches!(c, '.' | '[' | ']' | '"') || c.is_whitespace())
+}
+
+impl Path {
+    pub fn root(first: &str) -> Path {
+        Path {
+            segs: vec![Seg::Field(first.to_string())],
+        }
+    }
+
+    pub fn child_key(&self, key: &str) -> Path {
+        let mut p = self.clone();
+        p.segs.push(if is_plain(key) {
+            Seg::Field(key.to_string())
+        } else {
+            Seg::Key(key.to_string())
+        });
+        p
+    }
+
+    pub fn child_index(&self, i: usize) -> Path {
+        let mut p = self.clone();
+        p.segs.push(Seg::Index(i));
+        p
+    }
+
+    /// Parses the syntax above (no wildcards). The error names the column.
+    pub fn parse(text: &str) -> Result<Path, String> {
+        let segs = parse_segments(text, false)?;
+        let mut out = vec![];
+        for (i, s) in segs.into_iter().enumerate() {
+            out.push(match s {
+                PSeg::Field(f) => Seg::Field(f),
+                PSeg::Key(k) => Seg::Key(k),
+                PSeg::Bracket(b) => {
+                    let first_is_kind = i == 1 && matches!(&out[0], Seg::Field(f) if f.starts_with(|c: char| c.is_ascii_uppercase()));
+                    if first_is_kind {
+                        Seg::Name(b)
+                    } else {
+                        match b.parse::<usize>() {
+                            Ok(n) => Seg::Index(n),
+                            Err(_) => return Err(format!("`[{b}]` is not a list index: write a number, or quote a map key as [\"{b}\"]")),
+                        }
+                    }
+                }
+                PSeg::AnyField | PSeg::AnyBracket | PSeg::AnyDepth => unreachable!(),
+            });
+        }
+        Ok(Path { segs: out })
+    }
+}
+
+fn quote(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+impl fmt::Display for Path {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, s) in self.segs.iter().enumerate() {
+            match s {
+                Seg::Field(n) if i == 0 => f.write_str(n)?,
+                Seg::Field(n) => write!(f, ".{n}")?,
+                Seg::Key(k) => write!(f, "[{}]", quote(k))?,
+                Seg::Index(n) => write!(f, "[{n}]")?,
+                Seg::Name(n) if is_plain(n) => write!(f, "[{n}]")?,
+                Seg::Name(n) => write!(f, "[{}]", quote(n))?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A parsed segment, wildcards included.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum PSeg {
+    Field(String),
+    Key(String),
+    Bracket(String),
+    AnyField,
+    AnyBracket,
+    AnyDepth,
+}
+
+fn parse_segments(text: &str, wildcards: bool) -> Result<Vec<PSeg>, String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut i = 0;
+    let mut out = vec![];
+    let err = |i: usize, what: &str| Err(format!("column {}: {what}", i + 1));
+    if chars.is_empty() {
+        return err(0, "the path is empty");
+    }
+    let mut first = true;
+    while i < chars.len() {
+        match chars[i] {
+            '.' if !first => {
+                i += 1;
+                let start = i;
+                while i < chars.len()
+                    && !matches!(chars[i], '.' | '[' | ']' | '"')
+                    && !chars[i].is_whitespace()
+                {
+                    i += 1;
+                }
+                let name: String = chars[start..i].iter().collect();
+                if name.is_empty() {
+                    return err(start, "expected a field name after `.`");
+                }
+                out.push(match name.as_str() {
+                    "*" if wildcards => PSeg::AnyField,
+                    "**" if wildcards => PSeg::AnyDepth,
+                    n if n.contains('*') => {
+                        return err(start, "`*` stands alone as a segment (`*`, `**` or `[*]`)");
+                    }
+                    _ => PSeg::Field(name),
+                });
+            }
+            '[' => {
+                if first {
+                    return err(i, "a path starts with a field or document kind");
+                }
+                i += 1;
+                if i < chars.len() && chars[i] == '"' {
+                    // A quoted key: a JSON string.
+                    let start = i;
+                    i += 1;
+                    while i < chars.len() && chars[i] != '"' {
+                        if chars[i] == '\\' {
+                            i += 1;
+                        }
+                        i += 1;
+                    }
+                    if i >= chars.len() {
+                        return err(start, "unterminated quoted key");
+                    }
+                    let lit: String = chars[start..=i].iter().collect();
+                    let key: String = serde_json::from_str(&lit)
+                        .map_err(|e| format!("column {}: bad quoted key: {e}", start + 1))?;
+                    i += 1;
+                    if i >= chars.len() || chars[i] != ']' {
+                        return err(i, "expected `]` after the quoted key");
+                    }
+                    i += 1;
+                    out.push(PSeg::Key(key));
+                } else {
+                    let start = i;
+                    while i < chars.len() && chars[i] != ']' {
+                        i += 1;
+                    }
+                    if i >= chars.len() {
+                        return err(start - 1, "unterminated `[`");
+                    }
+                    let inner: String = chars[start..i].iter().collect();
+                    i += 1;
+                    if inner.is_empty() {
+                        return err(start, "empty `[]`: write an index, a name or `*`");
+                    }
+                    out.push(if inner == "*" && wildcards {
+                        PSeg::AnyBracket
+                    } else {
+                        PSeg::Bracket(inner)
+                    });
+                }
+            }
+            c if first => {
+                let start = i;
+                while i < chars.len()
+                    && !matches!(chars[i], '.' | '[' | ']' | '"')
+                    && !chars[i].is_whitespace()
+                {
+                    i += 1;
+                }
+                let name: String = chars[start..i].iter().collect();
+                if name.is_empty() {
+                    return err(
+                        start,
+                        &format!("unexpected {c:?}: a path starts with a field or document kind"),
+                    );
+                }
+                out.push(match name.as_str() {
+                    "*" if wildcards => PSeg::AnyField,
+                    "**" if wildcards => PSeg::AnyDepth,
+                    n if n.contains('*') => {
+                        return err(start, "`*` stands alone as a segment (`*`, `**` or `[*]`)");
+                    }
+                    _ => PSeg::Field(name),
+                });
+            }
+            c => return err(i, &format!("unexpected {c:?}: expected `.` or `[`")),
+        }
+        first = false;
+    }
+    Ok(out)
+}
+
+/// A field-metadata pattern, compiled to an anchored regex over displayed paths.
+#[derive(Clone, Debug)]
+pub struct Pattern {
+    pub text: String,
+    pub regex: String,
+    /// Higher is more specific: 10 per literal segment, 1 per single wildcard, 0 per `**`.
+    pub specificity: i64,
+}
+
+const FIELD: &str = r#"[^.\[\]"\s]+"#;
+const QUOTED: &str = r#""(?:[^"\\]|\\.)*""#;
+
+impl Pattern {
+    pub fn new(text: &str) -> Result<Pattern, String> {
+        let segs = parse_segments(text, true)?;
+        let any_field = format!(r"(?:\.{FIELD}|\[{QUOTED}\])");
+        let any_bracket = format!(r#"\[(?:[^\]"]*|{QUOTED})\]"#);
+        let any_seg = format!(r"(?:\.{FIELD}|\[(?:[^\]\x22]*|{QUOTED})\])");
+        let mut re = String::from("^");
+        let mut spec = 0;
+        for (i, s) in segs.iter().enumerate() {
+            let first = i == 0;
+            match s {
+                PSeg::Field(f) => {
+                    spec += 10;
+                    if !first {
+                        re.push_str(r"\.");
+                    }
+                    re.push_str(&regex::escape(f));
+                }
+                PSeg::Key(k) => {
+                    spec += 10;
+                    re.push_str(&regex::escape(&format!("[{}]", quote(k))));
+                }
+                PSeg::Bracket(b) => {
+                    spec += 10;
+                    let shown = if is_plain(b) { b.clone() } else { quote(b) };
+                    re.push_str(&regex::escape(&format!("[{shown}]")));
+                }
+                PSeg::AnyField => {
+                    spec += 1;
+                    if first {
+                        re.push_str(FIELD);
+                    } else {
+                        re.push_str(&any_field);
+                    }
+                }
+                PSeg::AnyBracket => {
+                    spec += 1;
+                    re.push_str(&any_bracket);
+                }
+                PSeg::AnyDepth => {
+                    if first {
+                        re.push_str(&format!("(?:{FIELD}{any_seg}*)?"));
+                    } else {
+                        re.push_str(&format!("{any_seg}*"));
+                    }
+                }
+            }
+        }
+        re.push('$');
+        Ok(Pattern {
+            text: text.to_string(),
+            regex: re,
+            specificity: spec,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matches(pattern: &str, path: &str) -> bool {
+        regex::Regex::new(&Pattern::new(pattern).unwrap().regex)
+            .unwrap()
+            .is_match(path)
+    }
+
+    #[test]
+    fn paths_round_trip() {
+        for p in [
+            "machine.install.disk",
+            "KubeProxyConfig.enabled",
+            "LinkConfig[eth0].mtu",
+            "machine.network.interfaces[0].addresses[1]",
+            "machine.nodeLabels[\"node.kubernetes.io/role\"]",
+            "debug",
+        ] {
+            assert_eq!(Path::parse(p).unwrap().to_string(), p);
+        }
+        assert_eq!(
+            Path::parse("LinkConfig[eth0]").unwrap().segs[1],
+            Seg::Name("eth0".into())
+        );
+    }
+
+    #[test]
+    fn bad_paths_name_the_column() {
+        assert_eq!(
+            Path::parse("machine..disk").unwrap_err(),
+            "column 9: expected a field name after `.`"
+        );
+        assert!(
+            Path::parse("machine.interfaces[x]")
+                .unwrap_err()
+                .contains("is not a list index")
+        );
+        assert!(Path::parse("").is_err());
+        assert!(Path::parse("a[").is_err());
+    }
+
+    #[test]
+    fn wildcards() {
+        assert!(matches("cluster.**", "cluster"));
+        assert!(matches("cluster.**", "cluster.etcd.image"));
+        assert!(!matches("cluster.**", "clusterx"));
+        assert!(matches(
+            "machine.nodeLabels.*",
+            "machine.nodeLabels[\"a.b/c\"]"
+        ));
+        assert!(matches("machine.nodeLabels.*", "machine.nodeLabels.x"));
+        assert!(!matches("machine.nodeLabels.*", "machine.nodeLabels.x.y"));
+        assert!(matches("LinkConfig[*].mtu", "LinkConfig[eth0].mtu"));
+        assert!(matches(
+            "machine.network.interfaces[*].**",
+            "machine.network.interfaces[3].vlans[0].mtu"
+        ));
+        assert!(matches("**", "anything.at[0].all"));
+        assert!(!matches("KubeProxyConfig.**", "KubeProxyConfigX.enabled"));
+        assert!(
+            Pattern::new("cluster.etcd.**").unwrap().specificity
+                > Pattern::new("cluster.**").unwrap().specificity
+        );
+    }
+}
