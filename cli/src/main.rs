@@ -5,6 +5,7 @@
 //! to report, 1 findings, 2 error), prints errors once as `ichor: error: a: b: c`, and exits
 //! quietly on a broken pipe.
 
+mod config_cmd;
 mod contract_cmd;
 mod rules_cmd;
 
@@ -28,6 +29,9 @@ enum Command {
     /// Load, check, evaluate and test rule programs.
     #[command(subcommand)]
     Rules(rules_cmd::RulesCommand),
+    /// Talos configs: classify changed paths, explain a path's class.
+    #[command(subcommand)]
+    Config(config_cmd::ConfigCommand),
     /// Talos config contracts: derive a contract's path inventory from its schema.
     #[command(subcommand)]
     Contract(contract_cmd::ContractCommand),
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Rules(cmd) => rules_cmd::run(cmd),
         Command::Contract(cmd) => contract_cmd::run(cmd),
+        Command::Config(cmd) => config_cmd::run(cmd),
     };
     match result {
         Ok(report) => {

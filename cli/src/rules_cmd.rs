@@ -125,15 +125,41 @@ fn check(dir: &Path) -> Result<Report> {
     let p = &engine.program;
     let user_rels = p.relations.iter().filter(|r| !r.aux).count();
     let user_rules = p.rules.iter().filter(|r| r.aux_of.is_none()).count();
-    let stdout = format!(
+    let mut stdout = format!(
         "ok: {} file(s), {user_rels} relation(s), {user_rules} rule(s), {} stratum(s)\n",
         files.len(),
         p.strata.len()
     );
+    let mut findings = false;
+    if dir.join("fieldmeta.yaml").exists() {
+        // Field metadata: loads, is unambiguous, and covers each contract's inventory.
+        let c = crate::config_cmd::classifier(Some(dir))?;
+        let inventories = c
+            .contracts
+            .iter()
+            .map(|(k, d)| (*k, d.inventory.clone()))
+            .collect();
+        let (_, coverage) = c.meta.check_inventories(&inventories);
+        stdout += &format!("ok: {} field-metadata entries\n", c.meta.entries.len());
+        stdout += "coverage (inventory paths decided by an explicit entry):\n";
+        for (contract, cov) in coverage {
+            let decided = cov.total - cov.defaulted.len();
+            let pct = if cov.total == 0 {
+                100.0
+            } else {
+                100.0 * decided as f64 / cov.total as f64
+            };
+            stdout += &format!("  {contract}: {decided} of {} ({pct:.1} %)\n", cov.total);
+            for p in &cov.defaulted {
+                findings = true;
+                stdout += &format!("    falls to the default (reboot-required): {p}\n");
+            }
+        }
+    }
     Ok(Report {
         stdout,
         stderr: loaded.render_diagnostics(),
-        findings: false,
+        findings,
     })
 }
 

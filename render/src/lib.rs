@@ -8,6 +8,10 @@
 //!
 //! Architecture invariant: no I/O, no async, no clock. Files arrive as strings.
 
+pub mod bundle;
+pub mod classify;
 pub mod config;
+pub mod diff;
+pub mod fieldmeta;
 pub mod inventory;
 pub mod path;

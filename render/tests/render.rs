@@ -53,3 +53,50 @@ fn real_configs_are_covered_by_their_inventory() {
         missing.join("\n")
     );
 }
+
+use render::fieldmeta::{Contract, FieldMeta};
+use std::collections::BTreeMap;
+
+fn contracts() -> Vec<Contract> {
+    ["v1.12", "v1.13", "v1.14"]
+        .iter()
+        .map(|c| Contract::parse(c).unwrap())
+        .collect()
+}
+
+fn fieldmeta_text() -> String {
+    std::fs::read_to_string(format!(
+        "{}/../rules/fieldmeta.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+#[test]
+fn shipped_fieldmeta_loads_and_covers_every_contract() {
+    let meta =
+        FieldMeta::parse(&fieldmeta_text(), &contracts()).unwrap_or_else(|e| panic!("{e:?}"));
+    let invs: BTreeMap<Contract, Inventory> = contracts()
+        .into_iter()
+        .map(|c| (c, inventory(&c.to_string())))
+        .collect();
+    let (errors, coverage) = meta.check_inventories(&invs);
+    assert!(
+        errors.is_empty(),
+        "{}",
+        errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    for (c, cov) in coverage {
+        assert!(
+            cov.defaulted.is_empty(),
+            "{c}: {} of {} paths fall to the default: {:?}",
+            cov.defaulted.len(),
+            cov.total,
+            cov.defaulted
+        );
+    }
+}

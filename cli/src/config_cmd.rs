@@ -1,0 +1,461 @@
+//! `ichor config explain|diff`: field metadata on Talos configs (interfaces.md).
+//!
+//! Both classify with the rules this binary embeds, or with `--rules DIR` from disk. Values of
+//! sensitive paths are shown as `<redacted>` in every output: the change list, the unified
+//! diff, explanations and errors.
+
+use crate::{Diagnosed, Output, Report};
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Subcommand;
+use render::classify::{Classified, Classifier, Outcome, RuleSet};
+use render::config::{Config, MAX_CONFIG_BYTES};
+use render::diff::{self, REDACTED};
+use render::path::Path;
+use serde_json::{Value as Json, json};
+use std::path::{Path as FsPath, PathBuf};
+
+#[derive(Subcommand, Debug)]
+pub enum ConfigCommand {
+    /// The class of one config path at one contract, and the rule that decides it.
+    #[command(
+        after_help = "Examples:\n  ichor config explain cluster.etcd.image --contract v1.13\n  ichor config explain 'LinkConfig[eth0].mtu' --contract v1.14 --output json"
+    )]
+    Explain {
+        /// A path: `machine.install.disk`, `KubeProxyConfig.enabled`, `LinkConfig[eth0].mtu`.
+        path: String,
+        #[arg(long)]
+        contract: String,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+        /// Read fieldmeta.yaml, *.rules and contracts/ from DIR instead of the embedded rules.
+        #[arg(long)]
+        rules: Option<PathBuf>,
+    },
+    /// Compare two Talos configs: every changed path with its class and reason, the verdict,
+    /// and a redacted unified diff.
+    #[command(
+        after_help = "Examples:\n  ichor config diff --from running.yaml --to desired.yaml\n  ichor config diff --from running.yaml --to desired.yaml --contract v1.14 --output json\n\nExit: 0 no changes, 1 changes (or Talos would refuse the config), 2 error."
+    )]
+    Diff {
+        #[arg(long)]
+        from: PathBuf,
+        #[arg(long)]
+        to: PathBuf,
+        /// The contract; inferred from the documents when absent (and printed).
+        #[arg(long)]
+        contract: Option<String>,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+        #[arg(long)]
+        rules: Option<PathBuf>,
+    },
+}
+
+/// The rule set from `dir`, or the embedded one.
+pub fn ruleset(dir: Option<&FsPath>) -> Result<RuleSet> {
+    let Some(dir) = dir else {
+        return Ok(RuleSet::embedded());
+    };
+    let read = |p: PathBuf| -> Result<(String, String)> {
+        let text =
+            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        Ok((p.to_string_lossy().into_owned(), text))
+    };
+    let fieldmeta = read(dir.join("fieldmeta.yaml"))?;
+    let mut rules = vec![];
+    for f in crate::rules_cmd::rule_files(dir)? {
+        let text = std::fs::read_to_string(&f).with_context(|| format!("reading {f}"))?;
+        rules.push((f, text));
+    }
+    let mut contracts = vec![];
+    let cdir = dir.join("contracts");
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(&cdir)
+        .with_context(|| format!("reading {}", cdir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "paths"))
+        .collect();
+    entries.sort();
+    for p in entries {
+        let name = p
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        contracts.push((name, read(p)?.1));
+    }
+    Ok(RuleSet {
+        fieldmeta,
+        rules,
+        contracts,
+    })
+}
+
+pub fn classifier(dir: Option<&FsPath>) -> Result<Classifier> {
+    let set = ruleset(dir)?;
+    Classifier::new(&set).map_err(|e| {
+        anyhow!(Diagnosed {
+            diagnostics: e.problems.iter().map(|p| format!("{p}\n")).collect(),
+            summary: "the rules do not load; fix them and run `ichor rules check`".into(),
+        })
+    })
+}
+
+pub fn run(cmd: ConfigCommand) -> Result<Report> {
+    match cmd {
+        ConfigCommand::Explain {
+            path,
+            contract,
+            output,
+            rules,
+        } => explain(&path, &contract, output, rules.as_deref()),
+        ConfigCommand::Diff {
+            from,
+            to,
+            contract,
+            output,
+            rules,
+        } => {
+            let c = classifier(rules.as_deref())?;
+            let old = read_config(&from)?;
+            let new = read_config(&to)?;
+            diff_report(
+                &c,
+                &old,
+                &new,
+                &from.to_string_lossy(),
+                &to.to_string_lossy(),
+                contract.as_deref(),
+                output,
+            )
+        }
+    }
+}
+
+/// Reads and parses a config file; errors are `file:line:col: error: ...`, all of them.
+pub fn read_config(path: &FsPath) -> Result<Config> {
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if meta.len() as usize > MAX_CONFIG_BYTES {
+        bail!(
+            "{}: the file is {} bytes, over the {MAX_CONFIG_BYTES}-byte (10 MiB) limit for a machine configuration",
+            path.display(),
+            meta.len()
+        );
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        anyhow!(
+            "{}: not UTF-8 text (byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    Config::parse(&text).map_err(|errs| {
+        anyhow!(Diagnosed {
+            diagnostics: errs
+                .iter()
+                .map(|e| format!(
+                    "{}:{}:{}: error: {}\n",
+                    path.display(),
+                    e.line,
+                    e.col,
+                    e.message
+                ))
+                .collect(),
+            summary: format!(
+                "{} is not a Talos machine configuration Ichor can read",
+                path.display()
+            ),
+        })
+    })
+}
+
+fn rule_json(c: &Classifier, entry: Option<usize>, path: &str) -> Json {
+    match entry {
+        None => Json::Null,
+        Some(e) => {
+            let en = &c.meta.entries[e];
+            let pattern = best_pattern(c, e, path);
+            json!({"file": c.fieldmeta_file, "line": en.line, "pattern": pattern})
+        }
+    }
+}
+
+/// The entry's most specific pattern that matches the path (for display).
+fn best_pattern(c: &Classifier, e: usize, path: &str) -> String {
+    let en = &c.meta.entries[e];
+    en.patterns
+        .iter()
+        .filter(|p| regex::Regex::new(&p.regex).is_ok_and(|r| r.is_match(path)))
+        .max_by_key(|p| p.specificity)
+        .map(|p| p.text.clone())
+        .unwrap_or_default()
+}
+
+fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -> Result<Report> {
+    let c = classifier(rules)?;
+    let contract = c
+        .contract(contract)
+        .map_err(|e| anyhow!("--contract: {e}"))?;
+    let parsed = Path::parse(path).map_err(|e| anyhow!("path {path:?} does not parse: {e}"))?;
+    let change = diff::Change {
+        path: parsed,
+        op: diff::Op::Changed,
+        old: None,
+        new: None,
+    };
+    let outcome = c
+        .classify(contract, std::slice::from_ref(&change), None)
+        .map_err(|e| anyhow!("classifying: {e}"))?;
+    let k = &outcome.changes[0];
+    let shown = k.change.path.to_string();
+    let proof = c.proof(&outcome, k);
+    let decided = proof.as_ref().and_then(|p| match p {
+        engine::explain::Proof::Rule { rule, .. } => Some(rule.clone()),
+        _ => None,
+    });
+    let stdout = match output {
+        Output::Json => {
+            let v = json!({
+                "path": shown,
+                "contract": contract.to_string(),
+                "class": k.class,
+                "restarts": k.restarts,
+                "appliedBy": k.applied_by,
+                "rule": rule_json(&c, k.entry, &shown),
+                "why": k.why,
+                "sensitive": k.sensitive,
+                "decidedBy": decided.map(|r| json!({"file": r.file, "line": r.line, "doc": r.doc})),
+            });
+            serde_json::to_string_pretty(&v)? + "\n"
+        }
+        Output::Text => {
+            let mut s = format!("{shown} at {contract}: {}\n", k.class);
+            s += &format!("  why:        {}\n", k.why);
+            if let Some(e) = k.entry {
+                let en = &c.meta.entries[e];
+                s += &format!(
+                    "  rule:       {}:{} (pattern {})\n",
+                    c.fieldmeta_file,
+                    en.line,
+                    best_pattern(&c, e, &shown)
+                );
+                s += &format!("  source:     {}\n", en.source);
+            } else {
+                s += match k.class.as_str() {
+                    "unsupported" => {
+                        "  rule:       none: the contract's inventory has no such path\n"
+                    }
+                    _ => {
+                        "  rule:       none: no entry decides, so the default (reboot-required) applies\n"
+                    }
+                };
+            }
+            if !k.restarts.is_empty() {
+                s += &format!("  restarts:   {}\n", k.restarts.join(", "));
+            }
+            if let Some(op) = &k.applied_by {
+                s += &format!("  applied by: the {op} operation\n");
+            }
+            if k.sensitive {
+                s += "  sensitive:  values are always shown as <redacted>\n";
+            }
+            if let Some(r) = decided {
+                s += &format!(
+                    "  decided by: {}:{}{}\n",
+                    r.file,
+                    r.line,
+                    r.doc
+                        .map(|d| format!(" ({})", d.replace('\n', " ")))
+                        .unwrap_or_default()
+                );
+            }
+            s
+        }
+    };
+    Ok(Report {
+        stdout,
+        ..Report::default()
+    })
+}
+
+fn value_json(v: &Option<serde_yaml::Value>, sensitive: bool) -> Json {
+    match v {
+        None => Json::Null,
+        Some(_) if sensitive => json!(REDACTED),
+        Some(v) => serde_json::to_value(v).unwrap_or(Json::Null),
+    }
+}
+
+fn verdict_sentence(o: &Outcome) -> String {
+    let n = o.changes.len();
+    let count = |class: &str| o.changes.iter().filter(|c| c.class == class).count();
+    match o.verdict.as_str() {
+        "NoChanges" => "No changes.".into(),
+        "LiveApply" => format!("Applies without a reboot ({n} changed path(s))."),
+        "InstallTimeOnly" => format!(
+            "Applies without a reboot, but {} of {n} changed path(s) take effect only at the next install or Talos upgrade.",
+            count("install-time-only")
+        ),
+        "RebootRequired" => {
+            let ops = o.changes.iter().filter(|c| c.applied_by.is_some()).count();
+            let tail = if ops > 0 {
+                format!(" ({ops} of them only through their operation)")
+            } else {
+                String::new()
+            };
+            format!(
+                "Needs a reboot: {} of {n} changed path(s) cannot be applied live{tail}.",
+                count("reboot-required")
+            )
+        }
+        "Unsupported" => format!(
+            "{} of {n} changed path(s) do not exist at contract {}: Talos would refuse this configuration.",
+            count("unsupported"),
+            o.contract
+        ),
+        other => other.to_string(),
+    }
+}
+
+pub fn diff_report(
+    c: &Classifier,
+    old: &Config,
+    new: &Config,
+    from_name: &str,
+    to_name: &str,
+    contract: Option<&str>,
+    output: Output,
+) -> Result<Report> {
+    let (contract, inferred) = match contract {
+        Some(name) => (
+            c.contract(name).map_err(|e| anyhow!("--contract: {e}"))?,
+            None,
+        ),
+        None => {
+            let (ct, why) = c.infer_contract(&[old, new]);
+            (ct, Some(why))
+        }
+    };
+    let changes = diff::changes(old, new);
+    let outcome = c
+        .classify(contract, &changes, Some(new))
+        .map_err(|e| anyhow!("classifying: {e}"))?;
+    let sensitive = |p: &Path| c.sensitive(contract, p);
+    let old_text = diff::redacted_yaml(old, &sensitive);
+    let new_text = diff::redacted_yaml(new, &sensitive);
+    let unified = diff::unified(&old_text, &new_text, from_name, to_name);
+    let findings = outcome.verdict != "NoChanges" || !outcome.rejected.is_empty();
+    let stdout = match output {
+        Output::Json => {
+            let changes: Vec<Json> = outcome.changes.iter().map(|k| change_json(c, k)).collect();
+            let v = json!({
+                "contract": contract.to_string(),
+                "contractInferred": inferred.is_some(),
+                "verdict": outcome.verdict,
+                "changes": changes,
+                "rejected": outcome.rejected.iter().map(|r| json!({"message": r.message, "at": r.at})).collect::<Vec<_>>(),
+            });
+            serde_json::to_string_pretty(&v)? + "\n"
+        }
+        Output::Text => {
+            let mut s = String::from("Dry run summary:\n");
+            match &inferred {
+                Some(why) => {
+                    s += &format!(
+                        "Contract: {contract} (inferred: {why}; pass --contract to choose)\n"
+                    )
+                }
+                None => s += &format!("Contract: {contract}\n"),
+            }
+            s += &format!(
+                "Verdict: {}: {}\n",
+                outcome.verdict,
+                verdict_sentence(&outcome)
+            );
+            if !outcome.rejected.is_empty() {
+                s += "\nTalos would refuse this configuration:\n";
+                for r in &outcome.rejected {
+                    s += &format!("  - {} (at {})\n", r.message, r.at);
+                }
+            }
+            if !outcome.changes.is_empty() {
+                s += "\nChanges:\n";
+                let width = outcome
+                    .changes
+                    .iter()
+                    .map(|k| k.change.path.to_string().len())
+                    .max()
+                    .unwrap_or(0)
+                    .min(60);
+                for k in &outcome.changes {
+                    s += &change_text(c, k, width);
+                }
+            }
+            if !unified.is_empty() {
+                s += "\nConfig diff:\n\n";
+                s += &unified;
+            } else if !outcome.changes.is_empty() {
+                s += "\nConfig diff: only redacted values differ.\n";
+            }
+            s
+        }
+    };
+    Ok(Report {
+        stdout,
+        findings,
+        ..Report::default()
+    })
+}
+
+fn change_json(c: &Classifier, k: &Classified) -> Json {
+    let p = k.change.path.to_string();
+    json!({
+        "path": p,
+        "op": k.change.op.to_string(),
+        "class": k.class,
+        "restarts": k.restarts,
+        "appliedBy": k.applied_by,
+        "rule": rule_json(c, k.entry, &p),
+        "why": k.why,
+        "old": value_json(&k.change.old, k.sensitive),
+        "new": value_json(&k.change.new, k.sensitive),
+    })
+}
+
+fn change_text(c: &Classifier, k: &Classified, width: usize) -> String {
+    let p = k.change.path.to_string();
+    let sign = match k.change.op {
+        diff::Op::Added => '+',
+        diff::Op::Removed => '-',
+        diff::Op::Changed => '~',
+    };
+    let mut extra = vec![];
+    if !k.restarts.is_empty() {
+        extra.push(format!("restarts {}", k.restarts.join(", ")));
+    }
+    if let Some(op) = &k.applied_by {
+        extra.push(format!("applied by the {op} operation"));
+    }
+    let extra = if extra.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", extra.join("; "))
+    };
+    let mut s = format!("  {sign} {p:width$}  {}{extra}\n", k.class);
+    let show = |v: &Option<serde_yaml::Value>| match v {
+        None => "(absent)".to_string(),
+        Some(_) if k.sensitive => REDACTED.to_string(),
+        Some(v) => diff::short(v),
+    };
+    s += &format!("      {} -> {}\n", show(&k.change.old), show(&k.change.new));
+    s += &format!("      {}\n", k.why);
+    if let Some(e) = k.entry {
+        s += &format!(
+            "      rule: {}:{} ({})\n",
+            c.fieldmeta_file,
+            c.meta.entries[e].line,
+            best_pattern(c, e, &p)
+        );
+    }
+    s
+}

@@ -1,0 +1,29 @@
+//! The rule files this build ships with, embedded at compile time.
+//!
+//! The binary classifies from these when no `--rules DIR` is given, so `ichor config diff`
+//! works from any directory; `ichor rules check` reads the files on disk. Compile-time
+//! inclusion is not I/O: nothing here touches the filesystem at run time.
+
+/// `(file name as shown in proofs, contents)`.
+pub const RULES: &[(&str, &str)] = &[
+    (
+        "rules/classify.rules",
+        include_str!("../../rules/classify.rules"),
+    ),
+    (
+        "rules/talos-accepts.rules",
+        include_str!("../../rules/talos-accepts.rules"),
+    ),
+];
+
+pub const FIELDMETA: (&str, &str) = (
+    "rules/fieldmeta.yaml",
+    include_str!("../../rules/fieldmeta.yaml"),
+);
+
+/// `(contract, inventory text)`.
+pub const CONTRACTS: &[(&str, &str)] = &[
+    ("v1.12", include_str!("../../rules/contracts/v1.12.paths")),
+    ("v1.13", include_str!("../../rules/contracts/v1.13.paths")),
+    ("v1.14", include_str!("../../rules/contracts/v1.14.paths")),
+];

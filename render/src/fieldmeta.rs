@@ -1,0 +1,392 @@
+//! Field metadata (`rules/fieldmeta.yaml`): loading, validation, and path matching.
+//!
+//! Start at `FieldMeta::parse` (every problem at once, each with its line), then
+//! `FieldMeta::matcher` (one `RegexSet` per contract, built once) and `Matcher::candidates`
+//! (the entries whose patterns match a path, run once per path). Choosing among candidates
+//! is the classification rules' job (`rules/classify.rules`), not this module's.
+//! `FieldMeta::check_inventories` finds ambiguities (two entries of equal specificity and
+//! different classes for one path) and coverage (paths no entry decides).
+
+use crate::inventory::Inventory;
+use crate::path::{Path, Pattern};
+use regex::RegexSet;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A Talos config contract, `vX.Y`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Contract {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Contract {
+    pub fn parse(s: &str) -> Option<Contract> {
+        let rest = s.strip_prefix('v')?;
+        let (a, b) = rest.split_once('.')?;
+        let num = |x: &str| {
+            if !x.is_empty() && x.bytes().all(|c| c.is_ascii_digit()) {
+                x.parse().ok()
+            } else {
+                None
+            }
+        };
+        Some(Contract {
+            major: num(a)?,
+            minor: num(b)?,
+        })
+    }
+}
+
+impl fmt::Display for Contract {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}.{}", self.major, self.minor)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Class {
+    Safe,
+    InstallTimeOnly,
+    RebootRequired,
+}
+
+impl Class {
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Safe => "safe",
+            Class::InstallTimeOnly => "install-time-only",
+            Class::RebootRequired => "reboot-required",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub line: usize,
+    pub patterns: Vec<Pattern>,
+    pub from: Option<Contract>,
+    pub to: Option<Contract>,
+    pub class: Option<Class>,
+    pub restarts: Vec<String>,
+    pub applied_by: Option<String>,
+    pub sensitive: bool,
+    pub why: String,
+    pub source: String,
+}
+
+impl Entry {
+    pub fn holds_at(&self, c: Contract) -> bool {
+        self.from.is_none_or(|f| f <= c) && self.to.is_none_or(|t| c <= t)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawEntry {
+    patterns: Vec<String>,
+    contracts: String,
+    #[serde(default)]
+    class: Option<String>,
+    #[serde(default)]
+    restarts: Vec<String>,
+    #[serde(default)]
+    applied_by: Option<String>,
+    #[serde(default)]
+    sensitive: bool,
+    why: String,
+    source: String,
+}
+
+/// A problem in the field metadata, at a line of its file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaError {
+    pub line: usize,
+    pub col: usize,
+    pub message: String,
+}
+
+impl fmt::Display for MetaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.line, self.col, self.message)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct FieldMeta {
+    pub entries: Vec<Entry>,
+}
+
+/// The operations that may own a path (`appliedBy`).
+pub const OPERATIONS: [&str; 2] = ["kubernetes", "cni"];
+
+impl FieldMeta {
+    /// Parses and validates `fieldmeta.yaml`. `known` lists the contracts the project has
+    /// inventories for; ranges must name them.
+    pub fn parse(text: &str, known: &[Contract]) -> Result<FieldMeta, Vec<MetaError>> {
+        let raw: Vec<RawEntry> = serde_yaml::from_str(text).map_err(|e| {
+            let (line, col) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+            let msg = e.to_string();
+            vec![MetaError {
+                line,
+                col,
+                message: msg.split(" at line ").next().unwrap_or(&msg).to_string(),
+            }]
+        })?;
+        // Entries start at column 1 with `- `: their lines, in order.
+        let lines: Vec<usize> = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with("- "))
+            .map(|(i, _)| i + 1)
+            .collect();
+        let mut errors = vec![];
+        let mut entries = vec![];
+        for (i, r) in raw.into_iter().enumerate() {
+            let line = lines.get(i).copied().unwrap_or(1);
+            let mut err = |m: String| {
+                errors.push(MetaError {
+                    line,
+                    col: 1,
+                    message: m,
+                })
+            };
+            let class = match r.class.as_deref() {
+                None => None,
+                Some("safe") => Some(Class::Safe),
+                Some("reboot-required") => Some(Class::RebootRequired),
+                Some("install-time-only") => Some(Class::InstallTimeOnly),
+                Some(other) => {
+                    err(format!(
+                        "unknown class {other:?}: expected safe, reboot-required or install-time-only"
+                    ));
+                    None
+                }
+            };
+            if class.is_none() && !r.sensitive {
+                err(
+                    "an entry needs a class, or `sensitive: true` for one that only marks secrets"
+                        .into(),
+                );
+            }
+            if let Some(op) = &r.applied_by {
+                if !OPERATIONS.contains(&op.as_str()) {
+                    err(format!(
+                        "unknown appliedBy {op:?}: expected one of {}",
+                        OPERATIONS.join(", ")
+                    ));
+                }
+                if class != Some(Class::RebootRequired) {
+                    err("an entry with appliedBy is reboot-required (the machine controller leaves it to the operation)".into());
+                }
+            }
+            if r.why.trim().is_empty() || r.source.trim().is_empty() {
+                err("`why` and `source` must say something".into());
+            }
+            if r.patterns.is_empty() {
+                err("an entry needs at least one pattern".into());
+            }
+            let (from, to) = match parse_range(&r.contracts, known) {
+                Ok(x) => x,
+                Err(m) => {
+                    err(m);
+                    (None, None)
+                }
+            };
+            let mut patterns = vec![];
+            for p in &r.patterns {
+                match Pattern::new(p) {
+                    Ok(pat) => patterns.push(pat),
+                    Err(m) => err(format!("pattern {p:?}: {m}")),
+                }
+            }
+            entries.push(Entry {
+                line,
+                patterns,
+                from,
+                to,
+                class,
+                restarts: r.restarts,
+                applied_by: r.applied_by,
+                sensitive: r.sensitive,
+                why: r.why.trim().to_string(),
+                source: r.source.trim().to_string(),
+            });
+        }
+        // The same pattern twice with overlapping contracts and the same role is a duplicate.
+        for (i, a) in entries.iter().enumerate() {
+            for b in &entries[..i] {
+                if a.class.is_some() != b.class.is_some() {
+                    continue;
+                }
+                let overlap = known.iter().any(|&c| a.holds_at(c) && b.holds_at(c));
+                for p in &a.patterns {
+                    if overlap && b.patterns.iter().any(|q| q.text == p.text) {
+                        errors.push(MetaError {
+                            line: a.line,
+                            col: 1,
+                            message: format!("duplicate entry: pattern {:?} is already in the entry at line {} for an overlapping contract range", p.text, b.line),
+                        });
+                    }
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(FieldMeta { entries })
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The regex set of one contract: every pattern of every entry that holds there.
+    pub fn matcher(&self, contract: Contract) -> Matcher {
+        let mut regexes = vec![];
+        let mut owners = vec![];
+        let mut specs = vec![];
+        for (e, entry) in self.entries.iter().enumerate() {
+            if !entry.holds_at(contract) {
+                continue;
+            }
+            for (p, pat) in entry.patterns.iter().enumerate() {
+                regexes.push(pat.regex.clone());
+                owners.push((e, p));
+                specs.push(pat.specificity);
+            }
+        }
+        let set = RegexSet::new(&regexes).expect("patterns compiled one by one at load");
+        Matcher {
+            contract,
+            set,
+            owners,
+            specs,
+        }
+    }
+
+    /// Checks the metadata against each contract's inventory: ambiguities (errors) and the
+    /// paths that fall to the default (coverage).
+    pub fn check_inventories(
+        &self,
+        inventories: &BTreeMap<Contract, Inventory>,
+    ) -> (Vec<MetaError>, BTreeMap<Contract, Coverage>) {
+        let mut errors = vec![];
+        let mut coverage = BTreeMap::new();
+        for (&c, inv) in inventories {
+            let m = self.matcher(c);
+            let mut cov = Coverage::default();
+            for pat in inv.patterns() {
+                // Stand a concrete path in for the pattern: `*` and `[*]` become sample segments.
+                let sample = pat.replace("[*]", "[0]").replace(".*", ".x");
+                let Ok(path) = Path::parse(&sample) else {
+                    continue;
+                };
+                let shown = path.to_string();
+                cov.total += 1;
+                let cands = m.candidates(&shown);
+                let classed: Vec<(usize, i64)> = cands
+                    .iter()
+                    .copied()
+                    .filter(|&(e, _)| self.entries[e].class.is_some())
+                    .collect();
+                let Some(best) = classed.iter().map(|x| x.1).max() else {
+                    cov.defaulted.push(pat.clone());
+                    continue;
+                };
+                let top: Vec<usize> = classed
+                    .iter()
+                    .filter(|x| x.1 == best)
+                    .map(|x| x.0)
+                    .collect();
+                for &a in &top {
+                    for &b in &top {
+                        if a < b && self.entries[a].class != self.entries[b].class {
+                            errors.push(MetaError {
+                                line: self.entries[b].line,
+                                col: 1,
+                                message: format!(
+                                    "ambiguous at {c}: path {pat} matches this entry ({}) and the entry at line {} ({}) with equal specificity {best}; make one more specific",
+                                    self.entries[b].class.unwrap().name(),
+                                    self.entries[a].line,
+                                    self.entries[a].class.unwrap().name()
+                                ),
+                            });
+                        }
+                    }
+                }
+            }
+            coverage.insert(c, cov);
+        }
+        errors.sort_by_key(|e| e.line);
+        errors.dedup();
+        (errors, coverage)
+    }
+}
+
+/// How many inventory paths of a contract an explicit entry decides.
+#[derive(Clone, Debug, Default)]
+pub struct Coverage {
+    pub total: usize,
+    pub defaulted: Vec<String>,
+}
+
+fn parse_range(
+    s: &str,
+    known: &[Contract],
+) -> Result<(Option<Contract>, Option<Contract>), String> {
+    let s = s.trim();
+    if s == "all" {
+        return Ok((None, None));
+    }
+    let one = |x: &str| -> Result<Option<Contract>, String> {
+        if x.is_empty() {
+            return Ok(None);
+        }
+        let c = Contract::parse(x).ok_or_else(|| format!("{x:?} is not a contract (vX.Y)"))?;
+        if !known.contains(&c) {
+            let names: Vec<String> = known.iter().map(Contract::to_string).collect();
+            return Err(format!(
+                "unknown contract {c}: known contracts are {}",
+                names.join(", ")
+            ));
+        }
+        Ok(Some(c))
+    };
+    let (a, b) = match s.split_once("..") {
+        Some((a, b)) => (one(a.trim())?, one(b.trim())?),
+        None => {
+            let c = one(s)?;
+            (c, c)
+        }
+    };
+    if let (Some(x), Some(y)) = (a, b) {
+        if x > y {
+            return Err(format!("inverted contract range {s}: {x} is after {y}"));
+        }
+    }
+    Ok((a, b))
+}
+
+/// The compiled patterns of one contract.
+#[derive(Clone, Debug)]
+pub struct Matcher {
+    pub contract: Contract,
+    set: RegexSet,
+    /// Per regex of the set: (entry, pattern) and the pattern's specificity.
+    owners: Vec<(usize, usize)>,
+    specs: Vec<i64>,
+}
+
+impl Matcher {
+    /// `(entry, specificity)` for every entry with a pattern matching the displayed path; the
+    /// best specificity per entry.
+    pub fn candidates(&self, path: &str) -> Vec<(usize, i64)> {
+        let mut best: BTreeMap<usize, i64> = BTreeMap::new();
+        for i in self.set.matches(path).into_iter() {
+            let (e, _p) = self.owners[i];
+            let spec = self.specs[i];
+            let slot = best.entry(e).or_insert(spec);
+            *slot = (*slot).max(spec);
+        }
+        best.into_iter().collect()
+    }
+}
