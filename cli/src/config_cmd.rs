@@ -7,9 +7,10 @@
 use crate::{Diagnosed, Output, Report};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Subcommand;
-use render::classify::{Classified, Classifier, Outcome, RuleSet};
+use render::classify::{Classified, Classifier, Outcome, Reason, RuleSet};
 use render::config::{Config, MAX_CONFIG_BYTES};
 use render::diff::{self, REDACTED};
+use render::fieldmeta::Contract;
 use render::path::Path;
 use serde_json::{Value as Json, json};
 use std::path::{Path as FsPath, PathBuf};
@@ -204,25 +205,25 @@ fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -
         new: None,
     };
     let outcome = c
-        .classify(contract, std::slice::from_ref(&change), None)
+        .classify(contract, std::slice::from_ref(&change), None, true)
         .map_err(|e| anyhow!("classifying: {e}"))?;
     let k = &outcome.changes[0];
-    let shown = k.change.path.to_string();
-    let proof = c.proof(&outcome, k);
-    let decided = proof.as_ref().and_then(|p| match p {
-        engine::explain::Proof::Rule { rule, .. } => Some(rule.clone()),
-        _ => None,
+    let shown = change.path.to_string();
+    let decided = c.proof(&outcome, &change.path, k).and_then(|p| match p {
+        engine::explain::Proof::Rule { rule, .. } => Some(rule),
+        engine::explain::Proof::Input { .. } => None,
     });
+    let why = c.why(contract, k);
     let stdout = match output {
         Output::Json => {
             let v = json!({
                 "path": shown,
                 "contract": contract.to_string(),
                 "class": k.class,
-                "restarts": k.restarts,
-                "appliedBy": k.applied_by,
-                "rule": rule_json(&c, k.entry, &shown),
-                "why": k.why,
+                "restarts": c.restarts(k),
+                "appliedBy": c.applied_by(k),
+                "rule": rule_json(&c, k.entry(), &shown),
+                "why": why,
                 "sensitive": k.sensitive,
                 "decidedBy": decided.map(|r| json!({"file": r.file, "line": r.line, "doc": r.doc})),
             });
@@ -230,44 +231,43 @@ fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -
         }
         Output::Text => {
             let mut s = format!("{shown} at {contract}: {}\n", k.class);
-            s += &format!("  why:        {}\n", k.why);
-            if let Some(e) = k.entry {
-                let en = &c.meta.entries[e];
-                s += &format!(
-                    "  rule:       {}:{} (pattern {})\n",
-                    c.fieldmeta_file,
-                    en.line,
-                    best_pattern(&c, e, &shown)
-                );
-                s += &format!("  source:     {}\n", en.source);
-            } else {
-                s += match k.class.as_str() {
-                    "unsupported" => {
-                        "  rule:       none: the contract's inventory has no such path\n"
-                    }
-                    _ => {
-                        "  rule:       none: no entry decides, so the default (reboot-required) applies\n"
-                    }
-                };
+            s += &format!("  why:        {why}\n");
+            match (k.entry(), k.reason) {
+                (Some(e), _) => {
+                    let en = &c.meta.entries[e];
+                    s += &format!(
+                        "  rule:       {}:{} (pattern {})\n",
+                        c.fieldmeta_file,
+                        en.line,
+                        best_pattern(&c, e, &shown)
+                    );
+                    s += &format!("  source:     {}\n", en.source);
+                }
+                (None, Reason::Unsupported) => {
+                    s += "  rule:       none: the contract's inventory has no such path\n"
+                }
+                (None, Reason::Ambiguous) => {
+                    s += "  rule:       none: equally specific entries disagree, so Ichor fails closed\n"
+                }
+                (None, _) => {
+                    s += "  rule:       none: no entry decides, so the default (reboot-required) applies\n"
+                }
             }
-            if !k.restarts.is_empty() {
-                s += &format!("  restarts:   {}\n", k.restarts.join(", "));
+            if !c.restarts(k).is_empty() {
+                s += &format!("  restarts:   {}\n", c.restarts(k).join(", "));
             }
-            if let Some(op) = &k.applied_by {
+            if let Some(op) = c.applied_by(k) {
                 s += &format!("  applied by: the {op} operation\n");
             }
             if k.sensitive {
                 s += "  sensitive:  values are always shown as <redacted>\n";
             }
             if let Some(r) = decided {
-                s += &format!(
-                    "  decided by: {}:{}{}\n",
-                    r.file,
-                    r.line,
-                    r.doc
-                        .map(|d| format!(" ({})", d.replace('\n', " ")))
-                        .unwrap_or_default()
-                );
+                let doc = r
+                    .doc
+                    .map(|d| format!(" ({})", d.replace('\n', " ")))
+                    .unwrap_or_default();
+                s += &format!("  decided by: {}:{}{doc}\n", r.file, r.line);
             }
             s
         }
@@ -286,9 +286,9 @@ fn value_json(v: &Option<serde_yaml::Value>, sensitive: bool) -> Json {
     }
 }
 
-fn verdict_sentence(o: &Outcome) -> String {
+fn verdict_sentence(c: &Classifier, o: &Outcome) -> String {
     let n = o.changes.len();
-    let count = |class: &str| o.changes.iter().filter(|c| c.class == class).count();
+    let count = |class: &str| o.changes.iter().filter(|k| k.class == class).count();
     match o.verdict.as_str() {
         "NoChanges" => "No changes.".into(),
         "LiveApply" => format!("Applies without a reboot ({n} changed path(s))."),
@@ -297,7 +297,11 @@ fn verdict_sentence(o: &Outcome) -> String {
             count("install-time-only")
         ),
         "RebootRequired" => {
-            let ops = o.changes.iter().filter(|c| c.applied_by.is_some()).count();
+            let ops = o
+                .changes
+                .iter()
+                .filter(|k| c.applied_by(k).is_some())
+                .count();
             let tail = if ops > 0 {
                 format!(" ({ops} of them only through their operation)")
             } else {
@@ -338,21 +342,25 @@ pub fn diff_report(
     };
     let changes = diff::changes(old, new);
     let outcome = c
-        .classify(contract, &changes, Some(new))
+        .classify(contract, &changes, Some(new), false)
         .map_err(|e| anyhow!("classifying: {e}"))?;
     let sensitive = |p: &Path| c.sensitive(contract, p);
     let old_text = diff::redacted_yaml(old, &sensitive);
     let new_text = diff::redacted_yaml(new, &sensitive);
     let unified = diff::unified(&old_text, &new_text, from_name, to_name);
     let findings = outcome.verdict != "NoChanges" || !outcome.rejected.is_empty();
+    let pairs: Vec<(&diff::Change, &Classified)> = changes.iter().zip(&outcome.changes).collect();
     let stdout = match output {
         Output::Json => {
-            let changes: Vec<Json> = outcome.changes.iter().map(|k| change_json(c, k)).collect();
+            let list: Vec<Json> = pairs
+                .iter()
+                .map(|(ch, k)| change_json(c, contract, ch, k))
+                .collect();
             let v = json!({
                 "contract": contract.to_string(),
                 "contractInferred": inferred.is_some(),
                 "verdict": outcome.verdict,
-                "changes": changes,
+                "changes": list,
                 "rejected": outcome.rejected.iter().map(|r| json!({"message": r.message, "at": r.at})).collect::<Vec<_>>(),
             });
             serde_json::to_string_pretty(&v)? + "\n"
@@ -370,7 +378,7 @@ pub fn diff_report(
             s += &format!(
                 "Verdict: {}: {}\n",
                 outcome.verdict,
-                verdict_sentence(&outcome)
+                verdict_sentence(c, &outcome)
             );
             if !outcome.rejected.is_empty() {
                 s += "\nTalos would refuse this configuration:\n";
@@ -378,23 +386,22 @@ pub fn diff_report(
                     s += &format!("  - {} (at {})\n", r.message, r.at);
                 }
             }
-            if !outcome.changes.is_empty() {
+            if !pairs.is_empty() {
                 s += "\nChanges:\n";
-                let width = outcome
-                    .changes
+                let width = changes
                     .iter()
-                    .map(|k| k.change.path.to_string().len())
+                    .map(|k| k.path.to_string().len())
                     .max()
                     .unwrap_or(0)
                     .min(60);
-                for k in &outcome.changes {
-                    s += &change_text(c, k, width);
+                for (ch, k) in &pairs {
+                    s += &change_text(c, contract, ch, k, width);
                 }
             }
             if !unified.is_empty() {
                 s += "\nConfig diff:\n\n";
                 s += &unified;
-            } else if !outcome.changes.is_empty() {
+            } else if !pairs.is_empty() {
                 s += "\nConfig diff: only redacted values differ.\n";
             }
             s
@@ -407,33 +414,39 @@ pub fn diff_report(
     })
 }
 
-fn change_json(c: &Classifier, k: &Classified) -> Json {
-    let p = k.change.path.to_string();
+fn change_json(c: &Classifier, contract: Contract, ch: &diff::Change, k: &Classified) -> Json {
+    let p = ch.path.to_string();
     json!({
         "path": p,
-        "op": k.change.op.to_string(),
+        "op": ch.op.to_string(),
         "class": k.class,
-        "restarts": k.restarts,
-        "appliedBy": k.applied_by,
-        "rule": rule_json(c, k.entry, &p),
-        "why": k.why,
-        "old": value_json(&k.change.old, k.sensitive),
-        "new": value_json(&k.change.new, k.sensitive),
+        "restarts": c.restarts(k),
+        "appliedBy": c.applied_by(k),
+        "rule": rule_json(c, k.entry(), &p),
+        "why": c.why(contract, k),
+        "old": value_json(&ch.old, k.sensitive),
+        "new": value_json(&ch.new, k.sensitive),
     })
 }
 
-fn change_text(c: &Classifier, k: &Classified, width: usize) -> String {
-    let p = k.change.path.to_string();
-    let sign = match k.change.op {
+fn change_text(
+    c: &Classifier,
+    contract: Contract,
+    ch: &diff::Change,
+    k: &Classified,
+    width: usize,
+) -> String {
+    let p = ch.path.to_string();
+    let sign = match ch.op {
         diff::Op::Added => '+',
         diff::Op::Removed => '-',
         diff::Op::Changed => '~',
     };
     let mut extra = vec![];
-    if !k.restarts.is_empty() {
-        extra.push(format!("restarts {}", k.restarts.join(", ")));
+    if !c.restarts(k).is_empty() {
+        extra.push(format!("restarts {}", c.restarts(k).join(", ")));
     }
-    if let Some(op) = &k.applied_by {
+    if let Some(op) = c.applied_by(k) {
         extra.push(format!("applied by the {op} operation"));
     }
     let extra = if extra.is_empty() {
@@ -447,9 +460,9 @@ fn change_text(c: &Classifier, k: &Classified, width: usize) -> String {
         Some(_) if k.sensitive => REDACTED.to_string(),
         Some(v) => diff::short(v),
     };
-    s += &format!("      {} -> {}\n", show(&k.change.old), show(&k.change.new));
-    s += &format!("      {}\n", k.why);
-    if let Some(e) = k.entry {
+    s += &format!("      {} -> {}\n", show(&ch.old), show(&ch.new));
+    s += &format!("      {}\n", c.why(contract, k));
+    if let Some(e) = k.entry() {
         s += &format!(
             "      rule: {}:{} ({})\n",
             c.fieldmeta_file,

@@ -117,11 +117,77 @@ impl std::fmt::Display for EvalError {
 /// Input facts, already interned against the evaluation's interner.
 pub type Facts = Vec<Vec<Vec<Const>>>;
 
+/// Facts already interned, built by a host that knows its relations' types (see
+/// `Engine::fact_builder`). Each value is interned once, however many facts use it.
+#[derive(Clone, Debug)]
+pub struct FactBuilder {
+    interner: Interner,
+    /// Per relation: its facts' values, flat.
+    rows: Vec<Vec<u32>>,
+    /// Per relation: how many facts (nullary relations have no values to count).
+    counts: Vec<usize>,
+    arity: Vec<usize>,
+}
+
+impl FactBuilder {
+    pub(crate) fn new(program: &Program, plan: &Plan) -> FactBuilder {
+        FactBuilder {
+            interner: plan.base.clone(),
+            rows: vec![vec![]; program.relations.len()],
+            counts: vec![0; program.relations.len()],
+            arity: program.relations.iter().map(|r| r.arity()).collect(),
+        }
+    }
+
+    pub fn sym(&mut self, s: &str) -> u32 {
+        self.interner.intern_sym(s)
+    }
+
+    pub fn num(&mut self, n: i64) -> u32 {
+        self.interner.intern_num(n)
+    }
+
+    pub fn value(&mut self, c: &Const) -> u32 {
+        self.interner.intern_ref(c)
+    }
+
+    /// Adds one fact. The host guarantees the column types (this is the trusted fast path;
+    /// untrusted input goes through `facts::FactSet`, which checks them).
+    pub fn push(&mut self, rel: RelId, row: &[u32]) {
+        assert_eq!(
+            row.len(),
+            self.arity[rel],
+            "fact of the wrong arity for relation {rel}"
+        );
+        self.rows[rel].extend_from_slice(row);
+        self.counts[rel] += 1;
+    }
+}
+
 /// Evaluates the program on `facts` (indexed by relation id, values typed as declared).
 pub fn evaluate(
     program: &Program,
     plan: &Plan,
     facts: &Facts,
+    opts: EvalOptions,
+) -> Result<Database, EvalError> {
+    let mut b = FactBuilder::new(program, plan);
+    let mut row = vec![];
+    for (rel, tuples) in facts.iter().enumerate() {
+        for t in tuples {
+            row.clear();
+            row.extend(t.iter().map(|c| b.interner.intern_ref(c)));
+            b.push(rel, &row);
+        }
+    }
+    evaluate_built(program, plan, b, opts)
+}
+
+/// Evaluates the program on interned facts.
+pub fn evaluate_built(
+    program: &Program,
+    plan: &Plan,
+    facts: FactBuilder,
     opts: EvalOptions,
 ) -> Result<Database, EvalError> {
     match (plan.width, opts.provenance) {
@@ -418,10 +484,15 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
     fn run(
         program: &'a Program,
         plan: &'a Plan,
-        facts: &Facts,
+        facts: FactBuilder,
         opts: EvalOptions,
     ) -> Result<Database, EvalError> {
-        let mut interner = plan.base.clone();
+        let FactBuilder {
+            mut interner,
+            rows: fact_rows,
+            counts,
+            arity,
+        } = facts;
         let zero = interner.intern_num(0);
         let nrels = program.relations.len();
         let mut initial: Vec<Vec<Tup<W, M>>> = vec![vec![]; nrels];
@@ -430,17 +501,13 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                 initial[rel].push(Self::tup(r, M::new(INPUT, 0)));
             }
         }
-        for (rel, rows) in facts.iter().enumerate() {
-            initial[rel].reserve(rows.len());
-            for r in rows {
-                let mut row = [0u32; W];
-                for (k, c) in r.iter().enumerate() {
-                    row[k] = interner.intern_ref(c);
-                }
-                initial[rel].push(Tup {
-                    row,
-                    meta: M::new(INPUT, 0),
-                });
+        for (rel, flat) in fact_rows.iter().enumerate() {
+            initial[rel].reserve(counts[rel]);
+            match arity[rel] {
+                0 if counts[rel] > 0 => initial[rel].push(Self::tup(&[], M::new(INPUT, 0))),
+                0 => {}
+                a => initial[rel]
+                    .extend(flat.chunks_exact(a).map(|r| Self::tup(r, M::new(INPUT, 0)))),
             }
         }
         let mut ev = Eval {

@@ -29,7 +29,7 @@ pub mod value;
 
 pub use db::Database;
 pub use diag::{Diagnostic, Severity, SourceMap, Span};
-pub use eval::{EvalError, EvalOptions, Facts};
+pub use eval::{EvalError, EvalOptions, FactBuilder, Facts};
 pub use loader::{Loaded, MemSources, Sources, load, load_str};
 pub use plan::{Plan, PlanError};
 pub use program::{Const, Program, RelId};
@@ -50,6 +50,20 @@ impl Engine {
     /// Evaluates on `facts`, indexed by relation id (see `facts::FactSet` to build them by name).
     pub fn evaluate(&self, facts: &Facts, opts: EvalOptions) -> Result<Database, EvalError> {
         eval::evaluate(&self.program, &self.plan, facts, opts)
+    }
+
+    /// A builder of interned facts: the fast path for hosts that know their relations' types.
+    pub fn fact_builder(&self) -> FactBuilder {
+        FactBuilder::new(&self.program, &self.plan)
+    }
+
+    /// Evaluates on facts made with `fact_builder`.
+    pub fn evaluate_built(
+        &self,
+        facts: FactBuilder,
+        opts: EvalOptions,
+    ) -> Result<Database, EvalError> {
+        eval::evaluate_built(&self.program, &self.plan, facts, opts)
     }
 
     /// An empty fact set shaped for this program.

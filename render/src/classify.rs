@@ -12,7 +12,6 @@ use crate::diff::Change;
 use crate::fieldmeta::{Contract, FieldMeta, Matcher, MetaError};
 use crate::inventory::Inventory;
 use crate::path::Path;
-use engine::facts::FactSet;
 use engine::{Const, Database, Engine, EvalOptions, MemSources};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -63,18 +62,34 @@ pub struct Classifier {
     pub engine: Engine,
 }
 
-/// One changed path with its class and the reason.
-#[derive(Clone, Debug)]
+/// Why a path has its class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// The field-metadata entry (index) that decides it.
+    Entry(usize),
+    /// No entry decides: the fail-closed default.
+    Default,
+    /// Equally specific entries disagree: fail closed.
+    Ambiguous,
+    /// The contract has no such path.
+    Unsupported,
+}
+
+/// The class of one changed path; `Outcome::changes[i]` answers for the caller's `changes[i]`.
+#[derive(Clone, Copy, Debug)]
 pub struct Classified {
-    pub change: Change,
-    pub class: String,
-    /// The deciding field-metadata entry (index), or None for the default, an ambiguity or an
-    /// unsupported path.
-    pub entry: Option<usize>,
-    pub why: String,
-    pub restarts: Vec<String>,
-    pub applied_by: Option<String>,
+    pub class: &'static str,
+    pub reason: Reason,
     pub sensitive: bool,
+}
+
+impl Classified {
+    pub fn entry(&self) -> Option<usize> {
+        match self.reason {
+            Reason::Entry(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// Talos would refuse the desired config.
@@ -249,120 +264,114 @@ impl Classifier {
     }
 
     /// Classifies `changes` at `contract`; with the desired config, also checks what Talos
-    /// would refuse. Evaluates with provenance so that every answer can be explained.
+    /// would refuse. `provenance` records derivations so that `proof` can explain answers.
     pub fn classify(
         &self,
         contract: Contract,
         changes: &[Change],
         desired: Option<&Config>,
+        provenance: bool,
     ) -> Result<Outcome, engine::EvalError> {
         let data = &self.contracts[&contract];
-        let mut facts = FactSet::default();
-        let sym = |s: &str| Const::Sym(s.to_string());
+        let p = &self.engine.program;
+        let rel = |name: &str| {
+            p.relation(name)
+                .unwrap_or_else(|| panic!("the classification rules declare `{name}`"))
+        };
+        let mut b = self.engine.fact_builder();
+        let (r_entry, r_change, r_exists, r_cand) = (
+            rel("entry_class"),
+            rel("change"),
+            rel("exists"),
+            rel("candidate"),
+        );
         for (e, entry) in self.meta.entries.iter().enumerate() {
             if let (Some(class), true) = (entry.class, entry.holds_at(contract)) {
-                facts.add("entry_class", vec![Const::Num(e as i64), sym(class.name())]);
+                let row = [b.num(e as i64), b.sym(class.name())];
+                b.push(r_entry, &row);
             }
         }
-        let mut shown: Vec<String> = vec![];
-        for ch in changes {
-            let p = ch.path.to_string();
-            facts.add("change", vec![sym(&p)]);
+        // Each path is interned once; its id finds its change again when decoding.
+        let mut by_id: engine::value::FxHashMap<u32, usize> = Default::default();
+        let mut sensitive = Vec::with_capacity(changes.len());
+        for (i, ch) in changes.iter().enumerate() {
+            let s = ch.path.to_string();
+            let id = b.sym(&s);
+            by_id.insert(id, i);
+            b.push(r_change, &[id]);
             if data.inventory.contains(&ch.path) {
-                facts.add("exists", vec![sym(&p)]);
+                b.push(r_exists, &[id]);
             }
-            for (e, spec) in data.matcher.candidates(&p) {
-                facts.add(
-                    "candidate",
-                    vec![sym(&p), Const::Num(e as i64), Const::Num(spec)],
-                );
+            let mut secret = false;
+            for (e, spec) in data.matcher.candidates(&s) {
+                secret |= self.meta.entries[e].sensitive;
+                let row = [id, b.num(e as i64), b.num(spec)];
+                b.push(r_cand, &row);
             }
-            shown.push(p);
+            sensitive.push(secret);
         }
         if let Some(cfg) = desired {
+            let (r_doc, r_type, r_present) = (rel("document"), rel("machine_type"), rel("present"));
             for d in &cfg.docs {
                 if let Some(k) = &d.kind {
-                    facts.add("document", vec![sym(k)]);
+                    let id = b.sym(k);
+                    b.push(r_doc, &[id]);
                 }
             }
             if let Some(t) = cfg.machine_type() {
-                facts.add("machine_type", vec![sym(t)]);
+                let id = b.sym(t);
+                b.push(r_type, &[id]);
             }
-            for p in cfg.leaves().keys() {
-                facts.add("present", vec![sym(&p.to_string())]);
+            for path in cfg.leaves().keys() {
+                let id = b.sym(&path.to_string());
+                b.push(r_present, &[id]);
             }
         }
-        let resolved = facts
-            .resolve(&self.engine.program)
-            .map_err(|errs| engine::EvalError {
-                at: "classification facts".into(),
-                message: errs
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            })?;
-        let db = self.engine.evaluate(
-            &resolved,
+        let db = self.engine.evaluate_built(
+            b,
             EvalOptions {
-                provenance: true,
+                provenance,
                 ..EvalOptions::default()
             },
         )?;
-        let p = &self.engine.program;
-        let mut classes: HashMap<String, (String, i64)> = HashMap::new();
-        for t in db.decoded(
-            p.relation("class_of")
-                .expect("classify.rules declares class_of"),
-        ) {
-            if let [Const::Sym(path), Const::Sym(class), Const::Num(entry)] = &t[..] {
-                classes.insert(path.clone(), (class.clone(), *entry));
-            }
+        let mut out: Vec<Classified> = sensitive
+            .iter()
+            .map(|&s| Classified {
+                class: "reboot-required",
+                reason: Reason::Default,
+                sensitive: s,
+            })
+            .collect();
+        for row in db.rels[rel("class_of")].iter() {
+            let Some(&i) = by_id.get(&row[0]) else {
+                continue;
+            };
+            let class = match db.value(row[1]) {
+                Const::Sym(c) if c == "safe" => "safe",
+                Const::Sym(c) if c == "install-time-only" => "install-time-only",
+                Const::Sym(c) if c == "unsupported" => "unsupported",
+                _ => "reboot-required",
+            };
+            let reason = match db.value(row[2]) {
+                Const::Num(-3) => Reason::Unsupported,
+                Const::Num(-2) => Reason::Ambiguous,
+                Const::Num(e) if *e >= 0 => Reason::Entry(*e as usize),
+                _ => Reason::Default,
+            };
+            out[i].class = class;
+            out[i].reason = reason;
         }
-        let verdict = db
-            .decoded(
-                p.relation("verdict")
-                    .expect("classify.rules declares verdict"),
-            )
-            .into_iter()
-            .find_map(|t| match &t[..] {
-                [Const::Sym(v)] => Some(v.clone()),
-                _ => None,
+        let verdict = db.rels[rel("verdict")]
+            .iter()
+            .find_map(|row| match db.value(row[0]) {
+                Const::Sym(v) => Some(v.clone()),
+                Const::Num(_) => None,
             })
             .unwrap_or_else(|| "RebootRequired".into());
-        let mut out = vec![];
-        for (ch, p) in changes.iter().zip(&shown) {
-            let (class, entry) = classes
-                .get(p)
-                .cloned()
-                .unwrap_or(("reboot-required".into(), -1));
-            let e = usize::try_from(entry).ok().map(|e| &self.meta.entries[e]);
-            let why = match (entry, e) {
-                (_, Some(e)) => e.why.clone(),
-                (-3, _) => format!(
-                    "The Talos {contract} contract has no such path (rules/contracts/{contract}.paths): Talos would refuse it at this contract; remove it or change the contract."
-                ),
-                (-2, _) => "Field-metadata entries of equal specificity disagree about this path, so Ichor fails closed and treats it as needing a reboot; make one entry more specific.".into(),
-                _ => "No field-metadata entry decides this path, so Ichor fails closed and treats it as needing a reboot; add an entry to rules/fieldmeta.yaml.".into(),
-            };
-            out.push(Classified {
-                change: ch.clone(),
-                class,
-                entry: e.map(|_| entry as usize),
-                why,
-                restarts: e.map(|e| e.restarts.clone()).unwrap_or_default(),
-                applied_by: e.and_then(|e| e.applied_by.clone()),
-                sensitive: self.sensitive(contract, &ch.path),
-            });
-        }
-        let mut rejected: Vec<Rejection> = db
-            .decoded(
-                p.relation("rejected")
-                    .expect("talos-accepts.rules declares rejected"),
-            )
-            .into_iter()
-            .filter_map(|t| match &t[..] {
-                [Const::Sym(m), Const::Sym(a)] => Some(Rejection {
+        let mut rejected: Vec<Rejection> = db.rels[rel("rejected")]
+            .iter()
+            .filter_map(|row| match (db.value(row[0]), db.value(row[1])) {
+                (Const::Sym(m), Const::Sym(a)) => Some(Rejection {
                     message: m.clone(),
                     at: a.clone(),
                 }),
@@ -379,18 +388,43 @@ impl Classifier {
         })
     }
 
-    /// The proof of a path's class, as text.
-    pub fn proof(&self, outcome: &Outcome, c: &Classified) -> Option<engine::explain::Proof> {
-        let entry = c.entry.map_or_else(
-            || match c.class.as_str() {
-                "unsupported" => -3,
-                _ => -1,
-            },
-            |e| e as i64,
-        );
+    /// The sentence that explains a path's class to an operator.
+    pub fn why(&self, contract: Contract, c: &Classified) -> String {
+        match c.reason {
+            Reason::Entry(e) => self.meta.entries[e].why.clone(),
+            Reason::Unsupported => format!(
+                "The Talos {contract} contract has no such path (rules/contracts/{contract}.paths): Talos would refuse it at this contract; remove it or change the contract."
+            ),
+            Reason::Ambiguous => "Field-metadata entries of equal specificity disagree about this path, so Ichor fails closed and treats it as needing a reboot; make one entry more specific.".into(),
+            Reason::Default => "No field-metadata entry decides this path, so Ichor fails closed and treats it as needing a reboot; add an entry to rules/fieldmeta.yaml.".into(),
+        }
+    }
+
+    pub fn restarts(&self, c: &Classified) -> &[String] {
+        c.entry().map_or(&[], |e| &self.meta.entries[e].restarts)
+    }
+
+    pub fn applied_by(&self, c: &Classified) -> Option<&str> {
+        c.entry()
+            .and_then(|e| self.meta.entries[e].applied_by.as_deref())
+    }
+
+    /// The proof of a path's class (the outcome must have been evaluated with provenance).
+    pub fn proof(
+        &self,
+        outcome: &Outcome,
+        path: &Path,
+        c: &Classified,
+    ) -> Option<engine::explain::Proof> {
+        let entry = match c.reason {
+            Reason::Entry(e) => e as i64,
+            Reason::Default => -1,
+            Reason::Ambiguous => -2,
+            Reason::Unsupported => -3,
+        };
         let values = vec![
-            Const::Sym(c.change.path.to_string()),
-            Const::Sym(c.class.clone()),
+            Const::Sym(path.to_string()),
+            Const::Sym(c.class.to_string()),
             Const::Num(entry),
         ];
         match engine::explain::explain(&self.engine.program, &outcome.db, "class_of", &values) {

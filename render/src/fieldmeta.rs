@@ -109,7 +109,7 @@ pub struct MetaError {
 
 impl fmt::Display for MetaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}: {}", self.line, self.col, self.message)
+        write!(f, "{}:{}: error: {}", self.line, self.col, self.message)
     }
 }
 
@@ -143,6 +143,8 @@ impl FieldMeta {
             .collect();
         let mut errors = vec![];
         let mut entries = vec![];
+        // Entries whose range did not parse take no part in the duplicate check.
+        let mut bad_range = vec![];
         for (i, r) in raw.into_iter().enumerate() {
             let line = lines.get(i).copied().unwrap_or(1);
             let mut err = |m: String| {
@@ -164,7 +166,7 @@ impl FieldMeta {
                     None
                 }
             };
-            if class.is_none() && !r.sensitive {
+            if r.class.is_none() && !r.sensitive {
                 err(
                     "an entry needs a class, or `sensitive: true` for one that only marks secrets"
                         .into(),
@@ -187,11 +189,11 @@ impl FieldMeta {
             if r.patterns.is_empty() {
                 err("an entry needs at least one pattern".into());
             }
-            let (from, to) = match parse_range(&r.contracts, known) {
-                Ok(x) => x,
+            let (from, to, range_ok) = match parse_range(&r.contracts, known) {
+                Ok((a, b)) => (a, b, true),
                 Err(m) => {
                     err(m);
-                    (None, None)
+                    (None, None, false)
                 }
             };
             let mut patterns = vec![];
@@ -200,6 +202,9 @@ impl FieldMeta {
                     Ok(pat) => patterns.push(pat),
                     Err(m) => err(format!("pattern {p:?}: {m}")),
                 }
+            }
+            if !range_ok {
+                bad_range.push(entries.len());
             }
             entries.push(Entry {
                 line,
@@ -216,8 +221,11 @@ impl FieldMeta {
         }
         // The same pattern twice with overlapping contracts and the same role is a duplicate.
         for (i, a) in entries.iter().enumerate() {
-            for b in &entries[..i] {
-                if a.class.is_some() != b.class.is_some() {
+            for (j, b) in entries[..i].iter().enumerate() {
+                if bad_range.contains(&i)
+                    || bad_range.contains(&j)
+                    || a.class.is_some() != b.class.is_some()
+                {
                     continue;
                 }
                 let overlap = known.iter().any(|&c| a.holds_at(c) && b.holds_at(c));
@@ -232,6 +240,7 @@ impl FieldMeta {
                 }
             }
         }
+        errors.sort_by_key(|e| e.line);
         if errors.is_empty() {
             Ok(FieldMeta { entries })
         } else {
@@ -269,7 +278,8 @@ impl FieldMeta {
         &self,
         inventories: &BTreeMap<Contract, Inventory>,
     ) -> (Vec<MetaError>, BTreeMap<Contract, Coverage>) {
-        let mut errors = vec![];
+        // (contract, entry a, entry b) -> the paths on which they tie with different classes.
+        let mut ties: BTreeMap<(Contract, usize, usize), Vec<String>> = BTreeMap::new();
         let mut coverage = BTreeMap::new();
         for (&c, inv) in inventories {
             let m = self.matcher(c);
@@ -300,24 +310,33 @@ impl FieldMeta {
                 for &a in &top {
                     for &b in &top {
                         if a < b && self.entries[a].class != self.entries[b].class {
-                            errors.push(MetaError {
-                                line: self.entries[b].line,
-                                col: 1,
-                                message: format!(
-                                    "ambiguous at {c}: path {pat} matches this entry ({}) and the entry at line {} ({}) with equal specificity {best}; make one more specific",
-                                    self.entries[b].class.unwrap().name(),
-                                    self.entries[a].line,
-                                    self.entries[a].class.unwrap().name()
-                                ),
-                            });
+                            ties.entry((c, a, b)).or_default().push(pat.clone());
                         }
                     }
                 }
             }
             coverage.insert(c, cov);
         }
+        let mut errors: Vec<MetaError> = ties
+            .into_iter()
+            .map(|((c, a, b), paths)| {
+                let (ea, eb) = (&self.entries[a], &self.entries[b]);
+                let shown: Vec<&str> = paths.iter().take(3).map(String::as_str).collect();
+                let more = if paths.len() > 3 { format!(" and {} more", paths.len() - 3) } else { String::new() };
+                MetaError {
+                    line: eb.line,
+                    col: 1,
+                    message: format!(
+                        "ambiguous at {c}: this entry ({}) and the entry at line {} ({}) are equally specific for {}{more}; make one of them more specific",
+                        eb.class.unwrap().name(),
+                        ea.line,
+                        ea.class.unwrap().name(),
+                        shown.join(", ")
+                    ),
+                }
+            })
+            .collect();
         errors.sort_by_key(|e| e.line);
-        errors.dedup();
         (errors, coverage)
     }
 }
@@ -358,10 +377,10 @@ fn parse_range(
             (c, c)
         }
     };
-    if let (Some(x), Some(y)) = (a, b) {
-        if x > y {
-            return Err(format!("inverted contract range {s}: {x} is after {y}"));
-        }
+    if let (Some(x), Some(y)) = (a, b)
+        && x > y
+    {
+        return Err(format!("inverted contract range {s}: {x} is after {y}"));
     }
     Ok((a, b))
 }
@@ -380,13 +399,16 @@ impl Matcher {
     /// `(entry, specificity)` for every entry with a pattern matching the displayed path; the
     /// best specificity per entry.
     pub fn candidates(&self, path: &str) -> Vec<(usize, i64)> {
-        let mut best: BTreeMap<usize, i64> = BTreeMap::new();
+        // Regexes are grouped by entry in `owners`, so one entry's matches are adjacent.
+        let mut out: Vec<(usize, i64)> = Vec::new();
         for i in self.set.matches(path).into_iter() {
-            let (e, _p) = self.owners[i];
+            let e = self.owners[i].0;
             let spec = self.specs[i];
-            let slot = best.entry(e).or_insert(spec);
-            *slot = (*slot).max(spec);
+            match out.last_mut() {
+                Some(last) if last.0 == e => last.1 = last.1.max(spec),
+                _ => out.push((e, spec)),
+            }
         }
-        best.into_iter().collect()
+        out
     }
 }
