@@ -8,6 +8,7 @@
 //!
 //! Architecture invariant: no I/O, no async, no clock. Files arrive as strings.
 
+pub mod api;
 pub mod bundle;
 pub mod classify;
 pub mod config;
@@ -15,3 +16,5 @@ pub mod diff;
 pub mod fieldmeta;
 pub mod inventory;
 pub mod path;
+pub mod render;
+pub mod secrets;

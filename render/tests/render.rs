@@ -100,3 +100,112 @@ fn shipped_fieldmeta_loads_and_covers_every_contract() {
         );
     }
 }
+
+use render::api::*;
+use render::render::{Inputs, render};
+use render::secrets::Bundle;
+
+fn meta(name: &str) -> kube::core::ObjectMeta {
+    kube::core::ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some("ichor-system".into()),
+        generation: Some(1),
+        ..Default::default()
+    }
+}
+
+/// The conformance test (the one test that reads `../shared`): the inputs behind Talos's own
+/// generated configs render to the same documents, paths and values.
+#[test]
+fn render_conforms_to_talos_generated_configs() {
+    let shared = format!("{}/../../shared/talos/configs", env!("CARGO_MANIFEST_DIR"));
+    if !std::path::Path::new(&shared).exists() {
+        eprintln!("skipped: {shared} is absent");
+        return;
+    }
+    let mut problems = vec![];
+    let mut compared = 0;
+    for contract in ["v1.13", "v1.14"] {
+        let cp_text =
+            std::fs::read_to_string(format!("{shared}/{contract}/base-controlplane.yaml")).unwrap();
+        let bundle = Bundle::from_config(&Config::parse(&cp_text).unwrap());
+        for role in [Role::Controlplane, Role::Worker] {
+            let file = format!(
+                "{contract}/base-{}.yaml",
+                role.name().replace("controlplane", "controlplane")
+            );
+            let reference =
+                Config::parse(&std::fs::read_to_string(format!("{shared}/{file}")).unwrap())
+                    .unwrap();
+            let cluster = TalosCluster {
+                metadata: meta("base"),
+                spec: TalosClusterSpec {
+                    endpoint: "https://base:6443".into(),
+                    kubernetes_version: "v1.28.0".into(),
+                    talos_version: "v1.14.0".into(),
+                    version_contract: contract.into(),
+                    secrets_ref: SecretRef {
+                        name: "base-secrets".into(),
+                    },
+                    cni: CniSpec {
+                        preset: CniPreset::Flannel,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+                status: None,
+            };
+            let machine = TalosMachine {
+                metadata: meta("m1"),
+                spec: TalosMachineSpec {
+                    cluster_ref: ClusterRef {
+                        name: "base".into(),
+                    },
+                    role,
+                    address: "10.0.0.1".into(),
+                    install_disk: None,
+                },
+                status: None,
+            };
+            let inputs = Inputs {
+                cluster: &cluster,
+                machine: &machine,
+                patches: vec![],
+                secrets: &bundle,
+                secrets_version: "1".into(),
+            };
+            let out = render(&inputs, Contract::parse(contract).unwrap()).unwrap();
+            let kinds = |c: &Config| c.docs.iter().map(|d| d.id()).collect::<Vec<_>>();
+            if kinds(&out.config) != kinds(&reference) {
+                problems.push(format!(
+                    "{file}: documents differ:\n  ours:   {:?}\n  talos:  {:?}",
+                    kinds(&out.config),
+                    kinds(&reference)
+                ));
+            }
+            let (ours, theirs) = (out.config.leaves(), reference.leaves());
+            assert!(
+                theirs.len() >= 25,
+                "{file}: only {} leaves compared",
+                theirs.len()
+            );
+            compared += theirs.len();
+            for (p, v) in &theirs {
+                match ours.get(p) {
+                    None => problems.push(format!("{file}: missing {p}")),
+                    Some(o) if o != v => {
+                        problems.push(format!("{file}: {p} = {o:?}, Talos has {v:?}"))
+                    }
+                    _ => {}
+                }
+            }
+            for p in ours.keys() {
+                if !theirs.contains_key(p) {
+                    problems.push(format!("{file}: extra {p}"));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    eprintln!("conformance: {compared} leaves of Talos's own configs matched");
+}

@@ -1,0 +1,385 @@
+//! The custom resources Ichor reconciles (group `ichor.maesh.dev`, version `v1alpha1`).
+//!
+//! Start at `TalosClusterSpec`. The CRDs are derived from these types (`kube`'s derive with
+//! `schemars`), printed by `ichor crds`, and the shipped example manifests are validated
+//! against them in a test. Field names follow Kubernetes conventions (camelCase, conditions
+//! with type/status/reason/message); where the design documents are silent the README says
+//! what was chosen and why.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub const GROUP: &str = "ichor.maesh.dev";
+/// The consent annotation of ADR 0066: its value names the kube-proxy mode a switch targets.
+pub const CONFIRM_KUBE_PROXY_SWITCH: &str = "ichor.maesh.dev/confirm-kube-proxy-switch";
+/// A machine that an operation must skip (ADR 0026 hold annotations).
+pub const HOLD: &str = "ichor.maesh.dev/hold";
+
+/// A Talos cluster: its versions, endpoint, CNI and where its secrets are.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "ichor.maesh.dev",
+    version = "v1alpha1",
+    kind = "TalosCluster",
+    namespaced
+)]
+#[kube(status = "TalosClusterStatus", shortname = "tc")]
+#[kube(
+    printcolumn = r#"{"name":"Kubernetes","type":"string","jsonPath":".spec.kubernetesVersion"}"#
+)]
+#[kube(printcolumn = r#"{"name":"Contract","type":"string","jsonPath":".spec.versionContract"}"#)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosClusterSpec {
+    /// The Kubernetes API endpoint, an https URL (`https://host:6443`).
+    #[schemars(regex(pattern = r"^https://[^\s/]+(:[0-9]+)?/?$"))]
+    pub endpoint: String,
+    /// Kubernetes version, `vX.Y.Z`.
+    #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"))]
+    pub kubernetes_version: String,
+    /// Talos version the machines run, `vX.Y.Z`.
+    #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.]+)?$"))]
+    pub talos_version: String,
+    /// The machine-config contract the render targets, `vX.Y` (v1.13: the legacy v1alpha1
+    /// form; v1.14: the multi-document form).
+    #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+$"))]
+    pub version_contract: String,
+    /// The Secret (same namespace) holding the Talos secrets bundle under `bundle.yaml`.
+    pub secrets_ref: SecretRef,
+    #[serde(default)]
+    pub cni: CniSpec,
+    /// What the machine controller does when a node differs from its render although no
+    /// input changed.
+    #[serde(default)]
+    pub drift_policy: DriftPolicy,
+    /// Cluster network; defaults match `talosctl gen config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<ClusterNetwork>,
+    /// The installer image (defaults to Talos's factory image for `talosVersion`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_image: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterNetwork {
+    #[serde(default = "default_dns_domain")]
+    pub dns_domain: String,
+    #[serde(default = "default_pod_subnets")]
+    pub pod_subnets: Vec<String>,
+    #[serde(default = "default_service_subnets")]
+    pub service_subnets: Vec<String>,
+}
+
+fn default_dns_domain() -> String {
+    "cluster.local".into()
+}
+fn default_pod_subnets() -> Vec<String> {
+    vec!["10.244.0.0/16".into()]
+}
+fn default_service_subnets() -> Vec<String> {
+    vec!["10.96.0.0/12".into()]
+}
+
+impl Default for ClusterNetwork {
+    fn default() -> Self {
+        ClusterNetwork {
+            dns_domain: default_dns_domain(),
+            pod_subnets: default_pod_subnets(),
+            service_subnets: default_service_subnets(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum DriftPolicy {
+    /// Report a drifted node (Ready=False/NodeDrifted) and change nothing.
+    #[default]
+    WarnOnly,
+    /// Apply the render to a drifted node like any other change.
+    Converge,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CniSpec {
+    #[serde(default)]
+    pub preset: CniPreset,
+    #[serde(default)]
+    pub kube_proxy: KubeProxyMode,
+    #[serde(default)]
+    pub handover: Handover,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cilium: Option<CiliumSpec>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum CniPreset {
+    /// Cilium, installed from Ichor's embedded chart and handed over to a Helm release.
+    #[default]
+    Cilium,
+    /// Talos's default Flannel.
+    Flannel,
+    /// Whatever the cluster's patches install; Ichor cannot read its live state.
+    Custom,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum KubeProxyMode {
+    #[default]
+    Enabled,
+    Replaced,
+}
+
+impl KubeProxyMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            KubeProxyMode::Enabled => "enabled",
+            KubeProxyMode::Replaced => "replaced",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Handover {
+    #[default]
+    Automatic,
+    Manual,
+    Disabled,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CiliumSpec {
+    /// The user's layer of Cilium chart values (validated; admin-only to write).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form")]
+    pub values: Option<serde_json::Value>,
+}
+
+/// A free-form object that keeps unknown fields (Cilium values), as a structural schema allows.
+fn free_form(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosClusterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni: Option<CniStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CniStatus {
+    /// The kube-proxy mode a switch set (written only by the cni operation, ADR 0066).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_proxy: Option<KubeProxyMode>,
+}
+
+/// A condition, as every Kubernetes object reports them.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    #[schemars(regex(pattern = "^(True|False|Unknown)$"))]
+    pub status: String,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+/// One machine of a cluster.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "ichor.maesh.dev",
+    version = "v1alpha1",
+    kind = "TalosMachine",
+    namespaced
+)]
+#[kube(status = "TalosMachineStatus", shortname = "tm")]
+#[kube(printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#)]
+#[kube(printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role"}"#)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosMachineSpec {
+    pub cluster_ref: ClusterRef,
+    pub role: Role,
+    /// The node's address for the Talos API.
+    pub address: String,
+    /// The install disk (`talosctl gen config` uses /dev/sda). Without one, the render has no
+    /// install target, like Talos's generator given no disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_disk: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRef {
+    pub name: String,
+}
+
+#[derive(
+    Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum Role {
+    #[default]
+    Controlplane,
+    Worker,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Controlplane => "controlplane",
+            Role::Worker => "worker",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosMachineStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Paths that need a reboot to converge (what `ichor config apply` and rollouts select on).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reboot_paths: Vec<String>,
+    /// Hash of the config last applied to the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
+    /// The desired-inputs hash recorded when the node last converged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_inputs_hash: Option<String>,
+}
+
+/// A strategic-merge patch (Talos's format) applied to the machines it selects.
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "ichor.maesh.dev",
+    version = "v1alpha1",
+    kind = "TalosConfigPatch",
+    namespaced
+)]
+#[kube(shortname = "tcp")]
+#[serde(rename_all = "camelCase")]
+pub struct TalosConfigPatchSpec {
+    pub cluster_ref: ClusterRef,
+    /// Which machines get the patch; empty selects all.
+    #[serde(default)]
+    pub selector: PatchSelector,
+    /// Patches apply in ascending order, then by name.
+    #[serde(default)]
+    pub order: i32,
+    /// The patch: one or more Talos config documents (YAML), `$patch: delete` allowed.
+    pub patch: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PatchSelector {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<Role>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machines: Vec<String>,
+}
+
+/// An operation on a cluster: a Kubernetes upgrade, a CNI change, ...
+#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[kube(
+    group = "ichor.maesh.dev",
+    version = "v1alpha1",
+    kind = "TalosOperation",
+    namespaced
+)]
+#[kube(status = "TalosOperationStatus", shortname = "top")]
+#[kube(printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.kind"}"#)]
+#[kube(printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosOperationSpec {
+    pub cluster_ref: ClusterRef,
+    pub kind: OperationKind,
+    #[serde(default)]
+    pub target: OperationTarget,
+    /// Workers changed at once (control planes always go one at a time).
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub max_unavailable: i32,
+}
+
+fn one() -> i32 {
+    1
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum OperationKind {
+    #[default]
+    Kubernetes,
+    Cni,
+    Talos,
+    Config,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationTarget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"))]
+    pub kubernetes_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_proxy: Option<KubeProxyMode>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosOperationStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub machines: BTreeMap<String, MachineProgress>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineProgress {
+    pub phase: String,
+    /// When the step started (RFC 3339): the verification clock's start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+}
+
+/// The CRDs of every kind, in a fixed order.
+pub fn crds()
+-> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
+    use kube::CustomResourceExt;
+    vec![
+        TalosCluster::crd(),
+        TalosMachine::crd(),
+        TalosConfigPatch::crd(),
+        TalosOperation::crd(),
+    ]
+}

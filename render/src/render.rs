@@ -1,0 +1,1096 @@
+//! Rendering one machine's Talos config from the custom resources, at its contract.
+//!
+//! Start at `render`. Steps, in order: the base documents the way Talos's generator makes them
+//! for the same inputs (`base_legacy` up to v1.13, `base_documents` from v1.14; FACTS 8.8);
+//! the CNI preset; the cluster's patches that select the machine, in ascending `order` then
+//! name, with Talos's merge semantics (FACTS 8.3-8.4); then Ichor's rules from the seeds:
+//! component images from `spec.kubernetesVersion` with the `v` trimmed once (ADR 0057), the
+//! kube-proxy mode (ADR 0066 Decision 2) and the CNI hand-over (ADR 0024). Patches are read,
+//! never modified: what a rule drops is dropped from a copy. Output is deterministic.
+
+use crate::api::*;
+use crate::config::Config;
+use crate::fieldmeta::Contract;
+use crate::path::Path;
+use crate::secrets::{Bundle, pem};
+use serde_yaml::{Mapping, Value};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// The inline-manifest entry (v1.13) or KubeInlineManifestConfig name (v1.14) the Cilium
+/// preset's bootstrap manifest lives under; dropped once the hand-over is done (ADR 0024).
+pub const CNI_INLINE_MANIFEST: &str = "cilium";
+
+/// Everything one machine's render reads.
+pub struct Inputs<'a> {
+    pub cluster: &'a TalosCluster,
+    pub machine: &'a TalosMachine,
+    /// Every patch of the cluster; the render selects those for the machine.
+    pub patches: Vec<&'a TalosConfigPatch>,
+    pub secrets: &'a Bundle,
+    /// The secrets Secret's resourceVersion, folded into the desired-inputs hash.
+    pub secrets_version: String,
+}
+
+/// A render problem, naming the object and field at fault and what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderError {
+    pub object: String,
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for RenderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.object, self.field, self.message)
+    }
+}
+
+pub struct Rendered {
+    pub contract: Contract,
+    pub text: String,
+    pub config: Config,
+    /// ADR 0024 amendment: generations of every input plus the two status values the render reads.
+    pub inputs_hash: String,
+    /// The patches applied, in order (`namespace/name`).
+    pub patches: Vec<String>,
+    /// Which patch last set each leaf path (for error messages).
+    pub set_by: BTreeMap<Path, String>,
+}
+
+pub fn object_name(kind: &str, meta: &kube::core::ObjectMeta) -> String {
+    format!(
+        "{kind} {}/{}",
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default()
+    )
+}
+
+/// Whether the CNIHandover condition is True on the cluster.
+pub fn handover_done(c: &TalosCluster) -> bool {
+    c.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|k| k.type_ == "CNIHandover" && k.status == "True")
+    })
+}
+
+pub fn status_kube_proxy(c: &TalosCluster) -> Option<KubeProxyMode> {
+    c.status
+        .as_ref()
+        .and_then(|s| s.cni.as_ref())
+        .and_then(|n| n.kube_proxy)
+}
+
+/// The Kubernetes version without its one leading `v` (`v1.36.4` -> `1.36.4`). Images are
+/// `<repo>:v<this>`: trimming once is what keeps them from `:vv1.36.4` (ADR 0057).
+pub fn k8s_version(spec_version: &str) -> &str {
+    spec_version.strip_prefix('v').unwrap_or(spec_version)
+}
+
+fn image(repo: &str, version: &str) -> Value {
+    Value::String(format!("{repo}:v{}", k8s_version(version)))
+}
+
+fn map(entries: Vec<(&str, Value)>) -> Value {
+    let mut m = Mapping::new();
+    for (k, v) in entries {
+        m.insert(Value::String(k.into()), v);
+    }
+    Value::Mapping(m)
+}
+
+fn s(x: &str) -> Value {
+    Value::String(x.into())
+}
+
+fn strs(xs: &[String]) -> Value {
+    Value::Sequence(xs.iter().map(|x| s(x)).collect())
+}
+
+fn doc(kind: &str, name: Option<&str>, fields: Vec<(&str, Value)>) -> Value {
+    let mut all = vec![("apiVersion", s("v1alpha1")), ("kind", s(kind))];
+    if let Some(n) = name {
+        all.push(("name", s(n)));
+    }
+    all.extend(fields);
+    map(all)
+}
+
+fn pod_security() -> Value {
+    map(vec![
+        (
+            "apiVersion",
+            s("pod-security.admission.config.k8s.io/v1alpha1"),
+        ),
+        (
+            "defaults",
+            map(vec![
+                ("audit", s("restricted")),
+                ("audit-version", s("latest")),
+                ("enforce", s("baseline")),
+                ("enforce-version", s("latest")),
+                ("warn", s("restricted")),
+                ("warn-version", s("latest")),
+            ]),
+        ),
+        (
+            "exemptions",
+            map(vec![
+                ("namespaces", Value::Sequence(vec![s("kube-system")])),
+                ("runtimeClasses", Value::Sequence(vec![])),
+                ("usernames", Value::Sequence(vec![])),
+            ]),
+        ),
+        ("kind", s("PodSecurityConfiguration")),
+    ])
+}
+
+fn audit_policy() -> Value {
+    map(vec![
+        ("apiVersion", s("audit.k8s.io/v1")),
+        ("kind", s("Policy")),
+        (
+            "rules",
+            Value::Sequence(vec![map(vec![("level", s("Metadata"))])]),
+        ),
+    ])
+}
+
+fn host(endpoint: &str) -> &str {
+    let rest = endpoint.trim_start_matches("https://");
+    rest.split([':', '/']).next().unwrap_or(rest)
+}
+
+fn installer_image(c: &TalosClusterSpec, contract: Contract) -> String {
+    if let Some(i) = &c.install_image {
+        return i.clone();
+    }
+    if contract
+        >= (Contract {
+            major: 1,
+            minor: 14,
+        })
+    {
+        format!(
+            "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:{}",
+            c.talos_version
+        )
+    } else {
+        format!("ghcr.io/siderolabs/installer:{}", c.talos_version)
+    }
+}
+
+/// Base documents, legacy v1alpha1 form (contract up to v1.13).
+fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
+    let c = &i.cluster.spec;
+    let b = i.secrets;
+    let cp = i.machine.spec.role == Role::Controlplane;
+    let v = &c.kubernetes_version;
+    let net = c.network.clone().unwrap_or_default();
+    let name = i.cluster.metadata.name.clone().unwrap_or_default();
+    let mut machine = vec![
+        ("type", s(i.machine.spec.role.name())),
+        ("token", s(&b.trustdinfo.token)),
+        (
+            "ca",
+            map(vec![
+                ("crt", s(&b.certs.os.crt)),
+                ("key", s(if cp { &b.certs.os.key } else { "" })),
+            ]),
+        ),
+        ("certSANs", Value::Sequence(vec![])),
+        (
+            "kubelet",
+            map(vec![
+                ("image", image("ghcr.io/siderolabs/kubelet", v)),
+                ("defaultRuntimeSeccompProfileEnabled", Value::Bool(true)),
+                ("disableManifestsDirectory", Value::Bool(true)),
+            ]),
+        ),
+    ];
+    let mut install = vec![];
+    if let Some(disk) = &i.machine.spec.install_disk {
+        install.push(("disk", s(disk)));
+        install.push(("image", s(&installer_image(c, contract))));
+    }
+    install.push(("wipe", Value::Bool(false)));
+    install.push(("grubUseUKICmdline", Value::Bool(true)));
+    machine.push(("install", map(install)));
+    machine.push((
+        "features",
+        map(vec![
+            ("diskQuotaSupport", Value::Bool(true)),
+            (
+                "kubePrism",
+                map(vec![
+                    ("enabled", Value::Bool(true)),
+                    ("port", Value::Number(7445.into())),
+                ]),
+            ),
+            (
+                "hostDNS",
+                map(vec![
+                    ("enabled", Value::Bool(true)),
+                    ("forwardKubeDNSToHost", Value::Bool(true)),
+                ]),
+            ),
+        ]),
+    ));
+    if cp {
+        machine.push((
+            "nodeLabels",
+            map(vec![(
+                "node.kubernetes.io/exclude-from-external-load-balancers",
+                s(""),
+            )]),
+        ));
+    }
+    let mut cluster = vec![
+        ("id", s(&b.cluster.id)),
+        ("secret", s(&b.cluster.secret)),
+        ("controlPlane", map(vec![("endpoint", s(&c.endpoint))])),
+        ("clusterName", s(&name)),
+        (
+            "network",
+            map(vec![
+                ("dnsDomain", s(&net.dns_domain)),
+                ("podSubnets", strs(&net.pod_subnets)),
+                ("serviceSubnets", strs(&net.service_subnets)),
+            ]),
+        ),
+        ("token", s(&b.secrets.bootstraptoken)),
+    ];
+    if cp {
+        cluster.push((
+            "secretboxEncryptionSecret",
+            s(&b.secrets.secretboxencryptionsecret),
+        ));
+    }
+    cluster.push((
+        "ca",
+        map(vec![
+            ("crt", s(&b.certs.k8s.crt)),
+            ("key", s(if cp { &b.certs.k8s.key } else { "" })),
+        ]),
+    ));
+    if cp {
+        cluster.push((
+            "aggregatorCA",
+            map(vec![
+                ("crt", s(&b.certs.k8saggregator.crt)),
+                ("key", s(&b.certs.k8saggregator.key)),
+            ]),
+        ));
+        cluster.push((
+            "serviceAccount",
+            map(vec![("key", s(&b.certs.k8sserviceaccount.key))]),
+        ));
+        cluster.push((
+            "apiServer",
+            map(vec![
+                ("image", image("registry.k8s.io/kube-apiserver", v)),
+                (
+                    "admissionControl",
+                    Value::Sequence(vec![map(vec![
+                        ("name", s("PodSecurity")),
+                        ("configuration", pod_security()),
+                    ])]),
+                ),
+                ("auditPolicy", audit_policy()),
+            ]),
+        ));
+        cluster.push((
+            "controllerManager",
+            map(vec![(
+                "image",
+                image("registry.k8s.io/kube-controller-manager", v),
+            )]),
+        ));
+        cluster.push((
+            "proxy",
+            map(vec![("image", image("registry.k8s.io/kube-proxy", v))]),
+        ));
+        cluster.push((
+            "scheduler",
+            map(vec![("image", image("registry.k8s.io/kube-scheduler", v))]),
+        ));
+    }
+    cluster.push((
+        "discovery",
+        map(vec![
+            ("enabled", Value::Bool(true)),
+            (
+                "registries",
+                map(vec![
+                    ("kubernetes", map(vec![("disabled", Value::Bool(true))])),
+                    ("service", map(vec![])),
+                ]),
+            ),
+        ]),
+    ));
+    if cp {
+        cluster.push((
+            "etcd",
+            map(vec![(
+                "ca",
+                map(vec![
+                    ("crt", s(&b.certs.etcd.crt)),
+                    ("key", s(&b.certs.etcd.key)),
+                ]),
+            )]),
+        ));
+    }
+    let v1 = map(vec![
+        ("version", s("v1alpha1")),
+        ("debug", Value::Bool(false)),
+        ("persist", Value::Bool(true)),
+        ("machine", map(machine)),
+        ("cluster", map(cluster)),
+    ]);
+    vec![v1, doc("HostnameConfig", None, vec![("auto", s("stable"))])]
+}
+
+/// Base documents, multi-document form (contract v1.14 on).
+fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
+    let c = &i.cluster.spec;
+    let b = i.secrets;
+    let cp = i.machine.spec.role == Role::Controlplane;
+    let v = &c.kubernetes_version;
+    let net = c.network.clone().unwrap_or_default();
+    let name = i.cluster.metadata.name.clone().unwrap_or_default();
+    let mut v1_cluster = vec![("token", s(&b.secrets.bootstraptoken))];
+    if cp {
+        v1_cluster.push((
+            "etcd",
+            map(vec![(
+                "ca",
+                map(vec![
+                    ("crt", s(&b.certs.etcd.crt)),
+                    ("key", s(&b.certs.etcd.key)),
+                ]),
+            )]),
+        ));
+    }
+    let v1 = map(vec![
+        ("version", s("v1alpha1")),
+        ("debug", Value::Bool(false)),
+        ("persist", Value::Bool(true)),
+        (
+            "machine",
+            map(vec![
+                ("type", s(i.machine.spec.role.name())),
+                ("token", s(&b.trustdinfo.token)),
+                (
+                    "ca",
+                    map(vec![
+                        ("crt", s(&b.certs.os.crt)),
+                        ("key", s(if cp { &b.certs.os.key } else { "" })),
+                    ]),
+                ),
+                ("certSANs", Value::Sequence(vec![])),
+                (
+                    "features",
+                    map(vec![("diskQuotaSupport", Value::Bool(true))]),
+                ),
+            ]),
+        ),
+        ("cluster", map(v1_cluster)),
+    ]);
+    let mut docs = vec![
+        v1,
+        doc(
+            "DiscoveryServiceConfig",
+            Some("default"),
+            vec![("endpoint", s("https://discovery.talos.dev/"))],
+        ),
+        doc(
+            "DiscoveryIdentityConfig",
+            None,
+            vec![
+                ("clusterID", s(&b.cluster.id)),
+                ("clusterSecret", s(&b.cluster.secret)),
+            ],
+        ),
+    ];
+    if let Some(disk) = &i.machine.spec.install_disk {
+        docs.push(doc(
+            "UnattendedInstallConfig",
+            None,
+            vec![
+                (
+                    "installer",
+                    map(vec![("image", s(&installer_image(c, contract)))]),
+                ),
+                (
+                    "provisioning",
+                    map(vec![
+                        (
+                            "diskSelector",
+                            map(vec![("match", s(&format!("disk.dev_path == \"{disk}\"")))]),
+                        ),
+                        ("wipe", Value::Bool(false)),
+                    ]),
+                ),
+            ],
+        ));
+    }
+    docs.extend([
+        doc(
+            "ResolverConfig",
+            None,
+            vec![(
+                "hostDNS",
+                map(vec![
+                    ("enabled", Value::Bool(true)),
+                    ("forwardKubeDNSToHost", Value::Bool(true)),
+                ]),
+            )],
+        ),
+        doc(
+            "VolumeConfig",
+            Some("EPHEMERAL"),
+            vec![("mount", map(vec![("secure", Value::Bool(true))]))],
+        ),
+        doc(
+            "FilesystemTrimConfig",
+            None,
+            vec![("interval", s("168h0m0s"))],
+        ),
+        doc(
+            "SecurityProfileConfig",
+            None,
+            vec![("workloadIsolation", Value::Bool(true))],
+        ),
+        doc("HostnameConfig", None, vec![("auto", s("stable"))]),
+        doc(
+            "KubeClusterConfig",
+            None,
+            vec![("clusterName", s(&name)), ("endpoint", s(&c.endpoint))],
+        ),
+    ]);
+    let mut node = vec![("nodeIP", map(vec![]))];
+    if cp {
+        node.push((
+            "labels",
+            map(vec![
+                ("node-role.kubernetes.io/control-plane", s("")),
+                (
+                    "node.kubernetes.io/exclude-from-external-load-balancers",
+                    s(""),
+                ),
+            ]),
+        ));
+        node.push((
+            "taints",
+            map(vec![(
+                "node-role.kubernetes.io/control-plane",
+                s("NoSchedule"),
+            )]),
+        ));
+    }
+    docs.push(doc("KubeNodeConfig", None, node));
+    docs.push(doc(
+        "KubeletConfig",
+        None,
+        vec![
+            ("image", image("ghcr.io/siderolabs/kubelet", v)),
+            ("config", map(vec![])),
+            ("defaultRuntimeSeccompProfileEnabled", Value::Bool(true)),
+        ],
+    ));
+    docs.push(doc(
+        "KubeNetworkConfig",
+        None,
+        vec![
+            ("dnsDomain", s(&net.dns_domain)),
+            ("podSubnets", strs(&net.pod_subnets)),
+            ("serviceSubnets", strs(&net.service_subnets)),
+        ],
+    ));
+    if cp {
+        docs.push(doc(
+            "KubeAPIServerCAConfig",
+            None,
+            vec![(
+                "issuingCA",
+                map(vec![
+                    ("cert", s(&pem(&b.certs.k8s.crt))),
+                    ("key", s(&pem(&b.certs.k8s.key))),
+                ]),
+            )],
+        ));
+    } else {
+        docs.push(doc(
+            "KubeAPIServerCAConfig",
+            None,
+            vec![(
+                "acceptedCAs",
+                Value::Sequence(vec![s(&pem(&b.certs.k8s.crt))]),
+            )],
+        ));
+    }
+    docs.push(doc(
+        "KubePrismConfig",
+        None,
+        vec![("port", Value::Number(7445.into()))],
+    ));
+    if !cp {
+        return docs;
+    }
+    let _ = host(&c.endpoint);
+    docs.extend([
+        doc(
+            "KubeAggregatorCAConfig",
+            None,
+            vec![(
+                "issuingCA",
+                map(vec![
+                    ("cert", s(&pem(&b.certs.k8saggregator.crt))),
+                    ("key", s(&pem(&b.certs.k8saggregator.key))),
+                ]),
+            )],
+        ),
+        doc(
+            "KubeAdmissionControlConfig",
+            Some("PodSecurity"),
+            vec![("configuration", pod_security())],
+        ),
+        doc(
+            "KubeAuditPolicyConfig",
+            None,
+            vec![("configuration", audit_policy())],
+        ),
+        doc(
+            "KubeAuthenticationConfig",
+            None,
+            vec![(
+                "configuration",
+                map(vec![
+                    (
+                        "anonymous",
+                        map(vec![
+                            (
+                                "conditions",
+                                Value::Sequence(vec![
+                                    map(vec![("path", s("/livez"))]),
+                                    map(vec![("path", s("/readyz"))]),
+                                    map(vec![("path", s("/healthz"))]),
+                                ]),
+                            ),
+                            ("enabled", Value::Bool(true)),
+                        ]),
+                    ),
+                    ("jwt", Value::Sequence(vec![])),
+                ]),
+            )],
+        ),
+        doc(
+            "KubeAuthorizerConfig",
+            Some("node"),
+            vec![("type", s("Node"))],
+        ),
+        doc(
+            "KubeAuthorizerConfig",
+            Some("rbac"),
+            vec![("type", s("RBAC"))],
+        ),
+        doc(
+            "KubeEtcdEncryptionConfig",
+            None,
+            vec![(
+                "config",
+                map(vec![(
+                    "resources",
+                    Value::Sequence(vec![map(vec![
+                        (
+                            "providers",
+                            Value::Sequence(vec![map(vec![(
+                                "secretbox",
+                                map(vec![(
+                                    "keys",
+                                    Value::Sequence(vec![map(vec![
+                                        ("name", s("key2")),
+                                        ("secret", s(&b.secrets.secretboxencryptionsecret)),
+                                    ])]),
+                                )]),
+                            )])]),
+                        ),
+                        ("resources", Value::Sequence(vec![s("secrets")])),
+                    ])]),
+                )]),
+            )],
+        ),
+        doc(
+            "KubeServiceAccountConfig",
+            None,
+            vec![(
+                "issuer",
+                map(vec![
+                    ("privateKey", s(&pem(&b.certs.k8sserviceaccount.key))),
+                    ("issuerURL", s(&c.endpoint)),
+                ]),
+            )],
+        ),
+        doc(
+            "KubeAPIServerConfig",
+            None,
+            vec![("image", image("registry.k8s.io/kube-apiserver", v))],
+        ),
+        doc(
+            "KubeControllerManagerConfig",
+            None,
+            vec![("image", image("registry.k8s.io/kube-controller-manager", v))],
+        ),
+        doc(
+            "KubeSchedulerConfig",
+            None,
+            vec![
+                ("image", image("registry.k8s.io/kube-scheduler", v)),
+                ("config", map(vec![])),
+            ],
+        ),
+        doc(
+            "KubeProxyConfig",
+            None,
+            vec![
+                ("image", image("registry.k8s.io/kube-proxy", v)),
+                ("config", map(vec![])),
+            ],
+        ),
+        doc(
+            "KubeFlannelCNIConfig",
+            None,
+            vec![
+                ("backendType", s("vxlan")),
+                ("backendPort", Value::Number(4789.into())),
+            ],
+        ),
+        doc(
+            "KubeCoreDNSConfig",
+            None,
+            vec![("enabled", Value::Bool(true))],
+        ),
+    ]);
+    docs
+}
+
+// ---- documents as a list keyed by identity --------------------------------------------------
+
+fn id_of(d: &Value) -> (Option<String>, Option<String>) {
+    let kind = d.get("kind").and_then(Value::as_str).map(str::to_string);
+    let name = d.get("name").and_then(Value::as_str).map(str::to_string);
+    (kind.clone(), if kind.is_some() { name } else { None })
+}
+
+fn find(docs: &[Value], id: &(Option<String>, Option<String>)) -> Option<usize> {
+    docs.iter().position(|d| &id_of(d) == id)
+}
+
+fn describe(id: &(Option<String>, Option<String>)) -> String {
+    match id {
+        (None, _) => "the v1alpha1 document".into(),
+        (Some(k), None) => format!("document {k}"),
+        (Some(k), Some(n)) => format!("document {k}[{n}]"),
+    }
+}
+
+/// Lists that a patch replaces instead of appending to (`merge:"replace"`, FACTS 8.3).
+const REPLACE: &[&str] = &[
+    "cluster.apiServer.auditPolicy",
+    "cluster.network.podSubnets",
+    "cluster.network.serviceSubnets",
+    "KubeNetworkConfig.podSubnets",
+    "KubeNetworkConfig.serviceSubnets",
+    "KubeAuditPolicyConfig.configuration",
+    "KubeAuthenticationConfig.configuration",
+    "KubeCredentialProviderConfig.configuration",
+    "CRIBaseRuntimeSpecConfig.overrides",
+];
+
+/// Keyed lists: a patch item merges into the base item with the same key (FACTS 8.3).
+fn list_key(path: &str) -> Option<&'static str> {
+    if path == "machine.network.interfaces" {
+        Some("interface")
+    } else if path.starts_with("machine.network.interfaces[") && path.ends_with(".vlans") {
+        Some("vlanId")
+    } else if path == "cluster.apiServer.admissionControl" {
+        Some("name")
+    } else {
+        None
+    }
+}
+
+fn is_delete(v: &Value) -> bool {
+    v.get("$patch").and_then(Value::as_str) == Some("delete")
+}
+
+/// Merges `patch` into `base` at `path` (Talos's strategic merge, on YAML values).
+fn merge(base: &mut Value, patch: &Value, path: &str, set: &mut Vec<String>) -> Result<(), String> {
+    let replace = REPLACE.contains(&path)
+        || path.ends_with("Config.configuration") && REPLACE.iter().any(|r| path.ends_with(r))
+        || path.contains(".extraArgs.")
+        || (path.starts_with("NetworkRuleConfig[")
+            && (path.ends_with(".ingress") || path.ends_with(".portSelector.ports")))
+        || (path.starts_with("BGPInstanceConfig[")
+            && (path.ends_with(".advertise")
+                || path.ends_with(".importRoutes")
+                || path.ends_with(".neighbors")))
+        || (path.starts_with("KubeStaticPodConfig[") && path.ends_with(".pod"));
+    match (base, patch) {
+        (_, Value::Null) => Ok(()),
+        (b, p) if replace => {
+            *b = p.clone();
+            set.push(path.to_string());
+            Ok(())
+        }
+        (Value::Mapping(b), Value::Mapping(p)) => {
+            for (k, v) in p {
+                let key = k.as_str().unwrap_or_default().to_string();
+                let child = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                if is_delete(v) {
+                    if b.remove(k).is_none() {
+                        return Err(format!(
+                            "`$patch: delete` of {child}, which the config does not have"
+                        ));
+                    }
+                    set.push(child);
+                    continue;
+                }
+                match b.get_mut(k) {
+                    Some(existing) => merge(existing, v, &child, set)?,
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                        set.push(child);
+                    }
+                }
+            }
+            Ok(())
+        }
+        (Value::Sequence(b), Value::Sequence(p)) => {
+            match list_key(path) {
+                Some(key) => {
+                    for item in p {
+                        let kv = item.get(key).cloned();
+                        let at = kv
+                            .as_ref()
+                            .and_then(|kv| b.iter().position(|x| x.get(key) == Some(kv)));
+                        match at {
+                            Some(i) => merge(&mut b[i], item, &format!("{path}[{i}]"), set)?,
+                            None => b.push(item.clone()),
+                        }
+                    }
+                }
+                None => b.extend(p.iter().cloned()),
+            }
+            set.push(path.to_string());
+            Ok(())
+        }
+        (b, p) => {
+            *b = p.clone();
+            set.push(path.to_string());
+            Ok(())
+        }
+    }
+}
+
+/// Applies one patch's documents to the config's documents.
+fn apply_patch(
+    docs: &mut Vec<Value>,
+    patch_docs: &[Value],
+    set: &mut Vec<String>,
+) -> Result<(), String> {
+    for p in patch_docs {
+        let id = id_of(p);
+        if is_delete(p) {
+            if id.0.is_none() {
+                return Err("the v1alpha1 document cannot be deleted".into());
+            }
+            match find(docs, &id) {
+                Some(i) => {
+                    docs.remove(i);
+                    set.push(describe(&id));
+                }
+                None => {
+                    return Err(format!(
+                        "`$patch: delete` of {}, which the config does not have",
+                        describe(&id)
+                    ));
+                }
+            }
+            continue;
+        }
+        match find(docs, &id) {
+            Some(i) => {
+                let prefix = match &id {
+                    (None, _) => String::new(),
+                    (Some(k), None) => k.clone(),
+                    (Some(k), Some(n)) => format!("{k}[{n}]"),
+                };
+                let mut body = p.clone();
+                if let Value::Mapping(m) = &mut body {
+                    for k in ["apiVersion", "kind", "name"] {
+                        m.remove(k);
+                    }
+                }
+                merge(&mut docs[i], &body, &prefix, set)?;
+            }
+            None => {
+                docs.push(p.clone());
+                set.push(describe(&id));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn selects(p: &TalosConfigPatch, m: &TalosMachine) -> bool {
+    let sel = &p.spec.selector;
+    let name = m.metadata.name.clone().unwrap_or_default();
+    (sel.roles.is_empty() || sel.roles.contains(&m.spec.role))
+        && (sel.machines.is_empty() || sel.machines.contains(&name))
+}
+
+/// A copy of a patch's documents with what Ichor owns taken out: the CNI's inline manifest
+/// once handed over (ADR 0024), and the kube-proxy setting once Ichor owns it (ADR 0066).
+fn filtered(docs: &[Value], contract: Contract, handed_over: bool, owns_proxy: bool) -> Vec<Value> {
+    let v114 = contract
+        >= Contract {
+            major: 1,
+            minor: 14,
+        };
+    let mut out = vec![];
+    for d in docs {
+        let mut d = d.clone();
+        let (kind, name) = id_of(&d);
+        if handed_over
+            && kind.as_deref() == Some("KubeInlineManifestConfig")
+            && name.as_deref() == Some(CNI_INLINE_MANIFEST)
+        {
+            continue;
+        }
+        if kind.is_none() {
+            if handed_over {
+                if let Some(Value::Sequence(list)) = d
+                    .get_mut("cluster")
+                    .and_then(|c| c.get_mut("inlineManifests"))
+                {
+                    list.retain(|e| {
+                        e.get("name").and_then(Value::as_str) != Some(CNI_INLINE_MANIFEST)
+                    });
+                }
+            }
+            if owns_proxy {
+                if let Some(Value::Mapping(cluster)) = d.get_mut("cluster") {
+                    if v114 {
+                        cluster.remove("proxy");
+                    } else if let Some(Value::Mapping(proxy)) = cluster.get_mut("proxy") {
+                        proxy.remove("disabled");
+                    }
+                }
+            }
+        }
+        if owns_proxy && kind.as_deref() == Some("KubeProxyConfig") {
+            if let Value::Mapping(m) = &mut d {
+                m.remove("enabled");
+            }
+        }
+        out.push(d);
+    }
+    out
+}
+
+/// Renders one machine's config at the cluster's contract.
+pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderError>> {
+    let mut errors = vec![];
+    let cluster_obj = object_name("TalosCluster", &i.cluster.metadata);
+    let v114 = contract
+        >= Contract {
+            major: 1,
+            minor: 14,
+        };
+    let cp = i.machine.spec.role == Role::Controlplane;
+    let mut docs = if v114 {
+        base_documents(i, contract)
+    } else {
+        base_legacy(i, contract)
+    };
+    // The CNI preset: anything but Flannel means no Flannel from Talos.
+    match i.cluster.spec.cni.preset {
+        CniPreset::Flannel => {}
+        CniPreset::Cilium | CniPreset::Custom => {
+            if v114 {
+                docs.retain(|d| {
+                    d.get("kind").and_then(Value::as_str) != Some("KubeFlannelCNIConfig")
+                });
+            } else if let Some(Value::Mapping(net)) = docs[0]
+                .get_mut("cluster")
+                .and_then(|c| c.get_mut("network"))
+            {
+                net.insert(s("cni"), map(vec![("name", s("none"))]));
+            }
+        }
+    }
+    // Patches, in order.
+    let handed_over = handover_done(i.cluster);
+    let status_mode = status_kube_proxy(i.cluster);
+    let spec_mode = i.cluster.spec.cni.kube_proxy;
+    let owns_proxy = spec_mode == KubeProxyMode::Replaced || status_mode.is_some();
+    let mut patches: Vec<&TalosConfigPatch> = i
+        .patches
+        .iter()
+        .copied()
+        .filter(|p| selects(p, i.machine))
+        .collect();
+    patches.sort_by(|a, b| (a.spec.order, &a.metadata.name).cmp(&(b.spec.order, &b.metadata.name)));
+    let mut applied = vec![];
+    let mut set_by: BTreeMap<String, String> = BTreeMap::new();
+    for p in &patches {
+        let obj = object_name("TalosConfigPatch", &p.metadata);
+        let parsed: Result<Vec<Value>, String> = serde_yaml::Deserializer::from_str(&p.spec.patch)
+            .map(|d| serde_yaml::Value::deserialize(d).map_err(|e| e.to_string()))
+            .filter(|r| !matches!(r, Ok(Value::Null)))
+            .collect();
+        let pdocs = match parsed {
+            Ok(d) => d,
+            Err(e) => {
+                errors.push(RenderError {
+                    object: obj,
+                    field: "spec.patch".into(),
+                    message: format!("not valid YAML: {e}"),
+                });
+                continue;
+            }
+        };
+        let pdocs = filtered(&pdocs, contract, handed_over, owns_proxy);
+        let mut set = vec![];
+        if let Err(e) = apply_patch(&mut docs, &pdocs, &mut set) {
+            errors.push(RenderError {
+                object: obj.clone(),
+                field: "spec.patch".into(),
+                message: format!("{e}; fix or remove the patch"),
+            });
+            continue;
+        }
+        for path in set {
+            set_by.insert(path, obj.clone());
+        }
+        applied.push(obj.trim_start_matches("TalosConfigPatch ").to_string());
+    }
+    // kube-proxy (ADR 0066 Decision 2): status wins over spec; replaced renders disabled;
+    // enabled renders an explicit flag only once a switch set the status.
+    let mode = status_mode.unwrap_or(spec_mode);
+    let flag = match (mode, status_mode) {
+        (KubeProxyMode::Replaced, _) => Some(false),
+        (KubeProxyMode::Enabled, Some(_)) => Some(true),
+        (KubeProxyMode::Enabled, None) => None,
+    };
+    if let Some(enabled) = flag {
+        if v114 {
+            if cp {
+                match docs
+                    .iter_mut()
+                    .find(|d| d.get("kind").and_then(Value::as_str) == Some("KubeProxyConfig"))
+                {
+                    Some(Value::Mapping(m)) => {
+                        m.insert(s("enabled"), Value::Bool(enabled));
+                    }
+                    _ => docs.push(doc(
+                        "KubeProxyConfig",
+                        None,
+                        vec![
+                            (
+                                "image",
+                                image(
+                                    "registry.k8s.io/kube-proxy",
+                                    &i.cluster.spec.kubernetes_version,
+                                ),
+                            ),
+                            ("enabled", Value::Bool(enabled)),
+                        ],
+                    )),
+                }
+            }
+        } else if let Some(Value::Mapping(cluster)) = docs[0].get_mut("cluster") {
+            let proxy = cluster.entry(s("proxy")).or_insert_with(|| map(vec![]));
+            if let Value::Mapping(p) = proxy {
+                p.insert(s("disabled"), Value::Bool(!enabled));
+            }
+        }
+    }
+    if !errors.is_empty() {
+        let _ = cluster_obj;
+        return Err(errors);
+    }
+    let text = docs
+        .iter()
+        .map(|d| serde_yaml::to_string(d).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("---\n");
+    let config = match Config::parse(&text) {
+        Ok(c) => c,
+        Err(e) => {
+            return Err(e
+                .into_iter()
+                .map(|e| RenderError {
+                    object: object_name("TalosMachine", &i.machine.metadata),
+                    field: "render".into(),
+                    message: format!(
+                        "the patches produce a config Talos cannot load: {}",
+                        e.message
+                    ),
+                })
+                .collect());
+        }
+    };
+    let set_by = set_by
+        .into_iter()
+        .filter_map(|(k, v)| Path::parse(&k).ok().map(|p| (p, v)))
+        .collect();
+    Ok(Rendered {
+        contract,
+        text,
+        config,
+        inputs_hash: inputs_hash(i, &patches),
+        patches: applied,
+        set_by,
+    })
+}
+
+/// The desired-inputs hash (ADR 0024 amendment): generations of the cluster, the machine and
+/// the selected patches, the secrets' version, plus whether CNIHandover is True and
+/// `status.cni.kubeProxy`, folded in only when present so that clusters with neither keep
+/// their hash.
+pub fn inputs_hash(i: &Inputs, patches: &[&TalosConfigPatch]) -> String {
+    let g = |m: &kube::core::ObjectMeta| {
+        format!(
+            "{}/{}",
+            m.name.clone().unwrap_or_default(),
+            m.generation.unwrap_or(0)
+        )
+    };
+    let mut text = format!(
+        "cluster:{};machine:{};secrets:{}",
+        g(&i.cluster.metadata),
+        g(&i.machine.metadata),
+        i.secrets_version
+    );
+    let mut names: Vec<String> = patches.iter().map(|p| g(&p.metadata)).collect();
+    names.sort();
+    text.push_str(&format!(";patches:{}", names.join(",")));
+    if handover_done(i.cluster) {
+        text.push_str(";cniHandover:True");
+    }
+    if let Some(m) = status_kube_proxy(i.cluster) {
+        text.push_str(&format!(";kubeProxy:{}", m.name()));
+    }
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+use serde::Deserialize as _;
