@@ -58,8 +58,7 @@ pub fn ruleset(dir: Option<&FsPath>) -> Result<RuleSet> {
         return Ok(RuleSet::embedded());
     };
     let read = |p: PathBuf| -> Result<(String, String)> {
-        let text =
-            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
         Ok((p.to_string_lossy().into_owned(), text))
     };
     let fieldmeta = read(dir.join("fieldmeta.yaml"))?;
@@ -77,18 +76,10 @@ pub fn ruleset(dir: Option<&FsPath>) -> Result<RuleSet> {
         .collect();
     entries.sort();
     for p in entries {
-        let name = p
-            .file_stem()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
+        let name = p.file_stem().unwrap_or_default().to_string_lossy().into_owned();
         contracts.push((name, read(p)?.1));
     }
-    Ok(RuleSet {
-        fieldmeta,
-        rules,
-        contracts,
-    })
+    Ok(RuleSet { fieldmeta, rules, contracts })
 }
 
 pub fn classifier(dir: Option<&FsPath>) -> Result<Classifier> {
@@ -103,31 +94,12 @@ pub fn classifier(dir: Option<&FsPath>) -> Result<Classifier> {
 
 pub fn run(cmd: ConfigCommand) -> Result<Report> {
     match cmd {
-        ConfigCommand::Explain {
-            path,
-            contract,
-            output,
-            rules,
-        } => explain(&path, &contract, output, rules.as_deref()),
-        ConfigCommand::Diff {
-            from,
-            to,
-            contract,
-            output,
-            rules,
-        } => {
+        ConfigCommand::Explain { path, contract, output, rules } => explain(&path, &contract, output, rules.as_deref()),
+        ConfigCommand::Diff { from, to, contract, output, rules } => {
             let c = classifier(rules.as_deref())?;
             let old = read_config(&from)?;
             let new = read_config(&to)?;
-            diff_report(
-                &c,
-                &old,
-                &new,
-                &from.to_string_lossy(),
-                &to.to_string_lossy(),
-                contract.as_deref(),
-                output,
-            )
+            diff_report(&c, &old, &new, &from.to_string_lossy(), &to.to_string_lossy(), contract.as_deref(), output)
         }
     }
 }
@@ -143,29 +115,15 @@ pub fn read_config(path: &FsPath) -> Result<Config> {
         );
     }
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        anyhow!(
-            "{}: not UTF-8 text (byte {})",
-            path.display(),
-            e.utf8_error().valid_up_to()
-        )
-    })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| anyhow!("{}: not UTF-8 text (byte {})", path.display(), e.utf8_error().valid_up_to()))?;
     Config::parse(&text).map_err(|errs| {
         anyhow!(Diagnosed {
             diagnostics: errs
                 .iter()
-                .map(|e| format!(
-                    "{}:{}:{}: error: {}\n",
-                    path.display(),
-                    e.line,
-                    e.col,
-                    e.message
-                ))
+                .map(|e| format!("{}:{}:{}: error: {}\n", path.display(), e.line, e.col, e.message))
                 .collect(),
-            summary: format!(
-                "{} is not a Talos machine configuration Ichor can read",
-                path.display()
-            ),
+            summary: format!("{} is not a Talos machine configuration Ichor can read", path.display()),
         })
     })
 }
@@ -194,19 +152,11 @@ fn best_pattern(c: &Classifier, e: usize, path: &str) -> String {
 
 fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -> Result<Report> {
     let c = classifier(rules)?;
-    let contract = c
-        .contract(contract)
-        .map_err(|e| anyhow!("--contract: {e}"))?;
+    let contract = c.contract(contract).map_err(|e| anyhow!("--contract: {e}"))?;
     let parsed = Path::parse(path).map_err(|e| anyhow!("path {path:?} does not parse: {e}"))?;
-    let change = diff::Change {
-        path: parsed,
-        op: diff::Op::Changed,
-        old: None,
-        new: None,
-    };
-    let outcome = c
-        .classify(contract, std::slice::from_ref(&change), None, true)
-        .map_err(|e| anyhow!("classifying: {e}"))?;
+    let change = diff::Change { path: parsed, op: diff::Op::Changed, old: None, new: None };
+    let outcome =
+        c.classify(contract, std::slice::from_ref(&change), None, true).map_err(|e| anyhow!("classifying: {e}"))?;
     let k = &outcome.changes[0];
     let shown = change.path.to_string();
     let decided = c.proof(&outcome, &change.path, k).and_then(|p| match p {
@@ -243,15 +193,11 @@ fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -
                     );
                     s += &format!("  source:     {}\n", en.source);
                 }
-                (None, Reason::Unsupported) => {
-                    s += "  rule:       none: the contract's inventory has no such path\n"
-                }
+                (None, Reason::Unsupported) => s += "  rule:       none: the contract's inventory has no such path\n",
                 (None, Reason::Ambiguous) => {
                     s += "  rule:       none: equally specific entries disagree, so Ichor fails closed\n"
                 }
-                (None, _) => {
-                    s += "  rule:       none: no entry decides, so the default (reboot-required) applies\n"
-                }
+                (None, _) => s += "  rule:       none: no entry decides, so the default (reboot-required) applies\n",
             }
             if !c.restarts(k).is_empty() {
                 s += &format!("  restarts:   {}\n", c.restarts(k).join(", "));
@@ -263,19 +209,13 @@ fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -
                 s += "  sensitive:  values are always shown as <redacted>\n";
             }
             if let Some(r) = decided {
-                let doc = r
-                    .doc
-                    .map(|d| format!(" ({})", d.replace('\n', " ")))
-                    .unwrap_or_default();
+                let doc = r.doc.map(|d| format!(" ({})", d.replace('\n', " "))).unwrap_or_default();
                 s += &format!("  decided by: {}:{}{doc}\n", r.file, r.line);
             }
             s
         }
     };
-    Ok(Report {
-        stdout,
-        ..Report::default()
-    })
+    Ok(Report { stdout, ..Report::default() })
 }
 
 fn value_json(v: &Option<serde_yaml::Value>, sensitive: bool) -> Json {
@@ -297,20 +237,9 @@ fn verdict_sentence(c: &Classifier, o: &Outcome) -> String {
             count("install-time-only")
         ),
         "RebootRequired" => {
-            let ops = o
-                .changes
-                .iter()
-                .filter(|k| c.applied_by(k).is_some())
-                .count();
-            let tail = if ops > 0 {
-                format!(" ({ops} of them only through their operation)")
-            } else {
-                String::new()
-            };
-            format!(
-                "Needs a reboot: {} of {n} changed path(s) cannot be applied live{tail}.",
-                count("reboot-required")
-            )
+            let ops = o.changes.iter().filter(|k| c.applied_by(k).is_some()).count();
+            let tail = if ops > 0 { format!(" ({ops} of them only through their operation)") } else { String::new() };
+            format!("Needs a reboot: {} of {n} changed path(s) cannot be applied live{tail}.", count("reboot-required"))
         }
         "Unsupported" => format!(
             "{} of {n} changed path(s) do not exist at contract {}: Talos would refuse this configuration.",
@@ -331,19 +260,14 @@ pub fn diff_report(
     output: Output,
 ) -> Result<Report> {
     let (contract, inferred) = match contract {
-        Some(name) => (
-            c.contract(name).map_err(|e| anyhow!("--contract: {e}"))?,
-            None,
-        ),
+        Some(name) => (c.contract(name).map_err(|e| anyhow!("--contract: {e}"))?, None),
         None => {
             let (ct, why) = c.infer_contract(&[old, new]);
             (ct, Some(why))
         }
     };
     let changes = diff::changes(old, new);
-    let outcome = c
-        .classify(contract, &changes, Some(new), false)
-        .map_err(|e| anyhow!("classifying: {e}"))?;
+    let outcome = c.classify(contract, &changes, Some(new), false).map_err(|e| anyhow!("classifying: {e}"))?;
     let sensitive = |p: &Path| c.sensitive(contract, p);
     let old_text = diff::redacted_yaml(old, &sensitive);
     let new_text = diff::redacted_yaml(new, &sensitive);
@@ -352,10 +276,7 @@ pub fn diff_report(
     let pairs: Vec<(&diff::Change, &Classified)> = changes.iter().zip(&outcome.changes).collect();
     let stdout = match output {
         Output::Json => {
-            let list: Vec<Json> = pairs
-                .iter()
-                .map(|(ch, k)| change_json(c, contract, ch, k))
-                .collect();
+            let list: Vec<Json> = pairs.iter().map(|(ch, k)| change_json(c, contract, ch, k)).collect();
             let v = json!({
                 "contract": contract.to_string(),
                 "contractInferred": inferred.is_some(),
@@ -368,18 +289,10 @@ pub fn diff_report(
         Output::Text => {
             let mut s = String::from("Dry run summary:\n");
             match &inferred {
-                Some(why) => {
-                    s += &format!(
-                        "Contract: {contract} (inferred: {why}; pass --contract to choose)\n"
-                    )
-                }
+                Some(why) => s += &format!("Contract: {contract} (inferred: {why}; pass --contract to choose)\n"),
                 None => s += &format!("Contract: {contract}\n"),
             }
-            s += &format!(
-                "Verdict: {}: {}\n",
-                outcome.verdict,
-                verdict_sentence(c, &outcome)
-            );
+            s += &format!("Verdict: {}: {}\n", outcome.verdict, verdict_sentence(c, &outcome));
             if !outcome.rejected.is_empty() {
                 s += "\nTalos would refuse this configuration:\n";
                 for r in &outcome.rejected {
@@ -388,12 +301,7 @@ pub fn diff_report(
             }
             if !pairs.is_empty() {
                 s += "\nChanges:\n";
-                let width = changes
-                    .iter()
-                    .map(|k| k.path.to_string().len())
-                    .max()
-                    .unwrap_or(0)
-                    .min(60);
+                let width = changes.iter().map(|k| k.path.to_string().len()).max().unwrap_or(0).min(60);
                 for (ch, k) in &pairs {
                     s += &change_text(c, contract, ch, k, width);
                 }
@@ -407,11 +315,7 @@ pub fn diff_report(
             s
         }
     };
-    Ok(Report {
-        stdout,
-        findings,
-        ..Report::default()
-    })
+    Ok(Report { stdout, findings, ..Report::default() })
 }
 
 fn change_json(c: &Classifier, contract: Contract, ch: &diff::Change, k: &Classified) -> Json {
@@ -429,13 +333,7 @@ fn change_json(c: &Classifier, contract: Contract, ch: &diff::Change, k: &Classi
     })
 }
 
-fn change_text(
-    c: &Classifier,
-    contract: Contract,
-    ch: &diff::Change,
-    k: &Classified,
-    width: usize,
-) -> String {
+fn change_text(c: &Classifier, contract: Contract, ch: &diff::Change, k: &Classified, width: usize) -> String {
     let p = ch.path.to_string();
     let sign = match ch.op {
         diff::Op::Added => '+',
@@ -449,11 +347,7 @@ fn change_text(
     if let Some(op) = c.applied_by(k) {
         extra.push(format!("applied by the {op} operation"));
     }
-    let extra = if extra.is_empty() {
-        String::new()
-    } else {
-        format!(" ({})", extra.join("; "))
-    };
+    let extra = if extra.is_empty() { String::new() } else { format!(" ({})", extra.join("; ")) };
     let mut s = format!("  {sign} {p:width$}  {}{extra}\n", k.class);
     let show = |v: &Option<serde_yaml::Value>| match v {
         None => "(absent)".to_string(),
@@ -463,12 +357,7 @@ fn change_text(
     s += &format!("      {} -> {}\n", show(&ch.old), show(&ch.new));
     s += &format!("      {}\n", c.why(contract, k));
     if let Some(e) = k.entry() {
-        s += &format!(
-            "      rule: {}:{} ({})\n",
-            c.fieldmeta_file,
-            c.meta.entries[e].line,
-            best_pattern(c, e, &p)
-        );
+        s += &format!("      rule: {}:{} ({})\n", c.fieldmeta_file, c.meta.entries[e].line, best_pattern(c, e, &p));
     }
     s
 }

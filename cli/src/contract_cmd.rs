@@ -32,37 +32,25 @@ pub enum ContractCommand {
 
 pub fn run(cmd: ContractCommand) -> Result<Report> {
     match cmd {
-        ContractCommand::Derive {
-            schema,
-            contract,
-            out,
-            corrections,
-        } => {
+        ContractCommand::Derive { schema, contract, out, corrections } => {
             if !regex_lite_contract(&contract) {
                 bail!("contract {contract:?} is not of the form vX.Y (for example v1.14)");
             }
-            let text = std::fs::read_to_string(&schema)
-                .with_context(|| format!("reading schema {}", schema.display()))?;
+            let text =
+                std::fs::read_to_string(&schema).with_context(|| format!("reading schema {}", schema.display()))?;
             let ctext = std::fs::read_to_string(&corrections)
                 .with_context(|| format!("reading corrections {}", corrections.display()))?;
-            let fixes = render::inventory::parse_corrections(&ctext)
-                .map_err(|e| anyhow!("{}: {e}", corrections.display()))?;
+            let fixes =
+                render::inventory::parse_corrections(&ctext).map_err(|e| anyhow!("{}: {e}", corrections.display()))?;
             let inv = render::inventory::derive(&text, &contract, &fixes)
                 .map_err(|e| anyhow!("{}: {e}", schema.display()))?;
             match out {
                 Some(path) => {
-                    std::fs::write(&path, &inv)
-                        .with_context(|| format!("writing {}", path.display()))?;
+                    std::fs::write(&path, &inv).with_context(|| format!("writing {}", path.display()))?;
                     let n = inv.lines().filter(|l| !l.starts_with('#')).count();
-                    Ok(Report {
-                        stdout: format!("wrote {} ({n} paths)\n", path.display()),
-                        ..Report::default()
-                    })
+                    Ok(Report { stdout: format!("wrote {} ({n} paths)\n", path.display()), ..Report::default() })
                 }
-                None => Ok(Report {
-                    stdout: inv,
-                    ..Report::default()
-                }),
+                None => Ok(Report { stdout: inv, ..Report::default() }),
             }
         }
     }
@@ -73,7 +61,6 @@ fn regex_lite_contract(c: &str) -> bool {
         return false;
     };
     let mut parts = rest.split('.');
-    let ok =
-        |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    let ok = |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
     ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
 }

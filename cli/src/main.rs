@@ -89,11 +89,7 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             let _ = write_quietly(std::io::stderr().lock(), &report.stderr);
-            if report.findings {
-                ExitCode::from(1)
-            } else {
-                ExitCode::SUCCESS
-            }
+            if report.findings { ExitCode::from(1) } else { ExitCode::SUCCESS }
         }
         Err(err) => {
             let mut text = String::new();

@@ -56,12 +56,7 @@ impl Sources for FsSources {
 pub fn run(cmd: RulesCommand) -> Result<Report> {
     match cmd {
         RulesCommand::Check { rules } => check(&rules),
-        RulesCommand::Eval {
-            files,
-            facts,
-            output,
-            explain,
-        } => eval(&files, facts.as_deref(), output, &explain),
+        RulesCommand::Eval { files, facts, output, explain } => eval(&files, facts.as_deref(), output, &explain),
         RulesCommand::Test { rules } => test(&rules),
     }
 }
@@ -71,8 +66,7 @@ pub fn rule_files(dir: &Path) -> Result<Vec<String>> {
     let mut out = vec![];
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d)
-            .with_context(|| format!("reading rules directory {}", d.display()))?;
+        let entries = std::fs::read_dir(&d).with_context(|| format!("reading rules directory {}", d.display()))?;
         for e in entries {
             let p = e?.path();
             if p.is_dir() {
@@ -85,10 +79,7 @@ pub fn rule_files(dir: &Path) -> Result<Vec<String>> {
     }
     out.sort();
     if out.is_empty() {
-        bail!(
-            "no .rules file under {}: point --rules at the rules directory",
-            dir.display()
-        );
+        bail!("no .rules file under {}: point --rules at the rules directory", dir.display());
     }
     Ok(out)
 }
@@ -100,21 +91,13 @@ pub fn load(files: &[String]) -> Result<(Engine, Loaded)> {
         let n = loaded.errors().count();
         return Err(Diagnosed {
             diagnostics: loaded.render_diagnostics(),
-            summary: format!(
-                "the rules do not load: {n} error(s); fix them and run `ichor rules check`"
-            ),
+            summary: format!("the rules do not load: {n} error(s); fix them and run `ichor rules check`"),
         }
         .into());
     };
     let engine = Engine::new(program).map_err(|errs| {
-        let text: Vec<String> = errs
-            .iter()
-            .map(|e| format!("{}: error: {}", e.at, e.message))
-            .collect();
-        anyhow!(Diagnosed {
-            diagnostics: text.join("\n") + "\n",
-            summary: "the rules cannot be compiled".into()
-        })
+        let text: Vec<String> = errs.iter().map(|e| format!("{}: error: {}", e.at, e.message)).collect();
+        anyhow!(Diagnosed { diagnostics: text.join("\n") + "\n", summary: "the rules cannot be compiled".into() })
     })?;
     Ok((engine, loaded))
 }
@@ -134,21 +117,13 @@ fn check(dir: &Path) -> Result<Report> {
     if dir.join("fieldmeta.yaml").exists() {
         // Field metadata: loads, is unambiguous, and covers each contract's inventory.
         let c = crate::config_cmd::classifier(Some(dir))?;
-        let inventories = c
-            .contracts
-            .iter()
-            .map(|(k, d)| (*k, d.inventory.clone()))
-            .collect();
+        let inventories = c.contracts.iter().map(|(k, d)| (*k, d.inventory.clone())).collect();
         let (_, coverage) = c.meta.check_inventories(&inventories);
         stdout += &format!("ok: {} field-metadata entries\n", c.meta.entries.len());
         stdout += "coverage (inventory paths decided by an explicit entry):\n";
         for (contract, cov) in coverage {
             let decided = cov.total - cov.defaulted.len();
-            let pct = if cov.total == 0 {
-                100.0
-            } else {
-                100.0 * decided as f64 / cov.total as f64
-            };
+            let pct = if cov.total == 0 { 100.0 } else { 100.0 * decided as f64 / cov.total as f64 };
             stdout += &format!("  {contract}: {decided} of {} ({pct:.1} %)\n", cov.total);
             for p in &cov.defaulted {
                 findings = true;
@@ -156,76 +131,44 @@ fn check(dir: &Path) -> Result<Report> {
             }
         }
     }
-    Ok(Report {
-        stdout,
-        stderr: loaded.render_diagnostics(),
-        findings,
-    })
+    Ok(Report { stdout, stderr: loaded.render_diagnostics(), findings })
 }
 
-fn eval(
-    files: &[PathBuf],
-    facts: Option<&Path>,
-    output: Output,
-    explain_args: &[String],
-) -> Result<Report> {
-    let files: Vec<String> = files
-        .iter()
-        .map(|f| f.to_string_lossy().into_owned())
-        .collect();
+fn eval(files: &[PathBuf], facts: Option<&Path>, output: Output, explain_args: &[String]) -> Result<Report> {
+    let files: Vec<String> = files.iter().map(|f| f.to_string_lossy().into_owned()).collect();
     let (engine, loaded) = load(&files)?;
     let set = match facts {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading facts {}", path.display()))?;
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading facts {}", path.display()))?;
             FactSet::from_json(&text).map_err(|errs| fact_errors(path, &errs))?
         }
         None => FactSet::default(),
     };
-    let facts_by_id = set
-        .resolve(&engine.program)
-        .map_err(|errs| fact_errors(facts.unwrap_or(Path::new("facts")), &errs))?;
+    let facts_by_id =
+        set.resolve(&engine.program).map_err(|errs| fact_errors(facts.unwrap_or(Path::new("facts")), &errs))?;
     let mut targets = vec![];
     for e in explain_args {
         let (rel, values) = explain::parse_tuple(e).map_err(|m| anyhow!("--explain {e:?}: {m}"))?;
         targets.push((rel, values));
     }
-    let opts = EvalOptions {
-        provenance: !targets.is_empty(),
-        ..EvalOptions::default()
-    };
-    let db = engine
-        .evaluate(&facts_by_id, opts)
-        .map_err(|e| anyhow!("evaluation failed: {e}"))?;
+    let opts = EvalOptions { provenance: !targets.is_empty(), ..EvalOptions::default() };
+    let db = engine.evaluate(&facts_by_id, opts).map_err(|e| anyhow!("evaluation failed: {e}"))?;
     let mut explanations = vec![];
     for (rel, values) in &targets {
-        explanations.push(
-            explain::explain(&engine.program, &db, rel, values)
-                .map_err(|e| anyhow!("--explain: {e}"))?,
-        );
+        explanations.push(explain::explain(&engine.program, &db, rel, values).map_err(|e| anyhow!("--explain: {e}"))?);
     }
     let stdout = match output {
         Output::Json => json_output(&engine, &db, &explanations),
         Output::Text => text_output(&engine, &db, &explanations),
     };
-    Ok(Report {
-        stdout,
-        stderr: loaded.render_diagnostics(),
-        findings: false,
-    })
+    Ok(Report { stdout, stderr: loaded.render_diagnostics(), findings: false })
 }
 
 fn fact_errors(path: &Path, errs: &[engine::facts::FactError]) -> anyhow::Error {
-    let lines: Vec<String> = errs
-        .iter()
-        .map(|e| format!("{}: error: {e}", path.display()))
-        .collect();
+    let lines: Vec<String> = errs.iter().map(|e| format!("{}: error: {e}", path.display())).collect();
     anyhow!(Diagnosed {
         diagnostics: lines.join("\n") + "\n",
-        summary: format!(
-            "the facts in {} are not valid for this program",
-            path.display()
-        )
+        summary: format!("the facts in {} are not valid for this program", path.display())
     })
 }
 
@@ -238,11 +181,7 @@ fn const_json(c: &engine::Const) -> serde_json::Value {
 
 fn outputs_sorted(engine: &Engine) -> Vec<engine::RelId> {
     let mut outs: Vec<_> = engine.program.outputs().collect();
-    outs.sort_by(|a, b| {
-        engine.program.relations[*a]
-            .name
-            .cmp(&engine.program.relations[*b].name)
-    });
+    outs.sort_by(|a, b| engine.program.relations[*a].name.cmp(&engine.program.relations[*b].name));
     outs
 }
 
@@ -265,9 +204,7 @@ fn json_output(engine: &Engine, db: &Database, explanations: &[Explanation]) -> 
     }
     if !explanations.is_empty() {
         let list: serde_json::Value = explanations.iter().map(Explanation::to_json).collect();
-        let pretty = serde_json::to_string_pretty(&list)
-            .unwrap()
-            .replace('\n', "\n  ");
+        let pretty = serde_json::to_string_pretty(&list).unwrap().replace('\n', "\n  ");
         parts.push(format!("  \"explanations\": {pretty}"));
     }
     format!("{{\n{}\n}}\n", parts.join(",\n"))
@@ -277,16 +214,9 @@ fn text_output(engine: &Engine, db: &Database, explanations: &[Explanation]) -> 
     let mut out = String::new();
     for r in outputs_sorted(engine) {
         let tuples = db.decoded(r);
-        out.push_str(&format!(
-            "{}: {} tuple(s)\n",
-            engine.program.relations[r].name,
-            tuples.len()
-        ));
+        out.push_str(&format!("{}: {} tuple(s)\n", engine.program.relations[r].name, tuples.len()));
         for t in tuples {
-            out.push_str(&format!(
-                "  {}\n",
-                Database::format_tuple(&engine.program, r, &t)
-            ));
+            out.push_str(&format!("  {}\n", Database::format_tuple(&engine.program, r, &t)));
         }
     }
     for e in explanations {
@@ -302,9 +232,7 @@ fn test(dir: &Path) -> Result<Report> {
     let tests_dir = dir.join("tests");
     let mut cases_files = vec![];
     if tests_dir.is_dir() {
-        for e in std::fs::read_dir(&tests_dir)
-            .with_context(|| format!("reading {}", tests_dir.display()))?
-        {
+        for e in std::fs::read_dir(&tests_dir).with_context(|| format!("reading {}", tests_dir.display()))? {
             let p = e?.path();
             if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
                 cases_files.push(p);
@@ -313,18 +241,13 @@ fn test(dir: &Path) -> Result<Report> {
     }
     cases_files.sort();
     if cases_files.is_empty() {
-        bail!(
-            "no rule tests under {}: add YAML cases there (see `ichor rules test --help`)",
-            tests_dir.display()
-        );
+        bail!("no rule tests under {}: add YAML cases there (see `ichor rules test --help`)", tests_dir.display());
     }
     let mut out = String::new();
     let (mut passed, mut failed) = (0, 0);
     for path in &cases_files {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let cases =
-            engine::ruletest::parse(&text).map_err(|e| anyhow!("{}:{e}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let cases = engine::ruletest::parse(&text).map_err(|e| anyhow!("{}:{e}", path.display()))?;
         for case in &cases {
             let result = engine::ruletest::run(&engine, case);
             if result.failures.is_empty() {
@@ -340,9 +263,5 @@ fn test(dir: &Path) -> Result<Report> {
         }
     }
     out.push_str(&format!("{passed} passed, {failed} failed\n"));
-    Ok(Report {
-        stdout: out,
-        stderr: loaded.render_diagnostics(),
-        findings: failed > 0,
-    })
+    Ok(Report { stdout: out, stderr: loaded.render_diagnostics(), findings: failed > 0 })
 }

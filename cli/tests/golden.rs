@@ -33,27 +33,14 @@ fn config_over_ten_mib_is_refused() {
     let big = dir.join("big.yaml");
     let mut text = String::from("version: v1alpha1\nmachine:\n    type: worker\n    nodeLabels:\n");
     while text.len() <= 10 * 1024 * 1024 {
-        text.push_str(&format!(
-            "        l{}: \"{}\"\n",
-            text.len(),
-            "x".repeat(200)
-        ));
+        text.push_str(&format!("        l{}: \"{}\"\n", text.len(), "x".repeat(200)));
     }
     std::fs::write(&big, &text).unwrap();
-    let (code, _, err) = ichor(&[
-        "config",
-        "diff",
-        "--from",
-        "examples/configs/v1.13/worker.yaml",
-        "--to",
-        big.to_str().unwrap(),
-    ]);
+    let (code, _, err) =
+        ichor(&["config", "diff", "--from", "examples/configs/v1.13/worker.yaml", "--to", big.to_str().unwrap()]);
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("over the 10485760-byte (10 MiB) limit for a machine configuration"),
-        "{err}"
-    );
+    assert!(err.contains("over the 10485760-byte (10 MiB) limit for a machine configuration"), "{err}");
 }
 
 /// No value of a sensitive path appears in any output of `config diff`, text or JSON.
@@ -72,25 +59,14 @@ fn redaction_leaks_no_secret() {
         "Uk9UQVRFRC1DTFVTVEVSLVNFQ1JFVC0wMDAwMDAwMDA=",
     ];
     for (from, to) in [
-        (
-            "examples/configs/v1.13/controlplane.yaml",
-            "tests/golden/config-diff-v1.13-redaction/desired.yaml",
-        ),
-        (
-            "examples/configs/v1.14/controlplane.yaml",
-            "tests/golden/config-diff-v1.14-redaction/desired.yaml",
-        ),
+        ("examples/configs/v1.13/controlplane.yaml", "tests/golden/config-diff-v1.13-redaction/desired.yaml"),
+        ("examples/configs/v1.14/controlplane.yaml", "tests/golden/config-diff-v1.14-redaction/desired.yaml"),
     ] {
         for output in ["text", "json"] {
-            let (code, out, err) = ichor(&[
-                "config", "diff", "--from", from, "--to", to, "--output", output,
-            ]);
+            let (code, out, err) = ichor(&["config", "diff", "--from", from, "--to", to, "--output", output]);
             assert_eq!(code, 1, "{err}");
             for s in secrets {
-                assert!(
-                    !out.contains(s) && !err.contains(s),
-                    "{s} leaked in the {output} output of {to}"
-                );
+                assert!(!out.contains(s) && !err.contains(s), "{s} leaked in the {output} output of {to}");
             }
             assert!(out.contains("<redacted>"));
         }

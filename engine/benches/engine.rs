@@ -21,11 +21,7 @@ use std::time::{Duration, Instant};
 fn time<R>(budget: Duration, mut f: impl FnMut() -> R) -> Duration {
     let mut samples = vec![];
     let start = Instant::now();
-    let min = if budget < Duration::from_millis(10) {
-        1
-    } else {
-        3
-    };
+    let min = if budget < Duration::from_millis(10) { 1 } else { 3 };
     while samples.len() < min || (start.elapsed() < budget && samples.len() < 15) {
         let t = Instant::now();
         black_box(f());
@@ -138,49 +134,19 @@ struct Workload {
 fn workload(paths: usize, patterns: usize, machines: usize, seed: u64) -> Workload {
     let mut rng = Rng(seed);
     let classes = ["safe", "reboot-required", "install-time-only"];
-    let spec = (0..patterns)
-        .map(|p| (format!("pat{p}"), rng.below(10) as i64))
-        .collect();
-    let pclass = (0..patterns)
-        .map(|p| {
-            (
-                format!("pat{p}"),
-                classes[rng.below(3) as usize].to_string(),
-            )
-        })
-        .collect();
+    let spec = (0..patterns).map(|p| (format!("pat{p}"), rng.below(10) as i64)).collect();
+    let pclass = (0..patterns).map(|p| (format!("pat{p}"), classes[rng.below(3) as usize].to_string())).collect();
     let mut matches = vec![];
     for i in 0..paths {
         for _ in 0..1 + rng.below(3) {
-            matches.push((
-                format!("machine.path{i}"),
-                format!("pat{}", rng.below(patterns as u64)),
-            ));
+            matches.push((format!("machine.path{i}"), format!("pat{}", rng.below(patterns as u64))));
         }
     }
     let machine = (0..machines)
-        .map(|m| {
-            (
-                format!("m{m}"),
-                if m % 10 == 0 {
-                    "controlplane"
-                } else {
-                    "worker"
-                }
-                .to_string(),
-            )
-        })
+        .map(|m| (format!("m{m}"), if m % 10 == 0 { "controlplane" } else { "worker" }.to_string()))
         .collect();
-    let changed = (0..paths)
-        .map(|i| (format!("m{}", i % machines), format!("machine.path{i}")))
-        .collect();
-    Workload {
-        matches,
-        spec,
-        pclass,
-        machine,
-        changed,
-    }
+    let changed = (0..paths).map(|i| (format!("m{}", i % machines), format!("machine.path{i}"))).collect();
+    Workload { matches, spec, pclass, machine, changed }
 }
 
 fn classify_facts(w: &Workload) -> FactSet {
@@ -225,8 +191,7 @@ fn classify_hand(w: &Workload) -> (usize, usize, usize) {
     let cp = id("controlplane");
     // matches by pattern -> (pattern, path), joined with spec -> (path, (pattern, s)).
     let matches_by_pat: Relation<(u32, u32)> = matches.iter().map(|&(p, q)| (q, p)).collect();
-    let with_spec: Relation<(u32, (u32, u32))> =
-        Relation::from_join(&matches_by_pat, &spec, |&q, &p, &s| (p, (q, s)));
+    let with_spec: Relation<(u32, (u32, u32))> = Relation::from_join(&matches_by_pat, &spec, |&q, &p, &s| (p, (q, s)));
     // best(P, S): max over the sorted (path, ...) groups.
     let mut best: Vec<((u32, u32), ())> = vec![];
     let mut i = 0;
@@ -241,24 +206,16 @@ fn classify_hand(w: &Workload) -> (usize, usize, usize) {
     }
     let best: Relation<((u32, u32), ())> = Relation::from_vec(best);
     // class_of(P, C) :- best(P, S), matches(P, Pat), spec(Pat, S), pclass(Pat, C).
-    let keyed: Relation<((u32, u32), u32)> =
-        with_spec.iter().map(|&(p, (q, s))| ((p, s), q)).collect();
-    let best_pat: Relation<(u32, u32)> =
-        Relation::from_join(&best, &keyed, |&(p, _), _, &q| (q, p));
-    let class_of: Relation<(u32, u32)> =
-        Relation::from_join(&best_pat, &pclass, |_, &p, &c| (p, c));
+    let keyed: Relation<((u32, u32), u32)> = with_spec.iter().map(|&(p, (q, s))| ((p, s), q)).collect();
+    let best_pat: Relation<(u32, u32)> = Relation::from_join(&best, &keyed, |&(p, _), _, &q| (q, p));
+    let class_of: Relation<(u32, u32)> = Relation::from_join(&best_pat, &pclass, |_, &p, &c| (p, c));
     // reboot(M) :- changed(M, P), class_of(P, "reboot-required").
     let changed_by_p: Relation<(u32, u32)> = changed.iter().map(|&(m, p)| (p, m)).collect();
-    let reboot_paths: Relation<(u32, ())> = class_of
-        .iter()
-        .filter(|x| x.1 == reboot_class)
-        .map(|&(p, _)| (p, ()))
-        .collect();
-    let reboot: Relation<(u32, ())> =
-        Relation::from_join(&changed_by_p, &reboot_paths, |_, &m, _| (m, ()));
+    let reboot_paths: Relation<(u32, ())> =
+        class_of.iter().filter(|x| x.1 == reboot_class).map(|&(p, _)| (p, ())).collect();
+    let reboot: Relation<(u32, ())> = Relation::from_join(&changed_by_p, &reboot_paths, |_, &m, _| (m, ()));
     // candidate(M, R) and next(M): the minimum rank.
-    let cand: Relation<(u32, u32)> =
-        Relation::from_join(&reboot, &machine, |&m, _, &r| (m, u32::from(r != cp)));
+    let cand: Relation<(u32, u32)> = Relation::from_join(&reboot, &machine, |&m, _, &r| (m, u32::from(r != cp)));
     let min = cand.iter().map(|x| x.1).min();
     let next = cand.iter().filter(|x| Some(x.1) == min).count();
     // live(M) :- machine(M, _), !reboot(M): an antijoin over the sorted slice.
@@ -307,31 +264,19 @@ fn main() {
         println!("smoke run (inputs 50x smaller, one sample; `cargo bench -p engine` measures)");
     }
     let off = EvalOptions::default();
-    let on = EvalOptions {
-        provenance: true,
-        ..EvalOptions::default()
-    };
+    let on = EvalOptions { provenance: true, ..EvalOptions::default() };
 
     // 1. Transitive closure.
     let tc = engine_for(TC);
     let n = scale(2000) as i64;
     let chain: Vec<(i64, i64)> = (0..n - 1).map(|i| (i, i + 1)).collect();
     let mut rng = Rng(0x5eed);
-    let random: Vec<(i64, i64)> = (0..2 * n)
-        .map(|_| (rng.below(n as u64) as i64, rng.below(n as u64) as i64))
-        .collect();
-    for (name, edges) in [
-        ("tc: chain 2,000", &chain),
-        ("tc: random 2,000 nodes / 4,000 edges", &random),
-    ] {
+    let random: Vec<(i64, i64)> =
+        (0..2 * n).map(|_| (rng.below(n as u64) as i64, rng.below(n as u64) as i64)).collect();
+    for (name, edges) in [("tc: chain 2,000", &chain), ("tc: random 2,000 nodes / 4,000 edges", &random)] {
         let facts = tc_facts(edges).resolve(&tc.program).unwrap();
-        let n_engine =
-            tc.evaluate(&facts, off).unwrap().rels[tc.program.relation("path").unwrap()].len();
-        assert_eq!(
-            n_engine,
-            tc_hand(edges),
-            "{name}: engine and hand-written disagree"
-        );
+        let n_engine = tc.evaluate(&facts, off).unwrap().rels[tc.program.relation("path").unwrap()].len();
+        assert_eq!(n_engine, tc_hand(edges), "{name}: engine and hand-written disagree");
         let e = time(budget, || tc.evaluate(&facts, off).unwrap());
         let h = time(budget, || tc_hand(edges));
         let p = time(budget, || tc.evaluate(&facts, on).unwrap());
@@ -342,40 +287,22 @@ fn main() {
     let cl = engine_for(CLASSIFY);
     let class_of = cl.program.relation("class_of").unwrap();
     for (name, w) in [
-        (
-            "classify 10^5 paths x 300 + plan 5,000",
-            workload(scale(100_000), 300, scale(5_000), 7),
-        ),
-        (
-            "small reconcile: 1,000 paths, 50 machines",
-            workload(scale(1_000), 300, 50, 11),
-        ),
+        ("classify 10^5 paths x 300 + plan 5,000", workload(scale(100_000), 300, scale(5_000), 7)),
+        ("small reconcile: 1,000 paths, 50 machines", workload(scale(1_000), 300, 50, 11)),
     ] {
         let facts = classify_facts(&w).resolve(&cl.program).unwrap();
         let db = cl.evaluate(&facts, off).unwrap();
         let (h_class, h_next, h_live) = classify_hand(&w);
         assert_eq!(db.rels[class_of].len(), h_class, "{name}: class_of differs");
-        assert_eq!(
-            db.rels[cl.program.relation("next").unwrap()].len(),
-            h_next,
-            "{name}: next differs"
-        );
-        assert_eq!(
-            db.rels[cl.program.relation("live").unwrap()].len(),
-            h_live,
-            "{name}: live differs"
-        );
+        assert_eq!(db.rels[cl.program.relation("next").unwrap()].len(), h_next, "{name}: next differs");
+        assert_eq!(db.rels[cl.program.relation("live").unwrap()].len(), h_live, "{name}: live differs");
         // Fact building (strings to engine facts) is timed apart: the controller builds them once.
         let e = time(budget, || cl.evaluate(&facts, off).unwrap());
         let h = time(budget, || classify_hand(&w));
         let p = time(budget, || cl.evaluate(&facts, on).unwrap());
         row(name, e, h, p);
         let fb = time(budget, || classify_facts(&w).resolve(&cl.program).unwrap());
-        println!(
-            "{:<38} fact building {:.2} ms (not in the ratio)",
-            "",
-            ms(fb)
-        );
+        println!("{:<38} fact building {:.2} ms (not in the ratio)", "", ms(fb));
     }
 
     // 3. Explaining one derived fact (a class_of proof: aggregate, joins, inputs).
@@ -384,23 +311,13 @@ fn main() {
     let db = cl.evaluate(&facts, on).unwrap();
     let all = db.decoded(class_of);
     let target = all[all.len() / 8].clone();
-    let t = time(budget, || {
-        engine::explain::explain(&cl.program, &db, "class_of", &target).unwrap()
-    });
-    println!(
-        "{:<38} {:.3} ms (target < 1 ms)",
-        "explain one class_of fact (10^5 paths)",
-        ms(t)
-    );
+    let t = time(budget, || engine::explain::explain(&cl.program, &db, "class_of", &target).unwrap());
+    println!("{:<38} {:.3} ms (target < 1 ms)", "explain one class_of fact (10^5 paths)", ms(t));
 
     // 4. Loading (parse, check, plan) a 300-rule file.
     let mut src = String::from(".decl base(a: symbol, b: number)\n.input base\n");
     for i in 0..300 {
-        let prev = if i == 0 {
-            "base".to_string()
-        } else {
-            format!("r{}", i - 1)
-        };
+        let prev = if i == 0 { "base".to_string() } else { format!("r{}", i - 1) };
         src += &format!(
             "/// Rule {i}.\n.decl r{i}(a: symbol, b: number)\n.output r{i}\nr{i}(A, N) :- {prev}(A, M), base(A, K), N = M + K, N < {}, !base(A, N), match(\"x{i}.*\", A).\n",
             1000 + i
@@ -410,9 +327,5 @@ fn main() {
         let loaded = load_str("big.rules", &src);
         Engine::new(loaded.program.unwrap()).unwrap()
     });
-    println!(
-        "{:<38} {:.2} ms (target < 50 ms)",
-        "load 300 rules (parse, check, plan)",
-        ms(t)
-    );
+    println!("{:<38} {:.2} ms (target < 50 ms)", "load 300 rules (parse, check, plan)", ms(t));
 }

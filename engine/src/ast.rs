@@ -163,9 +163,7 @@ impl Functor {
             Functor::Strlen => (Some(1), Type::Symbol, Type::Number),
             Functor::ToNumber => (Some(1), Type::Symbol, Type::Number),
             Functor::ToString => (Some(1), Type::Number, Type::Symbol),
-            Functor::Major | Functor::Minor | Functor::Patch => {
-                (Some(1), Type::Symbol, Type::Number)
-            }
+            Functor::Major | Functor::Minor | Functor::Patch => (Some(1), Type::Symbol, Type::Number),
             Functor::VersionCmp => (Some(2), Type::Symbol, Type::Number),
         }
     }

@@ -56,28 +56,13 @@ pub fn check(modules: &[ast::Module], sources: SourceMap) -> (Option<Program>, V
     let (strata, stratum_of) = c.stratify();
     c.warn_unused();
     let has_error = c.diags.iter().any(Diagnostic::is_error);
-    let Checker {
-        diags,
-        relations,
-        by_name,
-        rules,
-        facts,
-        ..
-    } = c;
+    let Checker { diags, relations, by_name, rules, facts, .. } = c;
     let mut diags = diags;
     crate::diag::sort(&mut diags);
     if has_error {
         return (None, diags);
     }
-    let program = Program {
-        sources,
-        relations,
-        by_name,
-        rules,
-        facts,
-        strata,
-        stratum_of,
-    };
+    let program = Program { sources, relations, by_name, rules, facts, strata, stratum_of };
     (Some(program), diags)
 }
 
@@ -159,32 +144,19 @@ impl Checker<'_> {
     }
 
     fn unknown_relation(&mut self, name: &str, span: Span) {
-        self.err(
-            span,
-            format!("unknown relation `{name}`: declare it with `.decl {name}(...)`"),
-        );
+        self.err(span, format!("unknown relation `{name}`: declare it with `.decl {name}(...)`"));
     }
 
     fn declare(&mut self, d: &ast::Decl) {
         if let Some(&prev) = self.by_name.get(&d.name) {
             let first = self.relations[prev].span;
-            self.err(
-                d.span,
-                format!(
-                    "relation `{}` declared twice (first at {})",
-                    d.name,
-                    self.sources.locate(first)
-                ),
-            );
+            self.err(d.span, format!("relation `{}` declared twice (first at {})", d.name, self.sources.locate(first)));
             return;
         }
         let mut seen = BTreeSet::new();
         for (col, _) in &d.columns {
             if !seen.insert(col) {
-                self.err(
-                    d.span,
-                    format!("column `{col}` appears twice in `.decl {}`", d.name),
-                );
+                self.err(d.span, format!("column `{col}` appears twice in `.decl {}`", d.name));
             }
         }
         self.by_name.insert(d.name.clone(), self.relations.len());
@@ -258,10 +230,7 @@ impl Checker<'_> {
             Term::Var(v, s) => Expr::Var(scope.var(v, *s)),
             Term::Str(..) | Term::Num(..) => Expr::Const(const_of(term).unwrap()),
             Term::Wild(s) => {
-                self.err(
-                    *s,
-                    format!("`_` cannot appear in {what}: it matches anything and binds nothing"),
-                );
+                self.err(*s, format!("`_` cannot appear in {what}: it matches anything and binds nothing"));
                 return None;
             }
             Term::Arith(op, a, b, _) => {
@@ -273,10 +242,7 @@ impl Checker<'_> {
                 let (arity, _, _) = f.signature();
                 if let Some(n) = arity {
                     if args.len() != n {
-                        self.err(
-                            *s,
-                            format!("`{}` takes {n} argument(s), found {}", f.name(), args.len()),
-                        );
+                        self.err(*s, format!("`{}` takes {n} argument(s), found {}", f.name(), args.len()));
                         return None;
                     }
                 } else if args.is_empty() {
@@ -299,12 +265,7 @@ impl Checker<'_> {
         })
     }
 
-    fn atom_args(
-        &mut self,
-        atom: &ast::Atom,
-        scope: &mut Scope,
-        agg_scope: bool,
-    ) -> Option<Vec<Arg>> {
+    fn atom_args(&mut self, atom: &ast::Atom, scope: &mut Scope, agg_scope: bool) -> Option<Vec<Arg>> {
         let mut out = vec![];
         for t in &atom.args {
             out.push(match t {
@@ -349,35 +310,21 @@ impl Checker<'_> {
                         ok = false;
                         continue;
                     };
-                    out.push(Lit::Atom {
-                        rel,
-                        args,
-                        negated,
-                        span: a.span,
-                    });
+                    out.push(Lit::Atom { rel, args, negated, span: a.span });
                 }
                 Literal::Pred(pred, a, b, span) => {
-                    let (Some(pattern), Some(subject)) = (
-                        self.expr(a, scope, "a predicate"),
-                        self.expr(b, scope, "a predicate"),
-                    ) else {
+                    let (Some(pattern), Some(subject)) =
+                        (self.expr(a, scope, "a predicate"), self.expr(b, scope, "a predicate"))
+                    else {
                         ok = false;
                         continue;
                     };
-                    out.push(Lit::Pred {
-                        pred: *pred,
-                        pattern,
-                        subject,
-                        span: *span,
-                    });
+                    out.push(Lit::Pred { pred: *pred, pattern, subject, span: *span });
                 }
                 Literal::Cmp(a, op, b, span) => {
                     let agg_side = match (a, b) {
                         (Term::Agg(..), Term::Agg(..)) => {
-                            self.err(
-                                *span,
-                                "compare an aggregate with a variable, not with another aggregate",
-                            );
+                            self.err(*span, "compare an aggregate with a variable, not with another aggregate");
                             ok = false;
                             continue;
                         }
@@ -387,10 +334,7 @@ impl Checker<'_> {
                     };
                     if let Some((agg_term, other)) = agg_side {
                         if *op != CmpOp::Eq {
-                            self.err(
-                                *span,
-                                "an aggregate is bound with `=`; compare its variable afterwards",
-                            );
+                            self.err(*span, "an aggregate is bound with `=`; compare its variable afterwards");
                             ok = false;
                             continue;
                         }
@@ -410,12 +354,7 @@ impl Checker<'_> {
                                     continue;
                                 };
                                 let v = scope.fresh(*span);
-                                out.push(Lit::Cmp {
-                                    lhs: Expr::Var(v),
-                                    op: CmpOp::Eq,
-                                    rhs: e,
-                                    span: *span,
-                                });
+                                out.push(Lit::Cmp { lhs: Expr::Var(v), op: CmpOp::Eq, rhs: e, span: *span });
                                 v
                             }
                         };
@@ -425,19 +364,13 @@ impl Checker<'_> {
                         }
                         continue;
                     }
-                    let (Some(lhs), Some(rhs)) = (
-                        self.expr(a, scope, "a comparison"),
-                        self.expr(b, scope, "a comparison"),
-                    ) else {
+                    let (Some(lhs), Some(rhs)) =
+                        (self.expr(a, scope, "a comparison"), self.expr(b, scope, "a comparison"))
+                    else {
                         ok = false;
                         continue;
                     };
-                    out.push(Lit::Cmp {
-                        lhs,
-                        op: *op,
-                        rhs,
-                        span: *span,
-                    });
+                    out.push(Lit::Cmp { lhs, op: *op, rhs, span: *span });
                 }
             }
         }
@@ -452,9 +385,7 @@ impl Checker<'_> {
         outer_names: &BTreeSet<String>,
         result: VarId,
     ) -> Option<Aggregate> {
-        let Term::Agg(kind, target, body, span) = term else {
-            unreachable!()
-        };
+        let Term::Agg(kind, target, body, span) = term else { unreachable!() };
         let mut scope = Scope::default();
         let lits = self.body(body, &mut scope, rule_id, true, outer_names)?;
         let target = match target {
@@ -478,10 +409,7 @@ impl Checker<'_> {
         // Column types are filled in after the aux rule is typed.
         self.relations.push(Relation {
             name: aux_name.clone(),
-            columns: order
-                .iter()
-                .map(|&v| (scope.names[v].clone(), Type::Number))
-                .collect(),
+            columns: order.iter().map(|&v| (scope.names[v].clone(), Type::Number)).collect(),
             input: false,
             output: false,
             aux: true,
@@ -493,28 +421,13 @@ impl Checker<'_> {
         // The target is evaluated over aux columns: remap variable ids to column positions.
         let target_cols = target.as_ref().map(|e| remap_vars(e, &order));
         let corr_list: Vec<String> = corr_names.iter().map(|&v| scope.names[v].clone()).collect();
-        let col_types = self.finish_rule(
-            aux_rel,
-            head_args,
-            lits,
-            scope,
-            *span,
-            None,
-            Some(rule_id),
-            target.as_ref(),
-            *kind,
-        )?;
+        let col_types =
+            self.finish_rule(aux_rel, head_args, lits, scope, *span, None, Some(rule_id), target.as_ref(), *kind)?;
         for (i, ty) in col_types.iter().enumerate() {
             self.relations[aux_rel].columns[i].1 = *ty;
         }
         let corr: Vec<VarId> = corr_list.iter().map(|n| outer.var(n, *span)).collect();
-        Some(Aggregate {
-            kind: *kind,
-            aux: aux_rel,
-            corr,
-            target: target_cols,
-            result,
-        })
+        Some(Aggregate { kind: *kind, aux: aux_rel, corr, target: target_cols, result })
     }
 
     fn rule(&mut self, r: &ast::Rule) {
@@ -531,24 +444,11 @@ impl Checker<'_> {
             }
         }
         let mut head_names = BTreeSet::new();
-        r.head
-            .args
-            .iter()
-            .for_each(|t| term_var_names(t, &mut head_names));
+        r.head.args.iter().for_each(|t| term_var_names(t, &mut head_names));
         let Some(body) = self.body(&r.body, &mut scope, rule_id, false, &head_names) else {
             return;
         };
-        let _ = self.finish_rule(
-            head,
-            head_args,
-            body,
-            scope,
-            r.span,
-            r.doc.clone(),
-            None,
-            None,
-            AggKind::Count,
-        );
+        let _ = self.finish_rule(head, head_args, body, scope, r.span, r.doc.clone(), None, None, AggKind::Count);
     }
 
     /// Types, orders and safety-checks a converted rule and adds it to the program. Returns the
@@ -570,10 +470,7 @@ impl Checker<'_> {
         let errors_before = self.diags.len();
         // Atoms give their columns' types.
         for lit in &body {
-            if let Lit::Atom {
-                rel, args, span, ..
-            } = lit
-            {
+            if let Lit::Atom { rel, args, span, .. } = lit {
                 for (i, a) in args.iter().enumerate() {
                     let (col, ty) = self.relations[*rel].columns[i].clone();
                     match a {
@@ -610,12 +507,7 @@ impl Checker<'_> {
             let mut changed = false;
             for lit in &body {
                 match lit {
-                    Lit::Cmp {
-                        lhs,
-                        op: CmpOp::Eq,
-                        rhs,
-                        ..
-                    } => {
+                    Lit::Cmp { lhs, op: CmpOp::Eq, rhs, .. } => {
                         for (a, b) in [(lhs, rhs), (rhs, lhs)] {
                             if let Expr::Var(v) = a
                                 && types[*v].is_none()
@@ -648,21 +540,11 @@ impl Checker<'_> {
                     {
                         self.err(
                             *span,
-                            format!(
-                                "type mismatch: `{}` compares a {} with a {}",
-                                op.symbol(),
-                                a.name(),
-                                b.name()
-                            ),
+                            format!("type mismatch: `{}` compares a {} with a {}", op.symbol(), a.name(), b.name()),
                         );
                     }
                 }
-                Lit::Pred {
-                    pred,
-                    pattern,
-                    subject,
-                    span,
-                } => {
+                Lit::Pred { pred, pattern, subject, span } => {
                     for e in [pattern, subject] {
                         if let Some(t) = self.type_of(e, &types, *span)
                             && t != Type::Symbol
@@ -671,10 +553,7 @@ impl Checker<'_> {
                                 ast::Pred::Match => "match",
                                 ast::Pred::Contains => "contains",
                             };
-                            self.err(
-                                *span,
-                                format!("type mismatch: `{name}` takes symbols, found a number"),
-                            );
+                            self.err(*span, format!("type mismatch: `{name}` takes symbols, found a number"));
                         }
                     }
                 }
@@ -693,13 +572,7 @@ impl Checker<'_> {
             && ty != Type::Number
             && agg_kind != AggKind::Count
         {
-            self.err(
-                span,
-                format!(
-                    "type mismatch: `{}` aggregates numbers, found a symbol",
-                    agg_kind.name()
-                ),
-            );
+            self.err(span, format!("type mismatch: `{}` aggregates numbers, found a symbol", agg_kind.name()));
         }
         let mut head_types = vec![];
         for (i, e) in head_args.iter().enumerate() {
@@ -710,14 +583,14 @@ impl Checker<'_> {
                     && t != ty
                 {
                     self.err(
-                            span,
-                            format!(
-                                "type mismatch: column `{col}` of `{}` is a {}, but the head gives it a {}",
-                                self.relations[head].name,
-                                ty.name(),
-                                t.name()
-                            ),
-                        );
+                        span,
+                        format!(
+                            "type mismatch: column `{col}` of `{}` is a {}, but the head gives it a {}",
+                            self.relations[head].name,
+                            ty.name(),
+                            t.name()
+                        ),
+                    );
                 }
             }
             head_types.push(t.unwrap_or(Type::Number));
@@ -728,11 +601,7 @@ impl Checker<'_> {
         let mut rest = vec![];
         for lit in body {
             match &lit {
-                Lit::Atom {
-                    args,
-                    negated: false,
-                    ..
-                } => {
+                Lit::Atom { args, negated: false, .. } => {
                     for a in args {
                         if let Arg::Var(v) = a {
                             bound[*v] = true;
@@ -753,31 +622,17 @@ impl Checker<'_> {
                     vs.iter().all(|&v| bound[v])
                 };
                 match lit {
-                    Lit::Cmp {
-                        lhs: Expr::Var(v),
-                        op: CmpOp::Eq,
-                        rhs,
-                        span,
-                    } if !bound[v] && all_bound(&rhs, &bound) => {
+                    Lit::Cmp { lhs: Expr::Var(v), op: CmpOp::Eq, rhs, span }
+                        if !bound[v] && all_bound(&rhs, &bound) =>
+                    {
                         bound[v] = true;
-                        ordered.push(Lit::Bind {
-                            var: v,
-                            expr: rhs,
-                            span,
-                        });
+                        ordered.push(Lit::Bind { var: v, expr: rhs, span });
                     }
-                    Lit::Cmp {
-                        lhs,
-                        op: CmpOp::Eq,
-                        rhs: Expr::Var(v),
-                        span,
-                    } if !bound[v] && all_bound(&lhs, &bound) => {
+                    Lit::Cmp { lhs, op: CmpOp::Eq, rhs: Expr::Var(v), span }
+                        if !bound[v] && all_bound(&lhs, &bound) =>
+                    {
                         bound[v] = true;
-                        ordered.push(Lit::Bind {
-                            var: v,
-                            expr: lhs,
-                            span,
-                        });
+                        ordered.push(Lit::Bind { var: v, expr: lhs, span });
                     }
                     Lit::Agg { agg, span } if agg.corr.iter().all(|&v| bound[v]) => {
                         if bound[agg.result] {
@@ -805,8 +660,7 @@ impl Checker<'_> {
             }
         }
         // Each unsafe variable once, at the first place that needs it.
-        let mut unsafe_vars: std::collections::BTreeMap<VarId, &str> =
-            std::collections::BTreeMap::new();
+        let mut unsafe_vars: std::collections::BTreeMap<VarId, &str> = std::collections::BTreeMap::new();
         for lit in &rest {
             let mut vs = vec![];
             lit_vars(lit, &mut vs);
@@ -823,7 +677,11 @@ impl Checker<'_> {
         head_args.iter().for_each(|e| e.vars(&mut hv));
         for v in hv {
             if !bound[v] {
-                unsafe_vars.entry(v).or_insert(if aux_of.is_some() { "an aggregate (correlated variables must be bound by an atom inside the aggregate's body)" } else { "the head" });
+                unsafe_vars.entry(v).or_insert(if aux_of.is_some() {
+                    "an aggregate (correlated variables must be bound by an atom inside the aggregate's body)"
+                } else {
+                    "the head"
+                });
             }
         }
         for (v, place) in unsafe_vars {
@@ -838,23 +696,9 @@ impl Checker<'_> {
         if self.diags[errors_before..].iter().any(Diagnostic::is_error) {
             return None;
         }
-        let vars = scope
-            .names
-            .iter()
-            .zip(&types)
-            .map(|(n, t)| (n.clone(), t.unwrap_or(Type::Number)))
-            .collect();
+        let vars = scope.names.iter().zip(&types).map(|(n, t)| (n.clone(), t.unwrap_or(Type::Number))).collect();
         let id = self.rules.len();
-        self.rules.push(Rule {
-            id,
-            head,
-            head_args,
-            body: ordered,
-            vars,
-            span,
-            doc,
-            aux_of,
-        });
+        self.rules.push(Rule { id, head, head_args, body: ordered, vars, span, doc, aux_of });
         Some(head_types)
     }
 
@@ -867,13 +711,7 @@ impl Checker<'_> {
                     if let Some(t) = self.type_of(x, types, span)
                         && t != Type::Number
                     {
-                        self.err(
-                            span,
-                            format!(
-                                "type mismatch: `{}` takes numbers, found a symbol",
-                                op.symbol()
-                            ),
-                        );
+                        self.err(span, format!("type mismatch: `{}` takes numbers, found a symbol", op.symbol()));
                     }
                 }
                 Some(Type::Number)
@@ -886,12 +724,7 @@ impl Checker<'_> {
                     {
                         self.err(
                             span,
-                            format!(
-                                "type mismatch: `{}` takes {}s, found a {}",
-                                f.name(),
-                                arg_ty.name(),
-                                t.name()
-                            ),
+                            format!("type mismatch: `{}` takes {}s, found a {}", f.name(), arg_ty.name(), t.name()),
                         );
                     }
                 }
@@ -909,9 +742,7 @@ impl Checker<'_> {
         for rule in &self.rules {
             for lit in &rule.body {
                 match lit {
-                    Lit::Atom {
-                        rel, negated, span, ..
-                    } => edges[rule.head].push((*rel, *negated, *span)),
+                    Lit::Atom { rel, negated, span, .. } => edges[rule.head].push((*rel, *negated, *span)),
                     Lit::Agg { agg, span } => edges[rule.head].push((agg.aux, true, *span)),
                     _ => {}
                 }
@@ -928,15 +759,8 @@ impl Checker<'_> {
             for &(body, neg, span) in es {
                 if neg && stratum_of[body] == stratum_of[head] {
                     let cycle = self.cycle_names(&sccs[stratum_of[head]], head, body, &edges);
-                    let kind = if self.relations[body].aux {
-                        "an aggregate"
-                    } else {
-                        "negation"
-                    };
-                    self.err(
-                        span,
-                        format!("unstratifiable program: a cycle through {kind}: {cycle}"),
-                    );
+                    let kind = if self.relations[body].aux { "an aggregate" } else { "negation" };
+                    self.err(span, format!("unstratifiable program: a cycle through {kind}: {cycle}"));
                 }
             }
         }
@@ -944,13 +768,7 @@ impl Checker<'_> {
     }
 
     /// A readable cycle `head <- ... <- head` through the edge `head <- body`.
-    fn cycle_names(
-        &self,
-        scc: &[RelId],
-        head: RelId,
-        body: RelId,
-        edges: &[Vec<(RelId, bool, Span)>],
-    ) -> String {
+    fn cycle_names(&self, scc: &[RelId], head: RelId, body: RelId, edges: &[Vec<(RelId, bool, Span)>]) -> String {
         // Path from body back to head inside the SCC (BFS over "depends on" edges).
         let mut prev: HashMap<RelId, RelId> = HashMap::new();
         let mut queue = std::collections::VecDeque::from([body]);
@@ -979,11 +797,7 @@ impl Checker<'_> {
         }
         let name = |r: RelId| {
             let rel = &self.relations[r];
-            if rel.aux {
-                format!("{}-aggregate", rel.name.trim_start_matches("__"))
-            } else {
-                rel.name.clone()
-            }
+            if rel.aux { format!("{}-aggregate", rel.name.trim_start_matches("__")) } else { rel.name.clone() }
         };
         let mut names: Vec<String> = vec![name(head)];
         names.extend(path.iter().rev().map(|&r| name(r)));
@@ -1015,10 +829,8 @@ impl Checker<'_> {
                 continue;
             }
             if !used[r] && !defined[r] && !rel.input {
-                self.diags.push(Diagnostic::warning(
-                    rel.span,
-                    format!("relation `{}` is declared but never used", rel.name),
-                ));
+                self.diags
+                    .push(Diagnostic::warning(rel.span, format!("relation `{}` is declared but never used", rel.name)));
             } else if !used[r] && defined[r] {
                 self.diags.push(Diagnostic::warning(
                     rel.span,
@@ -1052,9 +864,7 @@ pub(crate) fn lit_vars(lit: &Lit, out: &mut Vec<VarId>) {
             lhs.vars(out);
             rhs.vars(out);
         }
-        Lit::Pred {
-            pattern, subject, ..
-        } => {
+        Lit::Pred { pattern, subject, .. } => {
             pattern.vars(out);
             subject.vars(out);
         }
@@ -1079,11 +889,7 @@ fn remap_vars(e: &Expr, order: &[VarId]) -> Expr {
     match e {
         Expr::Var(v) => Expr::Var(order.iter().position(|x| x == v).unwrap_or(0)),
         Expr::Const(c) => Expr::Const(c.clone()),
-        Expr::Arith(op, a, b) => Expr::Arith(
-            *op,
-            Box::new(remap_vars(a, order)),
-            Box::new(remap_vars(b, order)),
-        ),
+        Expr::Arith(op, a, b) => Expr::Arith(*op, Box::new(remap_vars(a, order)), Box::new(remap_vars(b, order))),
         Expr::Call(f, args) => Expr::Call(*f, args.iter().map(|a| remap_vars(a, order)).collect()),
     }
 }
@@ -1147,15 +953,8 @@ fn tarjan(n: usize, edges: &[Vec<(RelId, bool, Span)>]) -> Vec<Vec<RelId>> {
             }
         }
     }
-    let mut t = T {
-        edges,
-        index: vec![None; n],
-        low: vec![0; n],
-        on: vec![false; n],
-        stack: vec![],
-        next: 0,
-        out: vec![],
-    };
+    let mut t =
+        T { edges, index: vec![None; n], low: vec![0; n], on: vec![false; n], stack: vec![], next: 0, out: vec![] };
     for v in 0..n {
         if t.index[v].is_none() {
             t.visit(v);

@@ -104,9 +104,7 @@ impl Database {
     }
 
     pub fn decode_row(&self, row: &[u32]) -> Vec<Const> {
-        row.iter()
-            .map(|&v| self.interner.value(v).clone())
-            .collect()
+        row.iter().map(|&v| self.interner.value(v).clone()).collect()
     }
 
     /// A relation's tuples as values, in the user-facing order.
@@ -122,8 +120,7 @@ impl Database {
     }
 
     pub fn contains(&self, rel: RelId, values: &[Const]) -> bool {
-        self.encode(values)
-            .is_some_and(|row| self.rels[rel].find(&row).is_some())
+        self.encode(values).is_some_and(|row| self.rels[rel].find(&row).is_some())
     }
 
     /// `rel("a", 1)` in the dialect's own syntax.

@@ -22,10 +22,7 @@ pub struct SourceMap {
 
 impl SourceMap {
     pub fn name(&self, span: Span) -> &str {
-        self.files
-            .get(span.file as usize)
-            .map(String::as_str)
-            .unwrap_or("<unknown>")
+        self.files.get(span.file as usize).map(String::as_str).unwrap_or("<unknown>")
     }
 
     /// `path:line:col`, the form every message uses to point at a place.
@@ -50,19 +47,11 @@ pub struct Diagnostic {
 
 impl Diagnostic {
     pub fn error(span: Span, message: impl Into<String>) -> Self {
-        Diagnostic {
-            severity: Severity::Error,
-            span,
-            message: message.into(),
-        }
+        Diagnostic { severity: Severity::Error, span, message: message.into() }
     }
 
     pub fn warning(span: Span, message: impl Into<String>) -> Self {
-        Diagnostic {
-            severity: Severity::Warning,
-            span,
-            message: message.into(),
-        }
+        Diagnostic { severity: Severity::Warning, span, message: message.into() }
     }
 
     pub fn is_error(&self) -> bool {
@@ -86,13 +75,7 @@ impl fmt::Display for DisplayDiag<'_> {
             Severity::Error => "error",
             Severity::Warning => "warning",
         };
-        write!(
-            f,
-            "{}: {}: {}",
-            self.map.locate(self.diag.span),
-            level,
-            self.diag.message
-        )
+        write!(f, "{}: {}: {}", self.map.locate(self.diag.span), level, self.diag.message)
     }
 }
 

@@ -93,10 +93,7 @@ pub struct EvalOptions {
 
 impl Default for EvalOptions {
     fn default() -> Self {
-        EvalOptions {
-            provenance: false,
-            max_tuples: 50_000_000,
-        }
+        EvalOptions { provenance: false, max_tuples: 50_000_000 }
     }
 }
 
@@ -154,23 +151,14 @@ impl FactBuilder {
     /// Adds one fact. The host guarantees the column types (this is the trusted fast path;
     /// untrusted input goes through `facts::FactSet`, which checks them).
     pub fn push(&mut self, rel: RelId, row: &[u32]) {
-        assert_eq!(
-            row.len(),
-            self.arity[rel],
-            "fact of the wrong arity for relation {rel}"
-        );
+        assert_eq!(row.len(), self.arity[rel], "fact of the wrong arity for relation {rel}");
         self.rows[rel].extend_from_slice(row);
         self.counts[rel] += 1;
     }
 }
 
 /// Evaluates the program on `facts` (indexed by relation id, values typed as declared).
-pub fn evaluate(
-    program: &Program,
-    plan: &Plan,
-    facts: &Facts,
-    opts: EvalOptions,
-) -> Result<Database, EvalError> {
+pub fn evaluate(program: &Program, plan: &Plan, facts: &Facts, opts: EvalOptions) -> Result<Database, EvalError> {
     let mut b = FactBuilder::new(program, plan);
     let mut row = vec![];
     for (rel, tuples) in facts.iter().enumerate() {
@@ -252,14 +240,8 @@ fn join_slices<const W: usize, M>(
                 b = gallop(b, |x| key_cmp(&x.row, &key, k) == Ordering::Less);
             }
             Ordering::Equal => {
-                let na = a
-                    .iter()
-                    .take_while(|x| key_cmp(&x.row, &a[0].row, k) == Ordering::Equal)
-                    .count();
-                let nb = b
-                    .iter()
-                    .take_while(|x| key_cmp(&x.row, &b[0].row, k) == Ordering::Equal)
-                    .count();
+                let na = a.iter().take_while(|x| key_cmp(&x.row, &a[0].row, k) == Ordering::Equal).count();
+                let nb = b.iter().take_while(|x| key_cmp(&x.row, &b[0].row, k) == Ordering::Equal).count();
                 for x in &a[..na] {
                     for y in &b[..nb] {
                         f(x, y);
@@ -411,16 +393,13 @@ impl<const W: usize> Ctx<'_, W> {
                         let pid = self.value(p, env)?;
                         let i = self.interner.borrow();
                         let mut cache = self.dyn_regex.borrow_mut();
-                        let re = cache.entry(pid).or_insert_with(|| {
-                            Regex::new(&crate::plan::whole(i.sym(pid))).map_err(|e| e.to_string())
-                        });
+                        let re = cache
+                            .entry(pid)
+                            .or_insert_with(|| Regex::new(&crate::plan::whole(i.sym(pid))).map_err(|e| e.to_string()));
                         match re {
                             Ok(re) => re.is_match(i.sym(s)),
                             Err(e) => {
-                                return Err(ValueError::BadRegex(
-                                    i.sym(pid).to_string(),
-                                    e.clone(),
-                                ));
+                                return Err(ValueError::BadRegex(i.sym(pid).to_string(), e.clone()));
                             }
                         }
                     }
@@ -436,24 +415,15 @@ impl<const W: usize> Ctx<'_, W> {
                 for (i, v) in vars.iter().enumerate() {
                     key[i] = env[*v];
                 }
-                let rows = self.neg[*index]
-                    .as_ref()
-                    .expect("negation index built before its stratum");
+                let rows = self.neg[*index].as_ref().expect("negation index built before its stratum");
                 rows.binary_search(&key).is_err()
             }
-            Op::Agg {
-                agg,
-                corr,
-                result,
-                bound,
-            } => {
+            Op::Agg { agg, corr, result, bound } => {
                 let mut key = [0u32; W];
                 for (i, v) in corr.iter().enumerate() {
                     key[i] = env[*v];
                 }
-                let table = self.aggs[*agg]
-                    .as_ref()
-                    .expect("aggregate computed before its stratum");
+                let table = self.aggs[*agg].as_ref().expect("aggregate computed before its stratum");
                 let value = match table.binary_search_by(|(k, _)| k.cmp(&key)) {
                     Ok(i) => table[i].1,
                     Err(_) => match self.plan.aggs[*agg].kind {
@@ -481,18 +451,8 @@ struct Eval<'a, const W: usize, M: Meta> {
 }
 
 impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
-    fn run(
-        program: &'a Program,
-        plan: &'a Plan,
-        facts: FactBuilder,
-        opts: EvalOptions,
-    ) -> Result<Database, EvalError> {
-        let FactBuilder {
-            mut interner,
-            rows: fact_rows,
-            counts,
-            arity,
-        } = facts;
+    fn run(program: &'a Program, plan: &'a Plan, facts: FactBuilder, opts: EvalOptions) -> Result<Database, EvalError> {
+        let FactBuilder { mut interner, rows: fact_rows, counts, arity } = facts;
         let zero = interner.intern_num(0);
         let nrels = program.relations.len();
         let mut initial: Vec<Vec<Tup<W, M>>> = vec![vec![]; nrels];
@@ -506,8 +466,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             match arity[rel] {
                 0 if counts[rel] > 0 => initial[rel].push(Self::tup(&[], M::new(INPUT, 0))),
                 0 => {}
-                a => initial[rel]
-                    .extend(flat.chunks_exact(a).map(|r| Self::tup(r, M::new(INPUT, 0)))),
+                a => initial[rel].extend(flat.chunks_exact(a).map(|r| Self::tup(r, M::new(INPUT, 0)))),
             }
         }
         let mut ev = Eval {
@@ -540,11 +499,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             .map(|(r, rows)| {
                 let arity = program.relations[r].arity();
                 let rows = rows.unwrap_or_default();
-                let mut data = RelData {
-                    arity,
-                    count: rows.len(),
-                    ..Default::default()
-                };
+                let mut data = RelData { arity, count: rows.len(), ..Default::default() };
                 data.rows.reserve(rows.len() * arity);
                 for t in rows.iter() {
                     data.rows.extend_from_slice(&t.row[..arity]);
@@ -556,12 +511,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                 data
             })
             .collect();
-        Ok(Database {
-            interner,
-            rels,
-            provenance: opts.provenance,
-            rounds,
-        })
+        Ok(Database { interner, rels, provenance: opts.provenance, rounds })
     }
 
     fn tup(values: &[u32], meta: M) -> Tup<W, M> {
@@ -603,11 +553,8 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                         Op::Neg { index, .. } if self.ctx.neg[*index].is_none() => {
                             let spec = &plan.neg_indexes[*index];
                             let rows = self.done[spec.rel].clone().unwrap_or_default();
-                            let mut keys: Vec<[u32; W]> = rows
-                                .iter()
-                                .filter_map(|t| project_row(spec, t))
-                                .map(|t| t.row)
-                                .collect();
+                            let mut keys: Vec<[u32; W]> =
+                                rows.iter().filter_map(|t| project_row(spec, t)).map(|t| t.row).collect();
                             keys.sort_unstable();
                             keys.dedup();
                             self.ctx.neg[*index] = Some(Rc::new(keys));
@@ -653,10 +600,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                     (AggKind::Count | AggKind::Sum, Some(s)) => match s.checked_add(x) {
                         Some(v) => v,
                         None => {
-                            self.ctx.fail(
-                                rule,
-                                format!("integer overflow in {} over {s} + {x}", a.kind.name()),
-                            );
+                            self.ctx.fail(rule, format!("integer overflow in {} over {s} + {x}", a.kind.name()));
                             return Err(self.ctx.error.borrow().clone().unwrap());
                         }
                     },
@@ -674,12 +618,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         Ok(out)
     }
 
-    fn stratum(
-        &mut self,
-        s: usize,
-        initial: &mut [Vec<Tup<W, M>>],
-        total: &mut usize,
-    ) -> Result<(), EvalError> {
+    fn stratum(&mut self, s: usize, initial: &mut [Vec<Tup<W, M>>], total: &mut usize) -> Result<(), EvalError> {
         let plan = self.ctx.plan;
         let sp = &plan.strata[s];
         self.height += 1;
@@ -695,9 +634,10 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         self.prepare(&sp.rules)?;
         let in_stratum = |rel: RelId| sp.rels.contains(&rel);
         let recursive = sp.rules.iter().any(|&r| {
-            plan.rules[r].steps.iter().any(
-                |st| matches!(st.source, Source::Scan(idx, _) if in_stratum(plan.indexes[idx].rel)),
-            )
+            plan.rules[r]
+                .steps
+                .iter()
+                .any(|st| matches!(st.source, Source::Scan(idx, _) if in_stratum(plan.indexes[idx].rel)))
         });
         if !recursive {
             return self.non_recursive(s, initial, total);
@@ -736,10 +676,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             let mut dynamic = vec![];
             for (i, step) in rp.steps.iter().enumerate() {
                 let input = match &step.source {
-                    Source::Unit => Input::Static(Rc::new(vec![Tup {
-                        row: [0; W],
-                        meta: M::default(),
-                    }])),
+                    Source::Unit => Input::Static(Rc::new(vec![Tup { row: [0; W], meta: M::default() }])),
                     Source::Scan(idx, _) => match dyn_index.get(idx) {
                         Some(v) => Input::Dynamic(v.clone()),
                         None => Input::Static(self.static_index(*idx)),
@@ -766,20 +703,14 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                 if last || direct {
                     outs.push(None);
                 } else if dynamic[i] {
-                    outs.push(Some(Input::Dynamic(it.variable(&format!(
-                        "{}_step{i}",
-                        self.ctx.program.relations[rp.head].name
-                    )))));
+                    outs.push(Some(Input::Dynamic(
+                        it.variable(&format!("{}_step{i}", self.ctx.program.relations[rp.head].name)),
+                    )));
                 } else {
                     outs.push(Some(Input::Static(Rc::new(vec![]))));
                 }
             }
-            rts.push(RuleRt {
-                plan: r,
-                inputs,
-                outs,
-                dynamic,
-            });
+            rts.push(RuleRt { plan: r, inputs, outs, dynamic });
         }
         // Static parts: computed once, before the loop.
         let h = self.height;
@@ -799,18 +730,14 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             }
         }
         self.check_error()?;
-        let names: Vec<(usize, RelId)> = dyn_index
-            .keys()
-            .map(|&i| (i, plan.indexes[i].rel))
-            .collect();
+        let names: Vec<(usize, RelId)> = dyn_index.keys().map(|&i| (i, plan.indexes[i].rel)).collect();
         while it.changed() {
             self.height += 1;
             let h = self.height;
             for &(idx, rel) in &names {
                 let spec = &plan.indexes[idx];
                 let src = vars[&rel].recent.borrow();
-                let rows: Vec<Tup<W, M>> =
-                    src.iter().filter_map(|t| project_row(spec, t)).collect();
+                let rows: Vec<Tup<W, M>> = src.iter().filter_map(|t| project_row(spec, t)).collect();
                 drop(src);
                 dyn_index[&idx].insert(sorted(rows));
             }
@@ -832,8 +759,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             self.check_error()?;
             let mut size = *total;
             for v in vars.values() {
-                size += v.recent.borrow().len()
-                    + v.stable.borrow().iter().map(|b| b.len()).sum::<usize>();
+                size += v.recent.borrow().len() + v.stable.borrow().iter().map(|b| b.len()).sum::<usize>();
             }
             if size > self.opts.max_tuples {
                 return Err(EvalError {
@@ -857,12 +783,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
 
     /// A stratum whose rules read only lower strata: each rule's chain runs once over finished
     /// inputs, with no datafrog iteration (it would find nothing new after the first round).
-    fn non_recursive(
-        &mut self,
-        s: usize,
-        initial: &mut [Vec<Tup<W, M>>],
-        total: &mut usize,
-    ) -> Result<(), EvalError> {
+    fn non_recursive(&mut self, s: usize, initial: &mut [Vec<Tup<W, M>>], total: &mut usize) -> Result<(), EvalError> {
         let plan = self.ctx.plan;
         let sp = &plan.strata[s];
         let h = self.height;
@@ -875,10 +796,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             let mut inputs = vec![];
             for step in &rp.steps {
                 inputs.push(match &step.source {
-                    Source::Unit => Input::Static(Rc::new(vec![Tup {
-                        row: [0; W],
-                        meta: M::default(),
-                    }])),
+                    Source::Unit => Input::Static(Rc::new(vec![Tup { row: [0; W], meta: M::default() }])),
                     Source::Scan(idx, _) => Input::Static(self.static_index(*idx)),
                 });
             }
@@ -886,9 +804,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             for i in 0..rp.steps.len() {
                 let produced = self.run_step(rp, i, &inputs, &outs, h, true);
                 if i + 1 == rp.steps.len() {
-                    rows.get_mut(&rp.head)
-                        .expect("head in its stratum")
-                        .extend(produced);
+                    rows.get_mut(&rp.head).expect("head in its stratum").extend(produced);
                 } else {
                     outs.push(Some(Input::Static(Rc::new(sorted(produced).elements))));
                 }
@@ -1010,10 +926,7 @@ fn sorted<T: Ord>(mut rows: Vec<T>) -> Relation<T> {
 
 /// One row of an index: filtered by the spec's constants and equalities, then permuted.
 #[inline]
-fn project_row<const W: usize, M: Copy>(
-    spec: &crate::plan::IndexSpec,
-    t: &Tup<W, M>,
-) -> Option<Tup<W, M>> {
+fn project_row<const W: usize, M: Copy>(spec: &crate::plan::IndexSpec, t: &Tup<W, M>) -> Option<Tup<W, M>> {
     for &(c, v) in &spec.consts {
         if t.row[c] != v {
             return None;
@@ -1034,13 +947,6 @@ fn project_row<const W: usize, M: Copy>(
 /// `<relation>_by_<columns>`, the name datafrog variables of keyed copies carry.
 pub fn index_name(program: &Program, spec: &crate::plan::IndexSpec) -> String {
     let rel = &program.relations[spec.rel];
-    let key: Vec<&str> = spec.cols[..spec.key_len]
-        .iter()
-        .map(|&c| rel.columns[c].0.as_str())
-        .collect();
-    if key.is_empty() {
-        rel.name.clone()
-    } else {
-        format!("{}_by_{}", rel.name, key.join("_"))
-    }
+    let key: Vec<&str> = spec.cols[..spec.key_len].iter().map(|&c| rel.columns[c].0.as_str()).collect();
+    if key.is_empty() { rel.name.clone() } else { format!("{}_by_{}", rel.name, key.join("_")) }
 }

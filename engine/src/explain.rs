@@ -59,21 +59,13 @@ pub struct WhyNot {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Explanation {
     Holds(Proof),
-    DoesNotHold {
-        fact: String,
-        input: bool,
-        rules: Vec<WhyNot>,
-    },
+    DoesNotHold { fact: String, input: bool, rules: Vec<WhyNot> },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExplainError {
     UnknownRelation(String),
-    Arity {
-        relation: String,
-        expected: usize,
-        found: usize,
-    },
+    Arity { relation: String, expected: usize, found: usize },
     NoProvenance,
 }
 
@@ -81,20 +73,12 @@ impl fmt::Display for ExplainError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ExplainError::UnknownRelation(r) => write!(f, "unknown relation `{r}`"),
-            ExplainError::Arity {
-                relation,
-                expected,
-                found,
-            } => {
-                write!(
-                    f,
-                    "`{relation}` has {expected} column(s), the tuple to explain has {found}"
-                )
+            ExplainError::Arity { relation, expected, found } => {
+                write!(f, "`{relation}` has {expected} column(s), the tuple to explain has {found}")
             }
-            ExplainError::NoProvenance => write!(
-                f,
-                "the evaluation ran without provenance: evaluate again with provenance on"
-            ),
+            ExplainError::NoProvenance => {
+                write!(f, "the evaluation ran without provenance: evaluate again with provenance on")
+            }
         }
     }
 }
@@ -124,20 +108,14 @@ pub fn parse_tuple(text: &str) -> Result<(String, Vec<Const>), String> {
                 _ => return Err("expected a number after `-`".into()),
             },
             other => {
-                return Err(format!(
-                    "expected a constant, found {}",
-                    other.map_or("end".into(), |t| t.describe())
-                ));
+                return Err(format!("expected a constant, found {}", other.map_or("end".into(), |t| t.describe())));
             }
         }
         match it.next() {
             Some(Tok::Comma) => continue,
             Some(Tok::RParen) => break,
             other => {
-                return Err(format!(
-                    "expected `,` or `)`, found {}",
-                    other.map_or("end".into(), |t| t.describe())
-                ));
+                return Err(format!("expected `,` or `)`, found {}", other.map_or("end".into(), |t| t.describe())));
             }
         }
     }
@@ -154,40 +132,23 @@ struct Ctx<'a> {
 }
 
 fn rule_ref(program: &Program, rule: &Rule) -> RuleRef {
-    RuleRef {
-        file: program.sources.name(rule.span).to_string(),
-        line: rule.span.line,
-        doc: rule.doc.clone(),
-    }
+    RuleRef { file: program.sources.name(rule.span).to_string(), line: rule.span.line, doc: rule.doc.clone() }
 }
 
 /// Explains `rel(values)`: its proof, or why no rule derives it.
-pub fn explain(
-    program: &Program,
-    db: &Database,
-    rel: &str,
-    values: &[Const],
-) -> Result<Explanation, ExplainError> {
+pub fn explain(program: &Program, db: &Database, rel: &str, values: &[Const]) -> Result<Explanation, ExplainError> {
     let r = program
         .relation(rel)
         .filter(|&r| !program.relations[r].aux)
         .ok_or_else(|| ExplainError::UnknownRelation(rel.to_string()))?;
     let expected = program.relations[r].arity();
     if values.len() != expected {
-        return Err(ExplainError::Arity {
-            relation: rel.to_string(),
-            expected,
-            found: values.len(),
-        });
+        return Err(ExplainError::Arity { relation: rel.to_string(), expected, found: values.len() });
     }
     if !db.provenance {
         return Err(ExplainError::NoProvenance);
     }
-    let mut ctx = Ctx {
-        program,
-        db,
-        budget: 2_000_000,
-    };
+    let mut ctx = Ctx { program, db, budget: 2_000_000 };
     let fact = Database::format_tuple(program, r, values);
     if let Some(row) = db.encode(values)
         && let Some(i) = db.rels[r].find(&row)
@@ -195,10 +156,7 @@ pub fn explain(
         return Ok(Explanation::Holds(ctx.prove(r, i)));
     }
     let input = program.relations[r].input;
-    let rules = program
-        .rules_for(r)
-        .filter_map(|rule| ctx.why_not(rule, values))
-        .collect();
+    let rules = program.rules_for(r).filter_map(|rule| ctx.why_not(rule, values)).collect();
     Ok(Explanation::DoesNotHold { fact, input, rules })
 }
 
@@ -217,12 +175,7 @@ impl Ctx<'_> {
         }
         // The recorded rule first; any rule whose instance has lower premises will do.
         let mut order: Vec<usize> = vec![rule_id as usize];
-        order.extend(
-            self.program
-                .rules_for(rel)
-                .map(|r| r.id)
-                .filter(|&r| r != rule_id as usize),
-        );
+        order.extend(self.program.rules_for(rel).map(|r| r.id).filter(|&r| r != rule_id as usize));
         for rid in order {
             let rule = &self.program.rules[rid];
             let mut env: Env = vec![None; rule.vars.len()];
@@ -231,26 +184,16 @@ impl Ctx<'_> {
             }
             let mut found: Option<(Env, Vec<(RelId, usize)>)> = None;
             let mut premises = vec![];
-            self.search(
-                rule,
-                0,
-                &mut env,
-                height,
-                &mut premises,
-                &values,
-                &mut |env, prem| {
-                    found = Some((env.to_vec(), prem.to_vec()));
-                    true
-                },
-            );
+            self.search(rule, 0, &mut env, height, &mut premises, &values, &mut |env, prem| {
+                found = Some((env.to_vec(), prem.to_vec()));
+                true
+            });
             if let Some((env, prem)) = found {
                 return self.build(rule, fact, &env, &prem);
             }
         }
         // Unreachable when provenance is consistent; say so rather than loop.
-        Proof::Input {
-            fact: format!("{fact} (no derivation found below height {height})"),
-        }
+        Proof::Input { fact: format!("{fact} (no derivation found below height {height})") }
     }
 
     fn build(&mut self, rule: &Rule, fact: String, env: &Env, prem: &[(RelId, usize)]) -> Proof {
@@ -260,10 +203,9 @@ impl Ctx<'_> {
         let mut aggregates = vec![];
         for lit in &rule.body {
             match lit {
-                Lit::Atom { negated: true, .. } => negations.push(format!(
-                    "no {} holds",
-                    fmt_lit(self.program, rule, lit, env)
-                )),
+                Lit::Atom { negated: true, .. } => {
+                    negations.push(format!("no {} holds", fmt_lit(self.program, rule, lit, env)))
+                }
                 Lit::Cmp { .. } | Lit::Pred { .. } | Lit::Bind { .. } => {
                     constraints.push(format!("{} holds", fmt_lit(self.program, rule, lit, env)))
                 }
@@ -284,10 +226,7 @@ impl Ctx<'_> {
                         }
                     }
                     tuples.sort();
-                    aggregates.push(AggProof {
-                        text: fmt_lit(self.program, rule, lit, env),
-                        tuples,
-                    });
+                    aggregates.push(AggProof { text: fmt_lit(self.program, rule, lit, env), tuples });
                 }
                 Lit::Atom { .. } => {}
             }
@@ -300,15 +239,7 @@ impl Ctx<'_> {
             .map(|((n, _), v)| (n.clone(), v.clone().unwrap()))
             .collect();
         let r = self.program.rules[rule.aux_of.unwrap_or(rule.id)].clone();
-        Proof::Rule {
-            fact,
-            rule: rule_ref(self.program, &r),
-            bindings,
-            premises,
-            negations,
-            constraints,
-            aggregates,
-        }
+        Proof::Rule { fact, rule: rule_ref(self.program, &r), bindings, premises, negations, constraints, aggregates }
     }
 
     /// Backtracking search for a body instance with premises below `height`; calls `k` with
@@ -339,12 +270,7 @@ impl Ctx<'_> {
             return k(env, prem);
         };
         match lit {
-            Lit::Atom {
-                rel,
-                args,
-                negated: false,
-                ..
-            } => {
+            Lit::Atom { rel, args, negated: false, .. } => {
                 let data = &self.db.rels[*rel];
                 for j in candidates(self.db, *rel, args, env) {
                     if data.height[j] >= height {
@@ -382,10 +308,7 @@ impl Ctx<'_> {
             None => "the head's computed values differ".to_string(),
         };
         let r = &self.program.rules[rule.aux_of.unwrap_or(rule.id)];
-        Some(WhyNot {
-            rule: rule_ref(self.program, r),
-            failed,
-        })
+        Some(WhyNot { rule: rule_ref(self.program, r), failed })
     }
 
     fn deepest(&mut self, rule: &Rule, i: usize, env: &mut Env, best: &mut (usize, Env)) {
@@ -398,12 +321,7 @@ impl Ctx<'_> {
         }
         let Some(lit) = rule.body.get(i) else { return };
         match lit {
-            Lit::Atom {
-                rel,
-                args,
-                negated: false,
-                ..
-            } => {
+            Lit::Atom { rel, args, negated: false, .. } => {
                 let data = &self.db.rels[*rel];
                 for j in candidates(self.db, *rel, args, env) {
                     let saved = env.clone();
@@ -439,12 +357,7 @@ fn head_unify(rule: &Rule, values: &[Const], env: &mut Env) -> bool {
 
 /// The rows of `rel` that can match `args` under `env`: a prefix range when the leading
 /// arguments are known, else every row; empty when a known value was never interned.
-fn candidates<'a>(
-    db: &'a Database,
-    rel: RelId,
-    args: &[Arg],
-    env: &Env,
-) -> Box<dyn Iterator<Item = usize> + 'a> {
+fn candidates<'a>(db: &'a Database, rel: RelId, args: &[Arg], env: &Env) -> Box<dyn Iterator<Item = usize> + 'a> {
     let data = &db.rels[rel];
     let mut prefix = vec![];
     for a in args {
@@ -461,19 +374,11 @@ fn candidates<'a>(
             None => break,
         }
     }
-    if prefix.is_empty() {
-        Box::new(0..data.len())
-    } else {
-        Box::new(data.with_prefix_owned(prefix))
-    }
+    if prefix.is_empty() { Box::new(0..data.len()) } else { Box::new(data.with_prefix_owned(prefix)) }
 }
 
 /// The rows of an aggregate's auxiliary relation that belong to the correlated values in `env`.
-fn agg_rows<'a>(
-    db: &'a Database,
-    agg: &Aggregate,
-    env: &Env,
-) -> Box<dyn Iterator<Item = usize> + 'a> {
+fn agg_rows<'a>(db: &'a Database, agg: &Aggregate, env: &Env) -> Box<dyn Iterator<Item = usize> + 'a> {
     let args: Vec<Arg> = agg.corr.iter().map(|&v| Arg::Var(v)).collect();
     candidates(db, agg.aux, &args, env)
 }
@@ -506,9 +411,7 @@ fn eval(e: &Expr, env: &Env) -> Result<Const, String> {
         Expr::Var(v) => env[*v].clone().ok_or("unbound")?,
         Expr::Const(c) => c.clone(),
         Expr::Arith(op, a, b) => match (eval(a, env)?, eval(b, env)?) {
-            (Const::Num(x), Const::Num(y)) => {
-                Const::Num(value::arith(*op, x, y).map_err(|e| e.to_string())?)
-            }
+            (Const::Num(x), Const::Num(y)) => Const::Num(value::arith(*op, x, y).map_err(|e| e.to_string())?),
             _ => return Err("arithmetic on a symbol".into()),
         },
         Expr::Call(f, args) => {
@@ -520,20 +423,9 @@ fn eval(e: &Expr, env: &Env) -> Result<Const, String> {
 
 /// Evaluates a non-positive-atom literal under `env` (binding what it binds); `None` when
 /// its inputs are not bound or it errs.
-fn check_lit(
-    _program: &Program,
-    db: &Database,
-    _rule: &Rule,
-    lit: &Lit,
-    env: &mut Env,
-) -> Option<bool> {
+fn check_lit(_program: &Program, db: &Database, _rule: &Rule, lit: &Lit, env: &mut Env) -> Option<bool> {
     Some(match lit {
-        Lit::Atom {
-            rel,
-            args,
-            negated: true,
-            ..
-        } => {
+        Lit::Atom { rel, args, negated: true, .. } => {
             let data = &db.rels[*rel];
             !candidates(db, *rel, args, env).any(|j| {
                 let mut probe = env.clone();
@@ -551,22 +443,13 @@ fn check_lit(
                 CmpOp::Ge => a >= b,
             }
         }
-        Lit::Pred {
-            pred,
-            pattern,
-            subject,
-            ..
-        } => {
-            let (Const::Sym(p), Const::Sym(s)) =
-                (eval(pattern, env).ok()?, eval(subject, env).ok()?)
-            else {
+        Lit::Pred { pred, pattern, subject, .. } => {
+            let (Const::Sym(p), Const::Sym(s)) = (eval(pattern, env).ok()?, eval(subject, env).ok()?) else {
                 return None;
             };
             match pred {
                 Pred::Contains => s.contains(&p),
-                Pred::Match => regex::Regex::new(&crate::plan::whole(&p))
-                    .ok()?
-                    .is_match(&s),
+                Pred::Match => regex::Regex::new(&crate::plan::whole(&p)).ok()?.is_match(&s),
             }
         }
         Lit::Bind { var, expr, .. } => {
@@ -623,12 +506,7 @@ fn fmt_expr(rule: &Rule, e: &Expr, env: &Env) -> String {
         },
         Expr::Const(c) => c.to_string(),
         Expr::Arith(op, a, b) => {
-            format!(
-                "({} {} {})",
-                fmt_expr(rule, a, env),
-                op.symbol(),
-                fmt_expr(rule, b, env)
-            )
+            format!("({} {} {})", fmt_expr(rule, a, env), op.symbol(), fmt_expr(rule, b, env))
         }
         Expr::Call(f, args) => {
             let a: Vec<String> = args.iter().map(|x| fmt_expr(rule, x, env)).collect();
@@ -648,9 +526,7 @@ pub fn fmt_lit(program: &Program, rule: &Rule, lit: &Lit, env: &Env) -> String {
         }
     };
     match lit {
-        Lit::Atom {
-            rel, args, negated, ..
-        } => {
+        Lit::Atom { rel, args, negated, .. } => {
             let a: Vec<String> = args
                 .iter()
                 .map(|a| match a {
@@ -663,31 +539,17 @@ pub fn fmt_lit(program: &Program, rule: &Rule, lit: &Lit, env: &Env) -> String {
             format!("{}({})", program.relations[*rel].name, a.join(", "))
         }
         Lit::Cmp { lhs, op, rhs, .. } => {
-            format!(
-                "{} {} {}",
-                fmt_expr(rule, lhs, env),
-                op.symbol(),
-                fmt_expr(rule, rhs, env)
-            )
+            format!("{} {} {}", fmt_expr(rule, lhs, env), op.symbol(), fmt_expr(rule, rhs, env))
         }
         Lit::Bind { var: v, expr, .. } => {
             format!("{} = {}", var(v), fmt_expr(rule, expr, env))
         }
-        Lit::Pred {
-            pred,
-            pattern,
-            subject,
-            ..
-        } => {
+        Lit::Pred { pred, pattern, subject, .. } => {
             let name = match pred {
                 Pred::Match => "match",
                 Pred::Contains => "contains",
             };
-            format!(
-                "{name}({}, {})",
-                fmt_expr(rule, pattern, env),
-                fmt_expr(rule, subject, env)
-            )
+            format!("{name}({}, {})", fmt_expr(rule, pattern, env), fmt_expr(rule, subject, env))
         }
         Lit::Agg { agg, .. } => format!("{} = {}", var(&agg.result), fmt_aggregate(program, agg)),
     }
@@ -704,26 +566,15 @@ fn fmt_aggregate(program: &Program, agg: &Aggregate) -> String {
         .iter()
         .map(|l| {
             let text = fmt_lit(program, aux_rule, l, &none);
-            if matches!(l, Lit::Atom { negated: true, .. }) {
-                format!("!{text}")
-            } else {
-                text
-            }
+            if matches!(l, Lit::Atom { negated: true, .. }) { format!("!{text}") } else { text }
         })
         .collect();
     let target = match &agg.target {
         None => String::new(),
         Some(t) => {
             // The target is written over the aux relation's columns.
-            let cols: Env = program.relations[agg.aux]
-                .columns
-                .iter()
-                .map(|_| None)
-                .collect();
-            let names = Rule {
-                vars: program.relations[agg.aux].columns.clone(),
-                ..aux_rule.clone()
-            };
+            let cols: Env = program.relations[agg.aux].columns.iter().map(|_| None).collect();
+            let names = Rule { vars: program.relations[agg.aux].columns.clone(), ..aux_rule.clone() };
             format!(" {}", fmt_expr(&names, t, &cols))
         }
     };
@@ -750,19 +601,9 @@ impl Proof {
             Proof::Input { fact } => {
                 json!({"fact": fact, "rule": "input", "bindings": {}, "premises": [], "negations": []})
             }
-            Proof::Rule {
-                fact,
-                rule,
-                bindings,
-                premises,
-                negations,
-                constraints,
-                aggregates,
-            } => {
-                let b: serde_json::Map<String, Json> = bindings
-                    .iter()
-                    .map(|(n, v)| (n.clone(), const_json(v)))
-                    .collect();
+            Proof::Rule { fact, rule, bindings, premises, negations, constraints, aggregates } => {
+                let b: serde_json::Map<String, Json> =
+                    bindings.iter().map(|(n, v)| (n.clone(), const_json(v))).collect();
                 json!({
                     "fact": fact,
                     "rule": {"file": rule.file, "line": rule.line, "doc": rule.doc},
@@ -780,26 +621,14 @@ impl Proof {
         let pad = "  ".repeat(depth);
         match self {
             Proof::Input { fact } => writeln!(f, "{pad}{fact}  <- fact"),
-            Proof::Rule {
-                fact,
-                rule,
-                bindings,
-                premises,
-                negations,
-                constraints,
-                aggregates,
-            } => {
+            Proof::Rule { fact, rule, bindings, premises, negations, constraints, aggregates } => {
                 let b: Vec<String> = bindings.iter().map(|(n, v)| format!("{n} = {v}")).collect();
                 writeln!(
                     f,
                     "{pad}{fact}  <- rule at {}:{} with {}",
                     rule.file,
                     rule.line,
-                    if b.is_empty() {
-                        "no variables".into()
-                    } else {
-                        b.join(", ")
-                    }
+                    if b.is_empty() { "no variables".into() } else { b.join(", ") }
                 )?;
                 if let Some(doc) = &rule.doc {
                     for line in doc.lines() {
@@ -813,13 +642,7 @@ impl Proof {
                     writeln!(f, "{pad}  {n}")?;
                 }
                 for a in aggregates {
-                    writeln!(
-                        f,
-                        "{pad}  {} holds, over {} tuple(s): {}",
-                        a.text,
-                        a.tuples.len(),
-                        a.tuples.join(" ")
-                    )?;
+                    writeln!(f, "{pad}  {} holds, over {} tuple(s): {}", a.text, a.tuples.len(), a.tuples.join(" "))?;
                 }
                 Ok(())
             }
@@ -855,20 +678,13 @@ impl fmt::Display for Explanation {
                 writeln!(f, "{fact} does not hold")?;
                 if rules.is_empty() {
                     if *input {
-                        writeln!(
-                            f,
-                            "  it is an input relation and no such fact was given; no rule derives it"
-                        )?;
+                        writeln!(f, "  it is an input relation and no such fact was given; no rule derives it")?;
                     } else {
                         writeln!(f, "  no rule's head can produce it")?;
                     }
                 }
                 for w in rules {
-                    writeln!(
-                        f,
-                        "  rule at {}:{}: no binding satisfies {}",
-                        w.rule.file, w.rule.line, w.failed
-                    )?;
+                    writeln!(f, "  rule at {}:{}: no binding satisfies {}", w.rule.file, w.rule.line, w.failed)?;
                 }
                 Ok(())
             }

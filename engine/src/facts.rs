@@ -29,11 +29,7 @@ pub struct FactError {
 impl fmt::Display for FactError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.index {
-            Some(i) => write!(
-                f,
-                "relation `{}`, tuple {i}: {}",
-                self.relation, self.message
-            ),
+            Some(i) => write!(f, "relation `{}`, tuple {i}: {}", self.relation, self.message),
             None => write!(f, "relation `{}`: {}", self.relation, self.message),
         }
     }
@@ -41,10 +37,7 @@ impl fmt::Display for FactError {
 
 impl FactSet {
     pub fn add(&mut self, relation: &str, tuple: Vec<Const>) {
-        self.relations
-            .entry(relation.to_string())
-            .or_default()
-            .push(tuple);
+        self.relations.entry(relation.to_string()).or_default().push(tuple);
     }
 
     /// Parses FACTS.json. Errors name the relation and tuple index (or the JSON position).
@@ -53,30 +46,21 @@ impl FactSet {
             vec![FactError {
                 relation: String::new(),
                 index: None,
-                message: format!(
-                    "line {}, column {}: not valid JSON: {e}",
-                    e.line(),
-                    e.column()
-                ),
+                message: format!("line {}, column {}: not valid JSON: {e}", e.line(), e.column()),
             }]
         })?;
         let serde_json::Value::Object(map) = value else {
             return Err(vec![FactError {
                 relation: String::new(),
                 index: None,
-                message: "FACTS.json must be an object mapping relation names to lists of tuples"
-                    .into(),
+                message: "FACTS.json must be an object mapping relation names to lists of tuples".into(),
             }]);
         };
         let mut set = FactSet::default();
         let mut errors = vec![];
         for (rel, tuples) in map {
             let serde_json::Value::Array(tuples) = tuples else {
-                errors.push(FactError {
-                    relation: rel,
-                    index: None,
-                    message: "expected a list of tuples".into(),
-                });
+                errors.push(FactError { relation: rel, index: None, message: "expected a list of tuples".into() });
                 continue;
             };
             let entry = set.relations.entry(rel.clone()).or_default();
@@ -106,11 +90,7 @@ impl FactSet {
                 entry.push(row);
             }
         }
-        if errors.is_empty() {
-            Ok(set)
-        } else {
-            Err(errors)
-        }
+        if errors.is_empty() { Ok(set) } else { Err(errors) }
     }
 
     /// Checks the facts against the program and orders them by relation id.
@@ -118,10 +98,7 @@ impl FactSet {
         let mut facts: Facts = vec![vec![]; program.relations.len()];
         let mut errors = vec![];
         for (name, tuples) in &self.relations {
-            let Some(rel) = program
-                .relation(name)
-                .filter(|&r| !program.relations[r].aux)
-            else {
+            let Some(rel) = program.relation(name).filter(|&r| !program.relations[r].aux) else {
                 errors.push(FactError {
                     relation: name.clone(),
                     index: None,
@@ -170,10 +147,6 @@ impl FactSet {
                 }
             }
         }
-        if errors.is_empty() {
-            Ok(facts)
-        } else {
-            Err(errors)
-        }
+        if errors.is_empty() { Ok(facts) } else { Err(errors) }
     }
 }

@@ -97,11 +97,7 @@ struct Lexer<'a> {
 
 impl Lexer<'_> {
     fn span(&self) -> Span {
-        Span {
-            file: self.file,
-            line: self.line,
-            col: self.col,
-        }
+        Span { file: self.file, line: self.line, col: self.col }
     }
 
     fn bump(&mut self) -> Option<char> {
@@ -165,9 +161,7 @@ impl Lexer<'_> {
                         Some(c) => {
                             self.diags.push(Diagnostic::error(
                                 at,
-                                format!(
-                                    "unknown escape `\\{c}` in string: expected one of \\\" \\\\ \\n \\t"
-                                ),
+                                format!("unknown escape `\\{c}` in string: expected one of \\\" \\\\ \\n \\t"),
                             ));
                         }
                         None => continue,
@@ -334,10 +328,7 @@ impl Lexer<'_> {
                         '/' => Tok::Slash,
                         '%' => Tok::Percent,
                         other => {
-                            self.diags.push(Diagnostic::error(
-                                start,
-                                format!("unexpected character {other:?}"),
-                            ));
+                            self.diags.push(Diagnostic::error(start, format!("unexpected character {other:?}")));
                             continue;
                         }
                     };
@@ -352,14 +343,7 @@ impl Lexer<'_> {
 
 /// Splits `text` (the content of file number `file`) into tokens; the last token is `Eof`.
 pub fn lex(text: &str, file: u32) -> (Vec<Token>, Vec<Diagnostic>) {
-    let mut lexer = Lexer {
-        chars: text.chars().peekable(),
-        file,
-        line: 1,
-        col: 1,
-        out: vec![],
-        diags: vec![],
-    };
+    let mut lexer = Lexer { chars: text.chars().peekable(), file, line: 1, col: 1, out: vec![], diags: vec![] };
     lexer.run();
     (lexer.out, lexer.diags)
 }

@@ -58,11 +58,7 @@ impl Engine {
     }
 
     /// Evaluates on facts made with `fact_builder`.
-    pub fn evaluate_built(
-        &self,
-        facts: FactBuilder,
-        opts: EvalOptions,
-    ) -> Result<Database, EvalError> {
+    pub fn evaluate_built(&self, facts: FactBuilder, opts: EvalOptions) -> Result<Database, EvalError> {
         eval::evaluate_built(&self.program, &self.plan, facts, opts)
     }
 

@@ -23,10 +23,7 @@ pub struct MemSources(pub HashMap<String, String>);
 
 impl Sources for MemSources {
     fn read(&self, path: &str) -> Result<Vec<u8>, String> {
-        self.0
-            .get(path)
-            .map(|s| s.clone().into_bytes())
-            .ok_or_else(|| "no such file".to_string())
+        self.0.get(path).map(|s| s.clone().into_bytes()).ok_or_else(|| "no such file".to_string())
     }
 }
 
@@ -46,10 +43,7 @@ impl Loaded {
 
     /// Every diagnostic as `path:line:col: level: message`, one per line.
     pub fn render_diagnostics(&self) -> String {
-        self.diagnostics
-            .iter()
-            .map(|d| format!("{}\n", d.display(&self.sources)))
-            .collect()
+        self.diagnostics.iter().map(|d| format!("{}\n", d.display(&self.sources))).collect()
     }
 }
 
@@ -122,16 +116,8 @@ pub fn load(roots: &[String], sources: &dyn Sources) -> Loaded {
         let bytes = match sources.read(path) {
             Ok(b) => b,
             Err(e) => {
-                let span = at.unwrap_or(Span {
-                    file,
-                    line: 1,
-                    col: 1,
-                });
-                let what = if at.is_some() {
-                    "cannot read included file"
-                } else {
-                    "cannot read rules file"
-                };
+                let span = at.unwrap_or(Span { file, line: 1, col: 1 });
+                let what = if at.is_some() { "cannot read included file" } else { "cannot read rules file" };
                 diags.push(Diagnostic::error(span, format!("{what} {path}: {e}")));
                 return;
             }
@@ -151,43 +137,19 @@ pub fn load(roots: &[String], sources: &dyn Sources) -> Loaded {
         let includes: Vec<(String, Span)> = module
             .items
             .iter()
-            .filter_map(|i| {
-                if let Item::Include(p, s) = i {
-                    Some((p.clone(), *s))
-                } else {
-                    None
-                }
-            })
+            .filter_map(|i| if let Item::Include(p, s) = i { Some((p.clone(), *s)) } else { None })
             .collect();
         modules.push(module);
         stack.push(path.to_string());
         for (inc, span) in includes {
             let target = resolve_include(path, &inc);
-            visit(
-                &target,
-                Some(span),
-                stack,
-                sources,
-                map,
-                diags,
-                modules,
-                loaded,
-            );
+            visit(&target, Some(span), stack, sources, map, diags, modules, loaded);
         }
         stack.pop();
     }
     for root in roots {
         let mut stack = vec![];
-        visit(
-            root,
-            None,
-            &mut stack,
-            sources,
-            &mut map,
-            &mut diags,
-            &mut modules,
-            &mut loaded,
-        );
+        visit(root, None, &mut stack, sources, &mut map, &mut diags, &mut modules, &mut loaded);
     }
     // Check what parsed even when something did not, so that one run reports everything.
     let broken = diags.iter().any(Diagnostic::is_error);
@@ -195,11 +157,7 @@ pub fn load(roots: &[String], sources: &dyn Sources) -> Loaded {
     diags.append(&mut more);
     let program = if broken { None } else { program };
     crate::diag::sort(&mut diags);
-    Loaded {
-        program,
-        diagnostics: diags,
-        sources: map,
-    }
+    Loaded { program, diagnostics: diags, sources: map }
 }
 
 /// Loads a program from one string (file name `name`); for tests and small embedded programs.

@@ -44,19 +44,12 @@ impl Parser {
     fn error<T>(&mut self, expected: &str) -> PResult<T> {
         let found = self.peek().describe();
         let span = self.span();
-        self.diags.push(Diagnostic::error(
-            span,
-            format!("expected {expected}, found {found}"),
-        ));
+        self.diags.push(Diagnostic::error(span, format!("expected {expected}, found {found}")));
         Err(())
     }
 
     fn expect(&mut self, tok: Tok, expected: &str) -> PResult<Span> {
-        if *self.peek() == tok {
-            Ok(self.bump().span)
-        } else {
-            self.error(expected)
-        }
+        if *self.peek() == tok { Ok(self.bump().span) } else { self.error(expected) }
     }
 
     /// Skips to the start of the next clause: just after the next `.`, or to the next directive,
@@ -94,11 +87,7 @@ impl Parser {
                 }
                 _ => {}
             }
-            let d = if doc.is_empty() {
-                None
-            } else {
-                Some(doc.join("\n"))
-            };
+            let d = if doc.is_empty() { None } else { Some(doc.join("\n")) };
             doc.clear();
             match self.item(d) {
                 Ok(item) => items.push(item),
@@ -120,11 +109,7 @@ impl Parser {
                             self.bump();
                             names.push(self.relation_name()?);
                         }
-                        Ok(if d == "input" {
-                            Item::Input(names)
-                        } else {
-                            Item::Output(names)
-                        })
+                        Ok(if d == "input" { Item::Input(names) } else { Item::Output(names) })
                     }
                     "include" => match self.peek().clone() {
                         Tok::Str(path) => {
@@ -136,9 +121,7 @@ impl Parser {
                     other => {
                         self.diags.push(Diagnostic::error(
                             span,
-                            format!(
-                                "unknown directive `.{other}`: expected one of .decl .input .output .include"
-                            ),
+                            format!("unknown directive `.{other}`: expected one of .decl .input .output .include"),
                         ));
                         Err(())
                     }
@@ -160,12 +143,7 @@ impl Parser {
                         } else {
                             return self.error("`,` or the `.` that ends the rule");
                         }
-                        Ok(Item::Rule(Rule {
-                            head,
-                            body,
-                            span,
-                            doc,
-                        }))
+                        Ok(Item::Rule(Rule { head, body, span, doc }))
                     }
                     _ => self.error("`:-` or the `.` that ends a fact"),
                 }
@@ -214,21 +192,13 @@ impl Parser {
             }
         }
         self.expect(Tok::RParen, "`,` or `)` in the column list")?;
-        Ok(Item::Decl(Decl {
-            name,
-            span: name_span,
-            columns,
-            doc,
-        }))
+        Ok(Item::Decl(Decl { name, span: name_span, columns, doc }))
     }
 
     fn atom(&mut self) -> PResult<Atom> {
         let (rel, span) = self.relation_name()?;
         if AGGREGATES.contains(&rel.as_str()) || rel == "match" || rel == "contains" {
-            self.diags.push(Diagnostic::error(
-                span,
-                format!("`{rel}` is a reserved word and cannot name a relation"),
-            ));
+            self.diags.push(Diagnostic::error(span, format!("`{rel}` is a reserved word and cannot name a relation")));
             return Err(());
         }
         self.expect(Tok::LParen, "`(` after the relation name")?;
@@ -259,11 +229,7 @@ impl Parser {
             lits.push(self.literal()?);
         }
         if self.peek() != end && *self.peek() != Tok::Dot {
-            let what = if *end == Tok::RBrace {
-                "`,` or `}`"
-            } else {
-                "`,` or the `.` that ends the rule"
-            };
+            let what = if *end == Tok::RBrace { "`,` or `}`" } else { "`,` or the `.` that ends the rule" };
             return self.error(what);
         }
         Ok(lits)
@@ -275,32 +241,21 @@ impl Parser {
                 self.bump();
                 Ok(Literal::Neg(self.atom()?))
             }
-            Tok::Ident(name)
-                if (name == "match" || name == "contains") && *self.peek_at(1) == Tok::LParen =>
-            {
+            Tok::Ident(name) if (name == "match" || name == "contains") && *self.peek_at(1) == Tok::LParen => {
                 let span = self.bump().span;
                 self.bump();
                 let args = self.args()?;
-                let pred = if name == "match" {
-                    Pred::Match
-                } else {
-                    Pred::Contains
-                };
+                let pred = if name == "match" { Pred::Match } else { Pred::Contains };
                 if args.len() != 2 {
-                    self.diags.push(Diagnostic::error(
-                        span,
-                        format!("`{name}` takes 2 arguments, found {}", args.len()),
-                    ));
+                    self.diags
+                        .push(Diagnostic::error(span, format!("`{name}` takes 2 arguments, found {}", args.len())));
                     return Err(());
                 }
                 let mut it = args.into_iter();
                 let (a, b) = (it.next().unwrap(), it.next().unwrap());
                 Ok(Literal::Pred(pred, a, b, span))
             }
-            Tok::Ident(name)
-                if Functor::from_name(&name, false).is_none()
-                    && !AGGREGATES.contains(&name.as_str()) =>
-            {
+            Tok::Ident(name) if Functor::from_name(&name, false).is_none() && !AGGREGATES.contains(&name.as_str()) => {
                 Ok(Literal::Pos(self.atom()?))
             }
             _ => {
@@ -359,12 +314,7 @@ impl Parser {
                 return Ok(Term::Num(-n, span));
             }
             let inner = self.unary()?;
-            return Ok(Term::Arith(
-                ArithOp::Sub,
-                Box::new(Term::Num(0, span)),
-                Box::new(inner),
-                span,
-            ));
+            return Ok(Term::Arith(ArithOp::Sub, Box::new(Term::Num(0, span)), Box::new(inner), span));
         }
         self.primary()
     }
@@ -399,9 +349,7 @@ impl Parser {
                 let Some(f) = Functor::from_name(&name, true) else {
                     self.diags.push(Diagnostic::error(
                         span,
-                        format!(
-                            "unknown functor `@{name}`: expected one of @major @minor @patch @version_cmp"
-                        ),
+                        format!("unknown functor `@{name}`: expected one of @major @minor @patch @version_cmp"),
                     ));
                     return Err(());
                 };
@@ -417,11 +365,7 @@ impl Parser {
                     "min" => AggKind::Min,
                     _ => AggKind::Max,
                 };
-                let target = if kind == AggKind::Count {
-                    None
-                } else {
-                    Some(Box::new(self.term()?))
-                };
+                let target = if kind == AggKind::Count { None } else { Some(Box::new(self.term()?)) };
                 self.expect(Tok::Colon, "`:` before the aggregate's body")?;
                 self.expect(Tok::LBrace, "`{` to open the aggregate's body")?;
                 let body = self.body(&Tok::RBrace)?;
@@ -445,11 +389,7 @@ impl Parser {
 /// Parses one file. Returns the items that parsed and every diagnostic (lexical and syntactic).
 pub fn parse(text: &str, file: u32) -> (Module, Vec<Diagnostic>) {
     let (toks, mut diags) = lex(text, file);
-    let mut p = Parser {
-        toks,
-        pos: 0,
-        diags: vec![],
-    };
+    let mut p = Parser { toks, pos: 0, diags: vec![] };
     let module = p.module();
     diags.append(&mut p.diags);
     (module, diags)

@@ -152,9 +152,7 @@ impl Builder<'_> {
         match e {
             Expr::Var(v) => CExpr::Var(*v),
             Expr::Const(c) => CExpr::Lit(self.lit(c)),
-            Expr::Arith(op, a, b) => {
-                CExpr::Arith(*op, Box::new(self.expr(a)), Box::new(self.expr(b)))
-            }
+            Expr::Arith(op, a, b) => CExpr::Arith(*op, Box::new(self.expr(a)), Box::new(self.expr(b))),
             Expr::Call(f, args) => CExpr::Call(*f, args.iter().map(|a| self.expr(a)).collect()),
         }
     }
@@ -172,13 +170,7 @@ impl Builder<'_> {
 
     /// The index of an atom with `key` variables first, then `rest`; returns its id and the
     /// variable held in each of its columns.
-    fn atom_index(
-        &mut self,
-        rel: RelId,
-        args: &[Arg],
-        key: &[usize],
-        rest: &[usize],
-    ) -> (usize, Vec<usize>) {
+    fn atom_index(&mut self, rel: RelId, args: &[Arg], key: &[usize], rest: &[usize]) -> (usize, Vec<usize>) {
         let mut consts = vec![];
         let mut eqs = vec![];
         let mut first_col: HashMap<usize, usize> = HashMap::new();
@@ -196,13 +188,7 @@ impl Builder<'_> {
         }
         let vars: Vec<usize> = key.iter().chain(rest).copied().collect();
         let cols = vars.iter().map(|v| first_col[v]).collect();
-        let id = self.index(IndexSpec {
-            rel,
-            cols,
-            key_len: key.len(),
-            consts,
-            eqs,
-        });
+        let id = self.index(IndexSpec { rel, cols, key_len: key.len(), consts, eqs });
         (id, vars)
     }
 
@@ -221,30 +207,17 @@ impl Builder<'_> {
         Ok(match lit {
             Lit::Cmp { lhs, op, rhs, .. } => Op::Cmp(self.expr(lhs), *op, self.expr(rhs)),
             Lit::Bind { var, expr, .. } => Op::Bind(*var, self.expr(expr)),
-            Lit::Pred {
-                pred: Pred::Match,
-                pattern,
-                subject,
-                ..
-            } => {
+            Lit::Pred { pred: Pred::Match, pattern, subject, .. } => {
                 let p = match pattern {
                     Expr::Const(Const::Sym(s)) => Ok(self.regex(s)?),
                     other => Err(self.expr(other)),
                 };
                 Op::Match(p, self.expr(subject))
             }
-            Lit::Pred {
-                pred: Pred::Contains,
-                pattern,
-                subject,
-                ..
-            } => Op::Contains(self.expr(pattern), self.expr(subject)),
-            Lit::Atom {
-                rel,
-                args,
-                negated: true,
-                ..
-            } => {
+            Lit::Pred { pred: Pred::Contains, pattern, subject, .. } => {
+                Op::Contains(self.expr(pattern), self.expr(subject))
+            }
+            Lit::Atom { rel, args, negated: true, .. } => {
                 let mut consts = vec![];
                 let mut eqs = vec![];
                 let mut cols = vec![];
@@ -267,30 +240,14 @@ impl Builder<'_> {
                 let key_len = cols.len();
                 self.width = self.width.max(key_len);
                 let index = self.neg_indexes.len();
-                self.neg_indexes.push(IndexSpec {
-                    rel: *rel,
-                    cols,
-                    key_len,
-                    consts,
-                    eqs,
-                });
+                self.neg_indexes.push(IndexSpec { rel: *rel, cols, key_len, consts, eqs });
                 Op::Neg { index, vars }
             }
             Lit::Agg { agg, .. } => {
                 let id = self.aggs.len();
                 let target = agg.target.as_ref().map(|t| self.expr(t));
-                self.aggs.push(AggPlan {
-                    kind: agg.kind,
-                    aux: agg.aux,
-                    corr_len: agg.corr.len(),
-                    target,
-                });
-                Op::Agg {
-                    agg: id,
-                    corr: agg.corr.clone(),
-                    result: agg.result,
-                    bound: bound[agg.result],
-                }
+                self.aggs.push(AggPlan { kind: agg.kind, aux: agg.aux, corr_len: agg.corr.len(), target });
+                Op::Agg { agg: id, corr: agg.corr.clone(), result: agg.result, bound: bound[agg.result] }
             }
             Lit::Atom { negated: false, .. } => unreachable!("positive atoms are steps"),
         })
@@ -300,28 +257,17 @@ impl Builder<'_> {
     fn rule(&mut self, rule: &Rule) -> Result<RulePlan, String> {
         let nvars = rule.vars.len();
         if nvars > MAX_VARS {
-            return Err(format!(
-                "the rule has {nvars} variables; the evaluator supports at most {MAX_VARS}"
-            ));
+            return Err(format!("the rule has {nvars} variables; the evaluator supports at most {MAX_VARS}"));
         }
         let atoms: Vec<(RelId, &Vec<Arg>)> = rule
             .body
             .iter()
             .filter_map(|l| match l {
-                Lit::Atom {
-                    rel,
-                    args,
-                    negated: false,
-                    ..
-                } => Some((*rel, args)),
+                Lit::Atom { rel, args, negated: false, .. } => Some((*rel, args)),
                 _ => None,
             })
             .collect();
-        let others: Vec<&Lit> = rule
-            .body
-            .iter()
-            .filter(|l| !matches!(l, Lit::Atom { negated: false, .. }))
-            .collect();
+        let others: Vec<&Lit> = rule.body.iter().filter(|l| !matches!(l, Lit::Atom { negated: false, .. })).collect();
         let atom_vars = |args: &Vec<Arg>| -> Vec<usize> {
             let mut vs = vec![];
             for a in args {
@@ -394,10 +340,8 @@ impl Builder<'_> {
             let out = if last {
                 vec![]
             } else {
-                let next_key: Vec<usize> = atom_vars(atoms[s + 1].1)
-                    .into_iter()
-                    .filter(|&v| bound_after[s][v])
-                    .collect();
+                let next_key: Vec<usize> =
+                    atom_vars(atoms[s + 1].1).into_iter().filter(|&v| bound_after[s][v]).collect();
                 let mut out = next_key.clone();
                 for v in 0..nvars {
                     if bound_after[s][v] && live.contains(&v) && !out.contains(&v) {
@@ -430,11 +374,8 @@ impl Builder<'_> {
                     let mut needed = live.clone();
                     needed.extend(op_vars(&step_ops[s]));
                     needed.extend(&out);
-                    let rest: Vec<usize> = vars
-                        .iter()
-                        .copied()
-                        .filter(|v| !key.contains(v) && needed.contains(v))
-                        .collect();
+                    let rest: Vec<usize> =
+                        vars.iter().copied().filter(|v| !key.contains(v) && needed.contains(v)).collect();
                     let (id, held) = self.atom_index(*rel, args, &key, &rest);
                     Source::Scan(id, held)
                 }
@@ -443,28 +384,14 @@ impl Builder<'_> {
                 (Source::Scan(id, _), s) if s > 0 => self.indexes[*id].key_len,
                 _ => 0,
             };
-            steps.push(Step {
-                source,
-                key_len,
-                ops: std::mem::take(&mut step_ops[s]),
-                out,
-            });
+            steps.push(Step { source, key_len, ops: std::mem::take(&mut step_ops[s]), out });
         }
         if done.iter().any(|d| !d) {
-            return Err(
-                "a literal's variables are never bound (the checker should have refused this rule)"
-                    .into(),
-            );
+            return Err("a literal's variables are never bound (the checker should have refused this rule)".into());
         }
         let head_exprs = rule.head_args.iter().map(|e| self.expr(e)).collect();
         self.width = self.width.max(self.program.relations[rule.head].arity());
-        Ok(RulePlan {
-            rule: rule.id,
-            head: rule.head,
-            steps,
-            head_exprs,
-            nvars,
-        })
+        Ok(RulePlan { rule: rule.id, head: rule.head, steps, head_exprs, nvars })
     }
 }
 
@@ -494,12 +421,7 @@ pub fn op_inputs(op: &Op, out: &mut Vec<usize>) {
             e(s, out);
         }
         Op::Neg { vars, .. } => out.extend(vars),
-        Op::Agg {
-            corr,
-            result,
-            bound,
-            ..
-        } => {
+        Op::Agg { corr, result, bound, .. } => {
             out.extend(corr);
             if *bound {
                 out.push(*result);
@@ -528,10 +450,7 @@ impl Plan {
         for rule in &program.rules {
             match b.rule(rule) {
                 Ok(p) => rules.push(p),
-                Err(message) => errors.push(PlanError {
-                    at: program.sources.locate(rule.span),
-                    message,
-                }),
+                Err(message) => errors.push(PlanError { at: program.sources.locate(rule.span), message }),
             }
         }
         for rel in &program.relations {
@@ -546,10 +465,7 @@ impl Plan {
         let Some(width) = width else {
             errors.push(PlanError {
                 at: "program".into(),
-                message: format!(
-                    "a row of {} columns is wider than the evaluator's limit of {MAX_WIDTH}",
-                    b.width
-                ),
+                message: format!("a row of {} columns is wider than the evaluator's limit of {MAX_WIDTH}", b.width),
             });
             return Err(errors);
         };
@@ -561,12 +477,7 @@ impl Plan {
             .iter()
             .map(|rels| StratumPlan {
                 rels: rels.clone(),
-                rules: rules
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, r)| rels.contains(&r.head))
-                    .map(|(i, _)| i)
-                    .collect(),
+                rules: rules.iter().enumerate().filter(|(_, r)| rels.contains(&r.head)).map(|(i, _)| i).collect(),
             })
             .collect();
         Ok(Plan {

@@ -91,23 +91,12 @@ fn unify(args: &[Arg], tuple: &[Const], env: &mut [Option<Const>]) -> bool {
     true
 }
 
-fn body(
-    rule: &Rule,
-    i: usize,
-    env: &mut Vec<Option<Const>>,
-    rels: &Relations,
-    k: &mut Emit<'_>,
-) -> Result<(), String> {
+fn body(rule: &Rule, i: usize, env: &mut Vec<Option<Const>>, rels: &Relations, k: &mut Emit<'_>) -> Result<(), String> {
     let Some(lit) = rule.body.get(i) else {
         return k(env);
     };
     match lit {
-        Lit::Atom {
-            rel,
-            args,
-            negated: false,
-            ..
-        } => {
+        Lit::Atom { rel, args, negated: false, .. } => {
             for t in &rels[*rel] {
                 let saved = env.clone();
                 if unify(args, t, env) {
@@ -117,21 +106,12 @@ fn body(
             }
             Ok(())
         }
-        Lit::Atom {
-            rel,
-            args,
-            negated: true,
-            ..
-        } => {
+        Lit::Atom { rel, args, negated: true, .. } => {
             let any = rels[*rel].iter().any(|t| {
                 let mut probe = env.clone();
                 unify(args, t, &mut probe)
             });
-            if any {
-                Ok(())
-            } else {
-                body(rule, i + 1, env, rels, k)
-            }
+            if any { Ok(()) } else { body(rule, i + 1, env, rels, k) }
         }
         Lit::Cmp { lhs, op, rhs, .. } => {
             let (a, b) = (expr(lhs, env)?, expr(rhs, env)?);
@@ -143,32 +123,17 @@ fn body(
                 CmpOp::Gt => a > b,
                 CmpOp::Ge => a >= b,
             };
-            if ok {
-                body(rule, i + 1, env, rels, k)
-            } else {
-                Ok(())
-            }
+            if ok { body(rule, i + 1, env, rels, k) } else { Ok(()) }
         }
-        Lit::Pred {
-            pred,
-            pattern,
-            subject,
-            ..
-        } => {
+        Lit::Pred { pred, pattern, subject, .. } => {
             let (Const::Sym(p), Const::Sym(s)) = (expr(pattern, env)?, expr(subject, env)?) else {
                 return Err("predicate on a number".into());
             };
             let ok = match pred {
                 Pred::Contains => s.contains(&p),
-                Pred::Match => regex::Regex::new(&crate::plan::whole(&p))
-                    .map_err(|e| e.to_string())?
-                    .is_match(&s),
+                Pred::Match => regex::Regex::new(&crate::plan::whole(&p)).map_err(|e| e.to_string())?.is_match(&s),
             };
-            if ok {
-                body(rule, i + 1, env, rels, k)
-            } else {
-                Ok(())
-            }
+            if ok { body(rule, i + 1, env, rels, k) } else { Ok(()) }
         }
         Lit::Bind { var, expr: e, .. } => {
             let v = expr(e, env)?;
@@ -197,10 +162,9 @@ fn body(
             }
             let v = match agg.kind {
                 AggKind::Count => group.len() as i64,
-                AggKind::Sum => group
-                    .iter()
-                    .try_fold(0i64, |a, &b| a.checked_add(b))
-                    .ok_or("integer overflow in sum")?,
+                AggKind::Sum => {
+                    group.iter().try_fold(0i64, |a, &b| a.checked_add(b)).ok_or("integer overflow in sum")?
+                }
                 AggKind::Min => match group.iter().min() {
                     Some(&m) => m,
                     None => return Ok(()),

@@ -103,9 +103,7 @@ pub struct CaseResult {
 
 fn tuples(engine: &Engine, rel: &str, list: &[Vec<Scalar>]) -> BTreeSet<Vec<Const>> {
     let _ = (engine, rel);
-    list.iter()
-        .map(|t| t.iter().map(Const::from).collect())
-        .collect()
+    list.iter().map(|t| t.iter().map(Const::from).collect()).collect()
 }
 
 /// Runs one case on a compiled program.
@@ -140,11 +138,7 @@ pub fn run(engine: &Engine, case: &Case) -> CaseResult {
     };
     let mut failures = vec![];
     for (rel, expect) in &case.expect {
-        let Some(r) = engine
-            .program
-            .relation(rel)
-            .filter(|&r| !engine.program.relations[r].aux)
-        else {
+        let Some(r) = engine.program.relation(rel).filter(|&r| !engine.program.relations[r].aux) else {
             failures.push(Failure {
                 relation: rel.clone(),
                 check: "error".into(),
@@ -156,9 +150,7 @@ pub fn run(engine: &Engine, case: &Case) -> CaseResult {
         };
         let derived: BTreeSet<Vec<Const>> = db.decoded(r).into_iter().collect();
         let show = |ts: &BTreeSet<Vec<Const>>| -> Vec<String> {
-            ts.iter()
-                .map(|t| Database::format_tuple(&engine.program, r, t))
-                .collect()
+            ts.iter().map(|t| Database::format_tuple(&engine.program, r, t)).collect()
         };
         if let Some(list) = &expect.contains {
             let want = tuples(engine, rel, list);
@@ -199,10 +191,7 @@ pub fn run(engine: &Engine, case: &Case) -> CaseResult {
             }
         }
     }
-    CaseResult {
-        name: case.name.clone(),
-        failures,
-    }
+    CaseResult { name: case.name.clone(), failures }
 }
 
 /// Expected and derived tuples side by side, one row per distinct tuple.
@@ -211,11 +200,7 @@ pub fn render_failure(f: &Failure) -> String {
     if let Some(m) = &f.message {
         out.push_str(&format!(
             "  {}{}\n",
-            if f.relation.is_empty() {
-                String::new()
-            } else {
-                format!("{}: ", f.relation)
-            },
+            if f.relation.is_empty() { String::new() } else { format!("{}: ", f.relation) },
             m
         ));
         return out;
@@ -227,25 +212,11 @@ pub fn render_failure(f: &Failure) -> String {
     };
     out.push_str(&format!("  {} ({title}):\n", f.relation));
     let all: BTreeSet<&String> = f.expected.iter().chain(&f.derived).collect();
-    let width = f
-        .expected
-        .iter()
-        .map(String::len)
-        .max()
-        .unwrap_or(0)
-        .max("expected".len());
+    let width = f.expected.iter().map(String::len).max().unwrap_or(0).max("expected".len());
     out.push_str(&format!("    {:width$} | derived\n", "expected"));
     for t in all {
-        let e = if f.expected.contains(t) {
-            t.as_str()
-        } else {
-            "-"
-        };
-        let d = if f.derived.contains(t) {
-            t.as_str()
-        } else {
-            "-"
-        };
+        let e = if f.expected.contains(t) { t.as_str() } else { "-" };
+        let d = if f.derived.contains(t) { t.as_str() } else { "-" };
         if f.check == "excludes" {
             out.push_str(&format!("    {:width$} | {d}\n", "(absent)"));
         } else {

@@ -153,24 +153,17 @@ pub fn parse_version(s: &str) -> Option<Version> {
     if parts.next().is_some() {
         return None;
     }
-    Some(Version {
-        major,
-        minor,
-        patch,
-        pre,
-    })
+    Some(Version { major, minor, patch, pre })
 }
 
 /// Semantic-version order: numbers first, then a release sorts after its pre-releases.
 pub fn version_cmp(a: &Version, b: &Version) -> std::cmp::Ordering {
-    (a.major, a.minor, a.patch)
-        .cmp(&(b.major, b.minor, b.patch))
-        .then_with(|| match (&a.pre, &b.pre) {
-            (None, None) => std::cmp::Ordering::Equal,
-            (None, Some(_)) => std::cmp::Ordering::Greater,
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (Some(x), Some(y)) => x.cmp(y),
-        })
+    (a.major, a.minor, a.patch).cmp(&(b.major, b.minor, b.patch)).then_with(|| match (&a.pre, &b.pre) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (Some(x), Some(y)) => x.cmp(y),
+    })
 }
 
 /// Why an expression could not be computed; the evaluator adds the rule's name and place.
@@ -219,8 +212,7 @@ pub fn call(f: Functor, args: &[Const]) -> Result<Const, ValueError> {
         Const::Sym(s) => s.as_str(),
         Const::Num(_) => "",
     };
-    let version =
-        |i: usize| parse_version(sym(i)).ok_or_else(|| ValueError::BadVersion(sym(i).to_string()));
+    let version = |i: usize| parse_version(sym(i)).ok_or_else(|| ValueError::BadVersion(sym(i).to_string()));
     Ok(match f {
         Functor::Cat => {
             let mut s = String::new();
@@ -233,12 +225,7 @@ pub fn call(f: Functor, args: &[Const]) -> Result<Const, ValueError> {
             Const::Sym(s)
         }
         Functor::Strlen => Const::Num(sym(0).chars().count() as i64),
-        Functor::ToNumber => Const::Num(
-            sym(0)
-                .trim()
-                .parse()
-                .map_err(|_| ValueError::BadNumber(sym(0).to_string()))?,
-        ),
+        Functor::ToNumber => Const::Num(sym(0).trim().parse().map_err(|_| ValueError::BadNumber(sym(0).to_string()))?),
         Functor::ToString => match &args[0] {
             Const::Num(n) => Const::Sym(n.to_string()),
             Const::Sym(s) => Const::Sym(s.clone()),

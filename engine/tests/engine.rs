@@ -17,58 +17,33 @@ fn diagnostics(src: &str) -> String {
 fn check_error(src: &str, at: &str, message: &str) {
     let loaded = load_str("t.rules", src);
     let text = loaded.render_diagnostics();
-    assert!(
-        loaded.program.is_none(),
-        "expected an error, got a program; diagnostics:\n{text}"
-    );
+    assert!(loaded.program.is_none(), "expected an error, got a program; diagnostics:\n{text}");
     let want = format!("t.rules:{at}: error: ");
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with(&want) && l.contains(message)),
-        "no `{want}...{message}` in:\n{text}"
-    );
+    assert!(text.lines().any(|l| l.starts_with(&want) && l.contains(message)), "no `{want}...{message}` in:\n{text}");
 }
 
 fn engine(src: &str) -> Engine {
     let loaded = load_str("t.rules", src);
     let text = loaded.render_diagnostics();
-    Engine::new(
-        loaded
-            .program
-            .unwrap_or_else(|| panic!("does not load:\n{text}")),
-    )
-    .unwrap()
+    Engine::new(loaded.program.unwrap_or_else(|| panic!("does not load:\n{text}"))).unwrap()
 }
 
 fn eval_err(src: &str, facts: &str) -> String {
     let e = engine(src);
-    let f = FactSet::from_json(facts)
-        .unwrap()
-        .resolve(&e.program)
-        .unwrap();
-    e.evaluate(&f, EvalOptions::default())
-        .unwrap_err()
-        .to_string()
+    let f = FactSet::from_json(facts).unwrap().resolve(&e.program).unwrap();
+    e.evaluate(&f, EvalOptions::default()).unwrap_err().to_string()
 }
 
 // ---- bad input: lexical and syntactic ----
 
 #[test]
 fn unterminated_string() {
-    check_error(
-        ".decl p(a: symbol)\np(\"abc).\n",
-        "2:3",
-        "unterminated string",
-    );
+    check_error(".decl p(a: symbol)\np(\"abc).\n", "2:3", "unterminated string");
 }
 
 #[test]
 fn unterminated_block_comment() {
-    check_error(
-        ".decl p(a: number)\n/* never closed\np(1).\n",
-        "2:1",
-        "unterminated block comment",
-    );
+    check_error(".decl p(a: number)\n/* never closed\np(1).\n", "2:1", "unterminated block comment");
 }
 
 #[test]
@@ -85,23 +60,13 @@ fn every_syntax_error_is_reported() {
     let text = diagnostics(".decl p(a: number)\np(1\np(2).\n.decl q(a numbr)\nq(X) :- p(X) X.\n");
     let errors: Vec<&str> = text.lines().filter(|l| l.contains(": error: ")).collect();
     assert!(errors.len() >= 3, "{text}");
-    assert!(
-        text.contains("t.rules:3:1: error: expected `,` or `)`, found identifier `p`"),
-        "{text}"
-    );
-    assert!(
-        text.contains("t.rules:4:11: error: expected `:` after the column name"),
-        "{text}"
-    );
+    assert!(text.contains("t.rules:3:1: error: expected `,` or `)`, found identifier `p`"), "{text}");
+    assert!(text.contains("t.rules:4:11: error: expected `:` after the column name"), "{text}");
 }
 
 #[test]
 fn integer_literal_overflow() {
-    check_error(
-        ".decl p(a: number)\np(99999999999999999999).\n",
-        "2:3",
-        "does not fit in a 64-bit",
-    );
+    check_error(".decl p(a: number)\np(99999999999999999999).\n", "2:3", "does not fit in a 64-bit");
 }
 
 #[test]
@@ -124,11 +89,7 @@ fn non_utf8_file() {
 
 #[test]
 fn unknown_relation() {
-    check_error(
-        ".decl p(a: number)\np(X) :- r(X).\n",
-        "2:9",
-        "unknown relation `r`",
-    );
+    check_error(".decl p(a: number)\np(X) :- r(X).\n", "2:9", "unknown relation `r`");
 }
 
 #[test]
@@ -222,19 +183,12 @@ fn cycle_through_aggregate() {
 // ---- bad input: includes ----
 
 fn files(list: &[(&str, &str)]) -> MemSources {
-    MemSources(
-        list.iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect::<HashMap<_, _>>(),
-    )
+    MemSources(list.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<HashMap<_, _>>())
 }
 
 #[test]
 fn include_of_missing_file() {
-    let loaded = load(
-        &["dir/main.rules".into()],
-        &files(&[("dir/main.rules", ".include \"other.rules\"\n")]),
-    );
+    let loaded = load(&["dir/main.rules".into()], &files(&[("dir/main.rules", ".include \"other.rules\"\n")]));
     assert_eq!(
         loaded.render_diagnostics(),
         "dir/main.rules:1:10: error: cannot read included file dir/other.rules: no such file\n"
@@ -243,10 +197,7 @@ fn include_of_missing_file() {
 
 #[test]
 fn include_cycle() {
-    let srcs = files(&[
-        ("a.rules", ".include \"b.rules\"\n"),
-        ("b.rules", "\n.include \"a.rules\"\n"),
-    ]);
+    let srcs = files(&[("a.rules", ".include \"b.rules\"\n"), ("b.rules", "\n.include \"a.rules\"\n")]);
     let loaded = load(&["a.rules".into()], &srcs);
     assert_eq!(
         loaded.render_diagnostics(),
@@ -258,10 +209,7 @@ fn include_cycle() {
 fn include_loads_each_file_once() {
     let srcs = files(&[
         ("a.rules", ".include \"c.rules\"\n.include \"b.rules\"\n"),
-        (
-            "b.rules",
-            ".include \"c.rules\"\n.decl b(x: number)\n.output b\nb(X) :- c(X).\n",
-        ),
+        ("b.rules", ".include \"c.rules\"\n.decl b(x: number)\n.output b\nb(X) :- c(X).\n"),
         ("c.rules", ".decl c(x: number)\nc(1).\n"),
     ]);
     let loaded = load(&["a.rules".into()], &srcs);
@@ -272,8 +220,7 @@ fn include_loads_each_file_once() {
 
 #[test]
 fn facts_arity_type_and_undeclared() {
-    let e =
-        engine(".decl e(a: number, b: symbol)\n.input e\n.decl d(a: number)\nd(1).\n.output d\n");
+    let e = engine(".decl e(a: number, b: symbol)\n.input e\n.decl d(a: number)\nd(1).\n.output d\n");
     let errs = FactSet::from_json(r#"{"e": [[1, "a"], [1], [2, 3]], "nope": [[1]], "d": [[2]]}"#)
         .unwrap()
         .resolve(&e.program)
@@ -293,11 +240,7 @@ fn facts_arity_type_and_undeclared() {
 #[test]
 fn facts_json_syntax_error_has_position() {
     let err = FactSet::from_json("{\"e\": [[1, 2]\n").unwrap_err();
-    assert!(
-        err[0].to_string().contains("line 2, column 0"),
-        "{}",
-        err[0]
-    );
+    assert!(err[0].to_string().contains("line 2, column 0"), "{}", err[0]);
 }
 
 // ---- bad input: evaluation ----
@@ -308,10 +251,7 @@ fn version_that_does_not_parse() {
         ".decl v(s: symbol)\n.input v\n.decl m(n: number)\n.output m\nm(@minor(V)) :- v(V).\n",
         r#"{"v": [["1.x"]]}"#,
     );
-    assert_eq!(
-        msg,
-        "t.rules:5:1: in the rule for `m`: version \"1.x\" does not parse (expected vX.Y.Z)"
-    );
+    assert_eq!(msg, "t.rules:5:1: in the rule for `m`: version \"1.x\" does not parse (expected vX.Y.Z)");
 }
 
 #[test]
@@ -320,10 +260,7 @@ fn division_by_zero() {
         ".decl v(n: number)\n.input v\n.decl m(n: number)\n.output m\nm(X) :- v(N), X = 10 / N.\n",
         r#"{"v": [[0]]}"#,
     );
-    assert_eq!(
-        msg,
-        "t.rules:5:1: in the rule for `m`: division by zero in 10 / 0"
-    );
+    assert_eq!(msg, "t.rules:5:1: in the rule for `m`: division by zero in 10 / 0");
 }
 
 #[test]
@@ -332,10 +269,7 @@ fn integer_overflow() {
         ".decl v(n: number)\n.input v\n.decl m(n: number)\n.output m\nm(X) :- v(N), X = N * N.\n",
         r#"{"v": [[9223372036854775807]]}"#,
     );
-    assert_eq!(
-        msg,
-        "t.rules:5:1: in the rule for `m`: integer overflow in 9223372036854775807 * 9223372036854775807"
-    );
+    assert_eq!(msg, "t.rules:5:1: in the rule for `m`: integer overflow in 9223372036854775807 * 9223372036854775807");
 }
 
 #[test]
@@ -346,25 +280,13 @@ fn regex_constant_that_does_not_compile_is_a_load_error() {
     );
     let err = Engine::new(loaded.program.unwrap()).unwrap_err();
     assert_eq!(err[0].at, "t.rules:5:1");
-    assert!(
-        err[0].message.contains("regex parse error"),
-        "{}",
-        err[0].message
-    );
+    assert!(err[0].message.contains("regex parse error"), "{}", err[0].message);
 }
 
 #[test]
 fn runaway_program_is_stopped() {
     let e = engine(".decl n(x: number)\n.output n\nn(0).\nn(X + 1) :- n(X).\n");
-    let err = e
-        .evaluate(
-            &e.empty_facts(),
-            EvalOptions {
-                provenance: false,
-                max_tuples: 1000,
-            },
-        )
-        .unwrap_err();
+    let err = e.evaluate(&e.empty_facts(), EvalOptions { provenance: false, max_tuples: 1000 }).unwrap_err();
     assert!(err.message.contains("limit 1000"), "{err}");
 }
 
@@ -378,24 +300,14 @@ fn datafrog_relation_from_antijoin_is_broken_in_2_0_1() {
     let input: datafrog::Relation<(u32, u32)> = vec![(1, 10), (2, 20)].into();
     let remove: datafrog::Relation<u32> = vec![2].into();
     let out = datafrog::Relation::from_antijoin(&input, &remove, |&k, &v| (k, v));
-    assert_eq!(
-        out.elements,
-        vec![],
-        "datafrog's from_antijoin now works: negation could use it"
-    );
+    assert_eq!(out.elements, vec![], "datafrog's from_antijoin now works: negation could use it");
     // Our negation on the same data keeps (1, 10).
     let e = engine(
         ".decl i(k: number, v: number)\n.input i\n.decl r(k: number)\n.input r\n.decl o(k: number, v: number)\n.output o\no(K, V) :- i(K, V), !r(K).\n",
     );
-    let f = FactSet::from_json(r#"{"i": [[1, 10], [2, 20]], "r": [[2]]}"#)
-        .unwrap()
-        .resolve(&e.program)
-        .unwrap();
+    let f = FactSet::from_json(r#"{"i": [[1, 10], [2, 20]], "r": [[2]]}"#).unwrap().resolve(&e.program).unwrap();
     let db = e.evaluate(&f, EvalOptions::default()).unwrap();
-    assert_eq!(
-        db.decoded(e.program.relation("o").unwrap()),
-        vec![vec![Const::Num(1), Const::Num(10)]]
-    );
+    assert_eq!(db.decoded(e.program.relation("o").unwrap()), vec![vec![Const::Num(1), Const::Num(10)]]);
 }
 
 // ---- explanations ----
@@ -405,28 +317,13 @@ fn proofs_are_finite_and_minimal_on_cycles() {
     let e = engine(
         ".decl e(a: number, b: number)\n.input e\n.decl p(a: number, b: number)\n.output p\np(X, Y) :- e(X, Y).\np(X, Z) :- p(X, Y), p(Y, Z).\n",
     );
-    let f = FactSet::from_json(r#"{"e": [[1,2],[2,3],[3,1]]}"#)
-        .unwrap()
-        .resolve(&e.program)
-        .unwrap();
-    let db = e
-        .evaluate(
-            &f,
-            EvalOptions {
-                provenance: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    let ex =
-        engine::explain::explain(&e.program, &db, "p", &[Const::Num(1), Const::Num(1)]).unwrap();
+    let f = FactSet::from_json(r#"{"e": [[1,2],[2,3],[3,1]]}"#).unwrap().resolve(&e.program).unwrap();
+    let db = e.evaluate(&f, EvalOptions { provenance: true, ..Default::default() }).unwrap();
+    let ex = engine::explain::explain(&e.program, &db, "p", &[Const::Num(1), Const::Num(1)]).unwrap();
     let text = ex.to_string();
     // p(1,1) needs one composition of p(1,2)/p(2,1) or p(1,3)/p(3,1): three levels at most.
     assert!(text.lines().count() <= 8, "{text}");
-    assert!(
-        text.starts_with("p(1, 1)  <- rule at t.rules:6 with"),
-        "{text}"
-    );
+    assert!(text.starts_with("p(1, 1)  <- rule at t.rules:6 with"), "{text}");
 }
 
 #[test]
@@ -434,24 +331,10 @@ fn why_not_names_the_failing_literal() {
     let e = engine(
         ".decl e(a: number)\n.input e\n.decl f(a: number)\n.input f\n.decl p(a: number)\n.output p\np(X) :- e(X), f(X).\n",
     );
-    let facts = FactSet::from_json(r#"{"e": [[1]], "f": [[2]]}"#)
-        .unwrap()
-        .resolve(&e.program)
-        .unwrap();
-    let db = e
-        .evaluate(
-            &facts,
-            EvalOptions {
-                provenance: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let facts = FactSet::from_json(r#"{"e": [[1]], "f": [[2]]}"#).unwrap().resolve(&e.program).unwrap();
+    let db = e.evaluate(&facts, EvalOptions { provenance: true, ..Default::default() }).unwrap();
     let ex = engine::explain::explain(&e.program, &db, "p", &[Const::Num(1)]).unwrap();
-    assert_eq!(
-        ex.to_string(),
-        "p(1) does not hold\n  rule at t.rules:7: no binding satisfies f(1)\n"
-    );
+    assert_eq!(ex.to_string(), "p(1) does not hold\n  rule at t.rules:7: no binding satisfies f(1)\n");
 }
 
 // ---- property tests ----
@@ -490,9 +373,8 @@ fn random_case(seed: u64) -> (String, String) {
         let cols: Vec<String> = (0..arity).map(|c| format!("c{c}: number")).collect();
         src += &format!(".decl {name}({})\n.input {name}\n", cols.join(", "));
         let n = g.below(8);
-        let tuples: Vec<serde_json::Value> = (0..n)
-            .map(|_| serde_json::json!((0..arity).map(|_| g.below(5)).collect::<Vec<_>>()))
-            .collect();
+        let tuples: Vec<serde_json::Value> =
+            (0..n).map(|_| serde_json::json!((0..arity).map(|_| g.below(5)).collect::<Vec<_>>())).collect();
         facts.insert(name.clone(), serde_json::Value::Array(tuples));
         rels.push((name, arity, 0));
     }
@@ -512,8 +394,7 @@ fn random_case(seed: u64) -> (String, String) {
     for (name, arity, level) in &idb {
         for _ in 0..1 + g.below(3) {
             let pos: Vec<&(String, usize, usize)> = rels.iter().filter(|r| r.2 <= *level).collect();
-            let lower: Vec<&(String, usize, usize)> =
-                rels.iter().filter(|r| r.2 < *level).collect();
+            let lower: Vec<&(String, usize, usize)> = rels.iter().filter(|r| r.2 < *level).collect();
             let mut body = vec![];
             let mut bound: Vec<&str> = vec![];
             for _ in 0..1 + g.below(3) {
@@ -552,26 +433,15 @@ fn random_case(seed: u64) -> (String, String) {
                         let a = pick(&mut g, &bound);
                         let b = pick(&mut g, &bound);
                         let op = ["+", "*", "%"][g.below(3) as usize];
-                        let b = if op == "%" {
-                            (1 + g.below(3)).to_string()
-                        } else {
-                            b
-                        };
+                        let b = if op == "%" { (1 + g.below(3)).to_string() } else { b };
                         body.push(format!("N = {a} {op} {b}"));
                         body.push("N < 6".into());
                         bound.push("N");
                     }
                     3 if !lower.is_empty() => {
                         let r = lower[g.below(lower.len() as u64) as usize];
-                        let args: Vec<String> = (0..r.1)
-                            .map(|_| {
-                                if g.chance(30) {
-                                    "_".into()
-                                } else {
-                                    pick(&mut g, &bound)
-                                }
-                            })
-                            .collect();
+                        let args: Vec<String> =
+                            (0..r.1).map(|_| if g.chance(30) { "_".into() } else { pick(&mut g, &bound) }).collect();
                         body.push(format!("!{}({})", r.0, args.join(", ")));
                     }
                     4 | 5 if !lower.is_empty() && !bound.contains(&"M") => {
@@ -582,15 +452,8 @@ fn random_case(seed: u64) -> (String, String) {
                         } else {
                             None
                         };
-                        let mut args: Vec<String> = (0..r.1)
-                            .map(|c| {
-                                if g.chance(30) {
-                                    "_".into()
-                                } else {
-                                    format!("L{c}")
-                                }
-                            })
-                            .collect();
+                        let mut args: Vec<String> =
+                            (0..r.1).map(|c| if g.chance(30) { "_".into() } else { format!("L{c}") }).collect();
                         if let Some(v) = corr {
                             args[0] = v.to_string();
                         }
@@ -615,9 +478,8 @@ fn random_case(seed: u64) -> (String, String) {
     // The symbol part.
     src += ".decl s(name: symbol, n: number)\n.input s\n.decl sym(name: symbol, n: number)\n.output sym\n";
     let names = ["a", "ab", "b", "ba", "abc"];
-    let tuples: Vec<serde_json::Value> = (0..g.below(6))
-        .map(|_| serde_json::json!([names[g.below(5) as usize], g.below(3)]))
-        .collect();
+    let tuples: Vec<serde_json::Value> =
+        (0..g.below(6)).map(|_| serde_json::json!([names[g.below(5) as usize], g.below(3)])).collect();
     facts.insert("s".into(), serde_json::Value::Array(tuples));
     let templates = [
         "sym(S, N) :- s(S, N), match(\"a.*\", S).",
@@ -645,23 +507,13 @@ fn differential(seed: u64) -> Result<(bool, usize), TestCaseError> {
     };
     let mut derived = 0;
     let e = Engine::new(program).map_err(|errs| TestCaseError::fail(format!("{errs:?}\n{src}")))?;
-    let f = FactSet::from_json(&facts)
-        .unwrap()
-        .resolve(&e.program)
-        .unwrap();
+    let f = FactSet::from_json(&facts).unwrap().resolve(&e.program).unwrap();
     let fast = e.evaluate(&f, EvalOptions::default());
-    let fast_prov = e.evaluate(
-        &f,
-        EvalOptions {
-            provenance: true,
-            ..Default::default()
-        },
-    );
+    let fast_prov = e.evaluate(&f, EvalOptions { provenance: true, ..Default::default() });
     let naive = engine::reference::evaluate(&e.program, &f);
     match (fast, naive) {
         (Ok(db), Ok(reference)) => {
-            let db2 = fast_prov
-                .map_err(|err| TestCaseError::fail(format!("provenance run failed: {err}")))?;
+            let db2 = fast_prov.map_err(|err| TestCaseError::fail(format!("provenance run failed: {err}")))?;
             for (r, rel) in e.program.relations.iter().enumerate() {
                 let got: BTreeSet<Vec<Const>> = db.decoded(r).into_iter().collect();
                 if rel.output {
@@ -676,12 +528,7 @@ fn differential(seed: u64) -> Result<(bool, usize), TestCaseError> {
                     facts
                 );
                 let got2: BTreeSet<Vec<Const>> = db2.decoded(r).into_iter().collect();
-                prop_assert_eq!(
-                    &got2,
-                    &reference[r],
-                    "relation {} differs with provenance on",
-                    rel.name
-                );
+                prop_assert_eq!(&got2, &reference[r], "relation {} differs with provenance on", rel.name);
                 // Every derived output tuple has a proof.
                 if rel.output && !rel.aux {
                     for t in got.iter().take(3) {
@@ -697,13 +544,7 @@ fn differential(seed: u64) -> Result<(bool, usize), TestCaseError> {
             }
         }
         (Err(_), Err(_)) => {}
-        (a, b) => prop_assert!(
-            false,
-            "one evaluator failed: fast {:?} reference {:?}\n{}",
-            a.err(),
-            b.err(),
-            src
-        ),
+        (a, b) => prop_assert!(false, "one evaluator failed: fast {:?} reference {:?}\n{}", a.err(), b.err(), src),
     }
     Ok((true, derived))
 }
@@ -711,11 +552,7 @@ fn differential(seed: u64) -> Result<(bool, usize), TestCaseError> {
 #[test]
 fn fast_evaluator_agrees_with_reference_on_random_programs() {
     let mut runner = TestRunner::new_with_rng(
-        Config {
-            cases: 1200,
-            failure_persistence: None,
-            ..Config::default()
-        },
+        Config { cases: 1200, failure_persistence: None, ..Config::default() },
         TestRng::deterministic_rng(RngAlgorithm::ChaCha),
     );
     let checked = std::cell::Cell::new(0u32);
@@ -728,22 +565,10 @@ fn fast_evaluator_agrees_with_reference_on_random_programs() {
             Ok(())
         })
         .unwrap();
-    assert!(
-        checked.get() >= 1000,
-        "only {} of 1200 generated programs checked",
-        checked.get()
-    );
+    assert!(checked.get() >= 1000, "only {} of 1200 generated programs checked", checked.get());
     // Guard against a vacuous generator: most programs must derive something.
-    assert!(
-        busy.get() >= 600,
-        "only {} programs derived 5 tuples or more",
-        busy.get()
-    );
-    eprintln!(
-        "differential: {} programs checked, {} derived 5+ tuples",
-        checked.get(),
-        busy.get()
-    );
+    assert!(busy.get() >= 600, "only {} programs derived 5 tuples or more", busy.get());
+    eprintln!("differential: {} programs checked, {} derived 5+ tuples", checked.get(), busy.get());
 }
 
 const SEED_TEXTS: [&str; 3] = [
@@ -756,60 +581,41 @@ const SEED_TEXTS: [&str; 3] = [
 fn parser_and_checker_never_panic_on_mutated_texts() {
     let alphabet: Vec<char> = ".,:-(){}!=<>\"/*_ \n\\aXz09@%+".chars().collect();
     let mut runner = TestRunner::new_with_rng(
-        Config {
-            cases: 100_000,
-            failure_persistence: None,
-            ..Config::default()
-        },
+        Config { cases: 100_000, failure_persistence: None, ..Config::default() },
         TestRng::deterministic_rng(RngAlgorithm::ChaCha),
     );
     let mutation = (0u8..5, any::<u16>(), 0..alphabet.len());
     runner
-        .run(
-            &(
-                0..SEED_TEXTS.len(),
-                proptest::collection::vec(mutation, 1..5),
-            ),
-            |(base, muts)| {
-                let mut text: Vec<char> = SEED_TEXTS[base].chars().collect();
-                for (kind, pos, ch) in muts {
-                    let at = pos as usize % (text.len() + 1);
-                    match kind {
-                        0 => text.insert(at, alphabet[ch]),
-                        1 if at < text.len() => {
-                            text.remove(at);
-                        }
-                        2 if at < text.len() => text[at] = alphabet[ch],
-                        3 => text.truncate(at),
-                        _ => {
-                            let end = (at + 8).min(text.len());
-                            let chunk: Vec<char> = text[at..end].to_vec();
-                            for (i, c) in chunk.into_iter().enumerate() {
-                                text.insert(at + i, c);
-                            }
+        .run(&(0..SEED_TEXTS.len(), proptest::collection::vec(mutation, 1..5)), |(base, muts)| {
+            let mut text: Vec<char> = SEED_TEXTS[base].chars().collect();
+            for (kind, pos, ch) in muts {
+                let at = pos as usize % (text.len() + 1);
+                match kind {
+                    0 => text.insert(at, alphabet[ch]),
+                    1 if at < text.len() => {
+                        text.remove(at);
+                    }
+                    2 if at < text.len() => text[at] = alphabet[ch],
+                    3 => text.truncate(at),
+                    _ => {
+                        let end = (at + 8).min(text.len());
+                        let chunk: Vec<char> = text[at..end].to_vec();
+                        for (i, c) in chunk.into_iter().enumerate() {
+                            text.insert(at + i, c);
                         }
                     }
                 }
-                let s: String = text.into_iter().collect();
-                let loaded = load(
-                    &["m.rules".into()],
-                    &files(&[("m.rules", &s), ("x.rules", ".decl x(a: number)\n")]),
-                );
-                // Whatever loads must also compile and evaluate without panicking.
-                if let Some(p) = loaded.program
-                    && let Ok(e) = Engine::new(p)
-                {
-                    let _ = e.evaluate(
-                        &e.empty_facts(),
-                        EvalOptions {
-                            provenance: true,
-                            max_tuples: 10_000,
-                        },
-                    );
-                }
-                Ok(())
-            },
-        )
+            }
+            let s: String = text.into_iter().collect();
+            let loaded = load(&["m.rules".into()], &files(&[("m.rules", &s), ("x.rules", ".decl x(a: number)\n")]));
+            // Whatever loads must also compile and evaluate without panicking.
+            if let Some(p) = loaded.program
+                && let Ok(e) = Engine::new(p)
+            {
+                let _ = e.evaluate(&e.empty_facts(), EvalOptions { provenance: true, max_tuples: 10_000 });
+            }
+            Ok(())
+        })
         .unwrap();
 }
 
@@ -825,22 +631,13 @@ fn engine_and_render_depend_on_no_io_stack() {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata runs");
-    assert!(
-        out.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr));
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let names: HashMap<String, String> = meta["packages"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| {
-            (
-                p["id"].as_str().unwrap().to_string(),
-                p["name"].as_str().unwrap().to_string(),
-            )
-        })
+        .map(|p| (p["id"].as_str().unwrap().to_string(), p["name"].as_str().unwrap().to_string()))
         .collect();
     let nodes = meta["resolve"]["nodes"].as_array().unwrap();
     let deps_of = |id: &str| -> Vec<String> {
@@ -849,33 +646,13 @@ fn engine_and_render_depend_on_no_io_stack() {
             .as_array()
             .unwrap()
             .iter()
-            .filter(|d| {
-                d["dep_kinds"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|k| k["kind"].is_null())
-            })
+            .filter(|d| d["dep_kinds"].as_array().unwrap().iter().any(|k| k["kind"].is_null()))
             .map(|d| d["pkg"].as_str().unwrap().to_string())
             .collect()
     };
-    let forbidden = [
-        "tokio",
-        "tonic",
-        "hyper",
-        "kube",
-        "kube-client",
-        "kube-runtime",
-        "reqwest",
-        "mio",
-        "tower",
-    ];
+    let forbidden = ["tokio", "tonic", "hyper", "kube", "kube-client", "kube-runtime", "reqwest", "mio", "tower"];
     for root in ["engine", "render"] {
-        let id = names
-            .iter()
-            .find(|(_, n)| *n == root)
-            .map(|(id, _)| id.clone())
-            .expect("package in workspace");
+        let id = names.iter().find(|(_, n)| *n == root).map(|(id, _)| id.clone()).expect("package in workspace");
         let mut seen = BTreeSet::new();
         let mut stack = vec![id];
         while let Some(x) = stack.pop() {
@@ -885,14 +662,7 @@ fn engine_and_render_depend_on_no_io_stack() {
                 }
             }
         }
-        let bad: Vec<&String> = seen
-            .iter()
-            .map(|id| &names[id])
-            .filter(|n| forbidden.contains(&n.as_str()))
-            .collect();
-        assert!(
-            bad.is_empty(),
-            "`{root}` depends on {bad:?}: it must stay free of I/O (architecture.md)"
-        );
+        let bad: Vec<&String> = seen.iter().map(|id| &names[id]).filter(|n| forbidden.contains(&n.as_str())).collect();
+        assert!(bad.is_empty(), "`{root}` depends on {bad:?}: it must stay free of I/O (architecture.md)");
     }
 }

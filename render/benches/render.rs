@@ -15,11 +15,7 @@ use std::time::{Duration, Instant};
 fn time<R>(budget: Duration, mut f: impl FnMut() -> R) -> Duration {
     let mut samples = vec![];
     let start = Instant::now();
-    let min = if budget < Duration::from_millis(10) {
-        1
-    } else {
-        3
-    };
+    let min = if budget < Duration::from_millis(10) { 1 } else { 3 };
     while samples.len() < min || (start.elapsed() < budget && samples.len() < 30) {
         let t = Instant::now();
         black_box(f());
@@ -66,23 +62,14 @@ fn main() {
         let k: usize = shown.iter().map(|p| m.candidates(p).len()).sum();
         println!("  regex set: {:?} ({k} candidates)", t0.elapsed());
         let t0 = Instant::now();
-        let k = changes
-            .iter()
-            .filter(|ch| c.contracts[&v114].inventory.contains(&ch.path))
-            .count();
+        let k = changes.iter().filter(|ch| c.contracts[&v114].inventory.contains(&ch.path)).count();
         println!("  inventory: {:?} ({k})", t0.elapsed());
         let t0 = Instant::now();
-        let k = changes
-            .iter()
-            .filter(|ch| c.sensitive(v114, &ch.path))
-            .count();
+        let k = changes.iter().filter(|ch| c.sensitive(v114, &ch.path)).count();
         println!("  sensitive: {:?} ({k})", t0.elapsed());
     }
     let t = time(budget, || c.classify(v114, &changes, None, false).unwrap());
-    println!(
-        "classify {n} changed paths at v1.14: {:.2} ms (target < 50 ms for 10^5)",
-        t.as_secs_f64() * 1e3
-    );
+    println!("classify {n} changed paths at v1.14: {:.2} ms (target < 50 ms for 10^5)", t.as_secs_f64() * 1e3);
 
     // Two full control-plane configs, a few fields apart.
     let from = include_str!("../../examples/configs/v1.14/controlplane.yaml");
@@ -96,16 +83,8 @@ fn main() {
         let ch = diff::changes(&a, &b);
         let o = c.classify(v114, &ch, Some(&b), false).unwrap();
         let sensitive = |p: &Path| c.sensitive(v114, p);
-        let text = diff::unified(
-            &diff::redacted_yaml(&a, &sensitive),
-            &diff::redacted_yaml(&b, &sensitive),
-            "a",
-            "b",
-        );
+        let text = diff::unified(&diff::redacted_yaml(&a, &sensitive), &diff::redacted_yaml(&b, &sensitive), "a", "b");
         (o.verdict, text)
     });
-    println!(
-        "diff two full v1.14 control-plane configs: {:.3} ms (target < 5 ms)",
-        t.as_secs_f64() * 1e3
-    );
+    println!("diff two full v1.14 control-plane configs: {:.3} ms (target < 5 ms)", t.as_secs_f64() * 1e3);
 }

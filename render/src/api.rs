@@ -19,16 +19,9 @@ pub const HOLD: &str = "ichor.maesh.dev/hold";
 
 /// A Talos cluster: its versions, endpoint, CNI and where its secrets are.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[kube(
-    group = "ichor.maesh.dev",
-    version = "v1alpha1",
-    kind = "TalosCluster",
-    namespaced
-)]
+#[kube(group = "ichor.maesh.dev", version = "v1alpha1", kind = "TalosCluster", namespaced)]
 #[kube(status = "TalosClusterStatus", shortname = "tc")]
-#[kube(
-    printcolumn = r#"{"name":"Kubernetes","type":"string","jsonPath":".spec.kubernetesVersion"}"#
-)]
+#[kube(printcolumn = r#"{"name":"Kubernetes","type":"string","jsonPath":".spec.kubernetesVersion"}"#)]
 #[kube(printcolumn = r#"{"name":"Contract","type":"string","jsonPath":".spec.versionContract"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosClusterSpec {
@@ -209,12 +202,7 @@ pub struct Condition {
 
 /// One machine of a cluster.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[kube(
-    group = "ichor.maesh.dev",
-    version = "v1alpha1",
-    kind = "TalosMachine",
-    namespaced
-)]
+#[kube(group = "ichor.maesh.dev", version = "v1alpha1", kind = "TalosMachine", namespaced)]
 #[kube(status = "TalosMachineStatus", shortname = "tm")]
 #[kube(printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#)]
 #[kube(printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role"}"#)]
@@ -236,9 +224,7 @@ pub struct ClusterRef {
     pub name: String,
 }
 
-#[derive(
-    Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord,
-)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "camelCase")]
 pub enum Role {
     #[default]
@@ -273,12 +259,7 @@ pub struct TalosMachineStatus {
 
 /// A strategic-merge patch (Talos's format) applied to the machines it selects.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[kube(
-    group = "ichor.maesh.dev",
-    version = "v1alpha1",
-    kind = "TalosConfigPatch",
-    namespaced
-)]
+#[kube(group = "ichor.maesh.dev", version = "v1alpha1", kind = "TalosConfigPatch", namespaced)]
 #[kube(shortname = "tcp")]
 #[serde(rename_all = "camelCase")]
 pub struct TalosConfigPatchSpec {
@@ -304,12 +285,7 @@ pub struct PatchSelector {
 
 /// An operation on a cluster: a Kubernetes upgrade, a CNI change, ...
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[kube(
-    group = "ichor.maesh.dev",
-    version = "v1alpha1",
-    kind = "TalosOperation",
-    namespaced
-)]
+#[kube(group = "ichor.maesh.dev", version = "v1alpha1", kind = "TalosOperation", namespaced)]
 #[kube(status = "TalosOperationStatus", shortname = "top")]
 #[kube(printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.kind"}"#)]
 #[kube(printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#)]
@@ -372,14 +348,7 @@ pub struct MachineProgress {
 }
 
 /// The CRDs of every kind, in a fixed order.
-pub fn crds()
--> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
-{
+pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![
-        TalosCluster::crd(),
-        TalosMachine::crd(),
-        TalosConfigPatch::crd(),
-        TalosOperation::crd(),
-    ]
+    vec![TalosCluster::crd(), TalosMachine::crd(), TalosConfigPatch::crd(), TalosOperation::crd()]
 }

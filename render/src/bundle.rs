@@ -6,20 +6,11 @@
 
 /// `(file name as shown in proofs, contents)`.
 pub const RULES: &[(&str, &str)] = &[
-    (
-        "rules/classify.rules",
-        include_str!("../../rules/classify.rules"),
-    ),
-    (
-        "rules/talos-accepts.rules",
-        include_str!("../../rules/talos-accepts.rules"),
-    ),
+    ("rules/classify.rules", include_str!("../../rules/classify.rules")),
+    ("rules/talos-accepts.rules", include_str!("../../rules/talos-accepts.rules")),
 ];
 
-pub const FIELDMETA: (&str, &str) = (
-    "rules/fieldmeta.yaml",
-    include_str!("../../rules/fieldmeta.yaml"),
-);
+pub const FIELDMETA: (&str, &str) = ("rules/fieldmeta.yaml", include_str!("../../rules/fieldmeta.yaml"));
 
 /// `(contract, inventory text)`.
 pub const CONTRACTS: &[(&str, &str)] = &[

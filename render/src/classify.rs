@@ -92,6 +92,28 @@ impl Classified {
     }
 }
 
+/// The cluster and machine context of a machine's classification (`config diff --manifests`).
+#[derive(Clone, Debug, Default)]
+pub struct MachineContext {
+    pub role: String,
+    /// The consent annotation's value, if the cluster carries it.
+    pub consent: Option<String>,
+    pub spec_kube_proxy: String,
+    pub status_kube_proxy: Option<String>,
+    /// The desired-inputs hash equals the machine's recorded one.
+    pub inputs_unchanged: bool,
+    pub drift_policy: String,
+}
+
+/// A machine's condition, decided by rules/machine.rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineVerdict {
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    pub reboot_paths: Vec<String>,
+}
+
 /// Talos would refuse the desired config.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Rejection {
@@ -104,6 +126,8 @@ pub struct Outcome {
     pub verdict: String,
     pub changes: Vec<Classified>,
     pub rejected: Vec<Rejection>,
+    /// The machine's condition, when classified with its context.
+    pub machine: Option<MachineVerdict>,
     /// The evaluation, with provenance, for proofs.
     pub db: Database,
 }
@@ -137,18 +161,11 @@ impl Classifier {
         let files: HashMap<String, String> = set.rules.iter().cloned().collect();
         let names: Vec<String> = set.rules.iter().map(|r| r.0.clone()).collect();
         let loaded = engine::load(&names, &MemSources(files));
-        problems.extend(
-            loaded
-                .errors()
-                .map(|d| d.display(&loaded.sources).to_string()),
-        );
+        problems.extend(loaded.errors().map(|d| d.display(&loaded.sources).to_string()));
         let engine = loaded.program.and_then(|p| match Engine::new(p) {
             Ok(e) => Some(e),
             Err(errs) => {
-                problems.extend(
-                    errs.iter()
-                        .map(|e| format!("{}: error: {}", e.at, e.message)),
-                );
+                problems.extend(errs.iter().map(|e| format!("{}: error: {}", e.at, e.message)));
                 None
             }
         });
@@ -158,27 +175,13 @@ impl Classifier {
         let (ambiguous, _) = meta.check_inventories(&inventories);
         if !ambiguous.is_empty() {
             return Err(LoadError {
-                problems: ambiguous
-                    .iter()
-                    .map(|e: &MetaError| format!("{meta_file}:{e}"))
-                    .collect(),
+                problems: ambiguous.iter().map(|e: &MetaError| format!("{meta_file}:{e}")).collect(),
             });
         }
         for (c, inventory) in inventories {
-            contracts.insert(
-                c,
-                ContractData {
-                    matcher: meta.matcher(c),
-                    inventory,
-                },
-            );
+            contracts.insert(c, ContractData { matcher: meta.matcher(c), inventory });
         }
-        Ok(Classifier {
-            meta,
-            fieldmeta_file: meta_file.clone(),
-            contracts,
-            engine,
-        })
+        Ok(Classifier { meta, fieldmeta_file: meta_file.clone(), contracts, engine })
     }
 
     pub fn known(&self) -> Vec<Contract> {
@@ -188,17 +191,10 @@ impl Classifier {
     /// The contract named `name`, or an error listing the known ones.
     pub fn contract(&self, name: &str) -> Result<Contract, String> {
         let names: Vec<String> = self.known().iter().map(Contract::to_string).collect();
-        let c = Contract::parse(name).ok_or_else(|| {
-            format!(
-                "{name:?} is not a contract name: write vX.Y, one of {}",
-                names.join(", ")
-            )
-        })?;
+        let c = Contract::parse(name)
+            .ok_or_else(|| format!("{name:?} is not a contract name: write vX.Y, one of {}", names.join(", ")))?;
         if !self.contracts.contains_key(&c) {
-            return Err(format!(
-                "unknown contract {c}: known contracts are {}",
-                names.join(", ")
-            ));
+            return Err(format!("unknown contract {c}: known contracts are {}", names.join(", ")));
         }
         Ok(c)
     }
@@ -208,34 +204,21 @@ impl Classifier {
         let Some(d) = self.contracts.get(&contract) else {
             return false;
         };
-        d.matcher
-            .candidates(&path.to_string())
-            .iter()
-            .any(|&(e, _)| self.meta.entries[e].sensitive)
+        d.matcher.candidates(&path.to_string()).iter().any(|&(e, _)| self.meta.entries[e].sensitive)
     }
 
     /// The contract a config is written for, and why: the oldest contract from v1.13 on whose
     /// inventory has every typed document's kind (Talos's own guess: documents present mean
     /// the current form, none mean the v1.13 legacy form), else the newest known.
     pub fn infer_contract(&self, configs: &[&Config]) -> (Contract, String) {
-        let kinds: Vec<&str> = configs
-            .iter()
-            .flat_map(|c| c.docs.iter().filter_map(|d| d.kind.as_deref()))
-            .collect();
-        let floor = Contract {
-            major: 1,
-            minor: 13,
-        };
+        let kinds: Vec<&str> = configs.iter().flat_map(|c| c.docs.iter().filter_map(|d| d.kind.as_deref())).collect();
+        let floor = Contract { major: 1, minor: 13 };
         for (&c, d) in self.contracts.range(floor..) {
             if kinds.iter().all(|k| d.inventory.has_kind(k)) {
                 let newer: Vec<&str> = kinds
                     .iter()
                     .copied()
-                    .filter(|k| {
-                        self.contracts
-                            .range(..c)
-                            .all(|(_, o)| !o.inventory.has_kind(k))
-                    })
+                    .filter(|k| self.contracts.range(..c).all(|(_, o)| !o.inventory.has_kind(k)))
                     .collect();
                 let why = if newer.is_empty() {
                     "every document exists at this contract".to_string()
@@ -243,24 +226,14 @@ impl Classifier {
                     let mut n = newer.clone();
                     n.sort();
                     n.dedup();
-                    let more = if n.len() > 3 {
-                        format!(" and {} more", n.len() - 3)
-                    } else {
-                        String::new()
-                    };
-                    format!(
-                        "documents first known at {c}: {}{more}",
-                        n[..n.len().min(3)].join(", ")
-                    )
+                    let more = if n.len() > 3 { format!(" and {} more", n.len() - 3) } else { String::new() };
+                    format!("documents first known at {c}: {}{more}", n[..n.len().min(3)].join(", "))
                 };
                 return (c, why);
             }
         }
         let newest = *self.contracts.keys().last().expect("at least one contract");
-        (
-            newest,
-            "some documents are unknown to every contract; they are reported as unsupported".into(),
-        )
+        (newest, "some documents are unknown to every contract; they are reported as unsupported".into())
     }
 
     /// Classifies `changes` at `contract`; with the desired config, also checks what Talos
@@ -272,19 +245,24 @@ impl Classifier {
         desired: Option<&Config>,
         provenance: bool,
     ) -> Result<Outcome, engine::EvalError> {
+        self.classify_machine(contract, changes, desired, None, provenance)
+    }
+
+    /// `classify` with the machine's context: also decides its Ready condition.
+    pub fn classify_machine(
+        &self,
+        contract: Contract,
+        changes: &[Change],
+        desired: Option<&Config>,
+        machine: Option<&MachineContext>,
+        provenance: bool,
+    ) -> Result<Outcome, engine::EvalError> {
         let data = &self.contracts[&contract];
         let p = &self.engine.program;
-        let rel = |name: &str| {
-            p.relation(name)
-                .unwrap_or_else(|| panic!("the classification rules declare `{name}`"))
-        };
+        let rel = |name: &str| p.relation(name).unwrap_or_else(|| panic!("the classification rules declare `{name}`"));
         let mut b = self.engine.fact_builder();
-        let (r_entry, r_change, r_exists, r_cand) = (
-            rel("entry_class"),
-            rel("change"),
-            rel("exists"),
-            rel("candidate"),
-        );
+        let (r_entry, r_change, r_exists, r_cand) =
+            (rel("entry_class"), rel("change"), rel("exists"), rel("candidate"));
         for (e, entry) in self.meta.entries.iter().enumerate() {
             if let (Some(class), true) = (entry.class, entry.holds_at(contract)) {
                 let row = [b.num(e as i64), b.sym(class.name())];
@@ -327,20 +305,10 @@ impl Classifier {
                 b.push(r_present, &[id]);
             }
         }
-        let db = self.engine.evaluate_built(
-            b,
-            EvalOptions {
-                provenance,
-                ..EvalOptions::default()
-            },
-        )?;
+        let db = self.engine.evaluate_built(b, EvalOptions { provenance, ..EvalOptions::default() })?;
         let mut out: Vec<Classified> = sensitive
             .iter()
-            .map(|&s| Classified {
-                class: "reboot-required",
-                reason: Reason::Default,
-                sensitive: s,
-            })
+            .map(|&s| Classified { class: "reboot-required", reason: Reason::Default, sensitive: s })
             .collect();
         for row in db.rels[rel("class_of")].iter() {
             let Some(&i) = by_id.get(&row[0]) else {
@@ -371,21 +339,22 @@ impl Classifier {
         let mut rejected: Vec<Rejection> = db.rels[rel("rejected")]
             .iter()
             .filter_map(|row| match (db.value(row[0]), db.value(row[1])) {
-                (Const::Sym(m), Const::Sym(a)) => Some(Rejection {
-                    message: m.clone(),
-                    at: a.clone(),
-                }),
+                (Const::Sym(m), Const::Sym(a)) => Some(Rejection { message: m.clone(), at: a.clone() }),
                 _ => None,
             })
             .collect();
         rejected.sort();
-        Ok(Outcome {
-            contract,
-            verdict,
-            changes: out,
-            rejected,
-            db,
-        })
+        let machine = machine.and_then(|_| {
+            let row = db.rels[rel("machine_ready")].iter().next()?;
+            let text = |id: u32| match db.value(id) {
+                Const::Sym(s) => s.clone(),
+                Const::Num(n) => n.to_string(),
+            };
+            let mut reboot_paths: Vec<String> = db.rels[rel("reboot_path")].iter().map(|r| text(r[0])).collect();
+            reboot_paths.sort();
+            Some(MachineVerdict { status: text(row[0]), reason: text(row[1]), message: text(row[2]), reboot_paths })
+        });
+        Ok(Outcome { contract, verdict, changes: out, rejected, machine, db })
     }
 
     /// The sentence that explains a path's class to an operator.
@@ -405,28 +374,18 @@ impl Classifier {
     }
 
     pub fn applied_by(&self, c: &Classified) -> Option<&str> {
-        c.entry()
-            .and_then(|e| self.meta.entries[e].applied_by.as_deref())
+        c.entry().and_then(|e| self.meta.entries[e].applied_by.as_deref())
     }
 
     /// The proof of a path's class (the outcome must have been evaluated with provenance).
-    pub fn proof(
-        &self,
-        outcome: &Outcome,
-        path: &Path,
-        c: &Classified,
-    ) -> Option<engine::explain::Proof> {
+    pub fn proof(&self, outcome: &Outcome, path: &Path, c: &Classified) -> Option<engine::explain::Proof> {
         let entry = match c.reason {
             Reason::Entry(e) => e as i64,
             Reason::Default => -1,
             Reason::Ambiguous => -2,
             Reason::Unsupported => -3,
         };
-        let values = vec![
-            Const::Sym(path.to_string()),
-            Const::Sym(c.class.to_string()),
-            Const::Num(entry),
-        ];
+        let values = vec![Const::Sym(path.to_string()), Const::Sym(c.class.to_string()), Const::Num(entry)];
         match engine::explain::explain(&self.engine.program, &outcome.db, "class_of", &values) {
             Ok(engine::explain::Explanation::Holds(p)) => Some(p),
             _ => None,

@@ -31,10 +31,7 @@ impl Doc {
         match (&self.kind, &self.name) {
             (None, _) => "v1alpha1".into(),
             (Some(k), None) => k.clone(),
-            (Some(k), Some(n)) => Path {
-                segs: vec![Seg::Field(k.clone()), Seg::Name(n.clone())],
-            }
-            .to_string(),
+            (Some(k), Some(n)) => Path { segs: vec![Seg::Field(k.clone()), Seg::Name(n.clone())] }.to_string(),
         }
     }
 
@@ -103,17 +100,11 @@ impl Config {
             let value: Value = match serde_yaml::from_str(&chunk) {
                 Ok(v) => v,
                 Err(e) => {
-                    let (line, col) = e
-                        .location()
-                        .map_or((start, 1), |l| (start + l.line() - 1, l.column()));
+                    let (line, col) = e.location().map_or((start, 1), |l| (start + l.line() - 1, l.column()));
                     let msg = e.to_string();
                     // serde_yaml appends "at line X column Y" relative to the chunk: drop it.
                     let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
-                    errors.push(ConfigError {
-                        line,
-                        col,
-                        message: format!("not valid YAML: {msg}"),
-                    });
+                    errors.push(ConfigError { line, col, message: format!("not valid YAML: {msg}") });
                     continue;
                 }
             };
@@ -125,10 +116,7 @@ impl Config {
                 errors.push(ConfigError {
                     line: first,
                     col: 1,
-                    message: format!(
-                        "a config document must be a mapping, found {}",
-                        kind_of(&value)
-                    ),
+                    message: format!("a config document must be a mapping, found {}", kind_of(&value)),
                 });
                 continue;
             };
@@ -150,12 +138,7 @@ impl Config {
                         }
                         None => None,
                     };
-                    Doc {
-                        kind: Some(kind.clone()),
-                        name,
-                        value: value.clone(),
-                        line: first,
-                    }
+                    Doc { kind: Some(kind.clone()), name, value: value.clone(), line: first }
                 }
                 Some(other) => {
                     errors.push(ConfigError {
@@ -165,12 +148,9 @@ impl Config {
                     });
                     continue;
                 }
-                None if V1ALPHA1_KEYS.iter().any(|k| get(k).is_some()) => Doc {
-                    kind: None,
-                    name: None,
-                    value: value.clone(),
-                    line: first,
-                },
+                None if V1ALPHA1_KEYS.iter().any(|k| get(k).is_some()) => {
+                    Doc { kind: None, name: None, value: value.clone(), line: first }
+                }
                 None => {
                     errors.push(ConfigError {
                         line: first,
@@ -180,10 +160,7 @@ impl Config {
                     continue;
                 }
             };
-            if let Some(prev) = docs
-                .iter()
-                .find(|d| d.kind == doc.kind && d.name == doc.name)
-            {
+            if let Some(prev) = docs.iter().find(|d| d.kind == doc.kind && d.name == doc.name) {
                 let what = if doc.kind.is_none() {
                     "duplicate v1alpha1 document".to_string()
                 } else {
@@ -192,27 +169,16 @@ impl Config {
                 errors.push(ConfigError {
                     line: doc.line,
                     col: 1,
-                    message: format!(
-                        "{what} (first at line {}): Talos refuses a config with two",
-                        prev.line
-                    ),
+                    message: format!("{what} (first at line {}): Talos refuses a config with two", prev.line),
                 });
                 continue;
             }
             docs.push(doc);
         }
         if docs.is_empty() && errors.is_empty() {
-            errors.push(ConfigError {
-                line: 1,
-                col: 1,
-                message: "the file holds no config document".into(),
-            });
+            errors.push(ConfigError { line: 1, col: 1, message: "the file holds no config document".into() });
         }
-        if errors.is_empty() {
-            Ok(Config { docs })
-        } else {
-            Err(errors)
-        }
+        if errors.is_empty() { Ok(Config { docs }) } else { Err(errors) }
     }
 
     pub fn v1alpha1(&self) -> Option<&Doc> {
@@ -331,18 +297,12 @@ mod tests {
     #[test]
     fn errors_have_positions() {
         let e = Config::parse("version: v1alpha1\n---\nkind: A\n---\nkind: A\n").unwrap_err();
-        assert_eq!(
-            e[0].to_string(),
-            "5:1: duplicate document A (first at line 3): Talos refuses a config with two"
-        );
+        assert_eq!(e[0].to_string(), "5:1: duplicate document A (first at line 3): Talos refuses a config with two");
         let e = Config::parse("machine:\n  type: [worker\n").unwrap_err();
         assert_eq!(e[0].line, 3, "{}", e[0]);
         let e = Config::parse("").unwrap_err();
         assert_eq!(e[0].message, "the file holds no config document");
         let e = Config::parse("version: v1alpha1\n---\n- a\n- b\n").unwrap_err();
-        assert_eq!(
-            e[0].to_string(),
-            "3:1: a config document must be a mapping, found a list"
-        );
+        assert_eq!(e[0].to_string(), "3:1: a config document must be a mapping, found a list");
     }
 }

@@ -43,29 +43,16 @@ pub fn changes(from: &Config, to: &Config) -> Vec<Change> {
     let mut out = vec![];
     for (p, old) in &a {
         match b.get(p) {
-            None => out.push(Change {
-                path: p.clone(),
-                op: Op::Removed,
-                old: Some(old.clone()),
-                new: None,
-            }),
-            Some(new) if new != old => out.push(Change {
-                path: p.clone(),
-                op: Op::Changed,
-                old: Some(old.clone()),
-                new: Some(new.clone()),
-            }),
+            None => out.push(Change { path: p.clone(), op: Op::Removed, old: Some(old.clone()), new: None }),
+            Some(new) if new != old => {
+                out.push(Change { path: p.clone(), op: Op::Changed, old: Some(old.clone()), new: Some(new.clone()) })
+            }
             Some(_) => {}
         }
     }
     for (p, new) in &b {
         if !a.contains_key(p) {
-            out.push(Change {
-                path: p.clone(),
-                op: Op::Added,
-                old: None,
-                new: Some(new.clone()),
-            });
+            out.push(Change { path: p.clone(), op: Op::Added, old: None, new: Some(new.clone()) });
         }
     }
     out.sort_by(|x, y| x.path.cmp(&y.path));
@@ -129,11 +116,7 @@ fn redact(path: &Path, v: &mut Value, sensitive: &dyn Fn(&Path) -> bool) {
 
 /// A unified diff (3 lines of context) between two texts, with file headers.
 pub fn unified(old: &str, new: &str, old_name: &str, new_name: &str) -> String {
-    similar::TextDiff::from_lines(old, new)
-        .unified_diff()
-        .context_radius(3)
-        .header(old_name, new_name)
-        .to_string()
+    similar::TextDiff::from_lines(old, new).unified_diff().context_radius(3).header(old_name, new_name).to_string()
 }
 
 /// A value on one line, for change lists: scalars as YAML, containers as flow JSON.

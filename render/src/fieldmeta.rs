@@ -26,16 +26,9 @@ impl Contract {
         let rest = s.strip_prefix('v')?;
         let (a, b) = rest.split_once('.')?;
         let num = |x: &str| {
-            if !x.is_empty() && x.bytes().all(|c| c.is_ascii_digit()) {
-                x.parse().ok()
-            } else {
-                None
-            }
+            if !x.is_empty() && x.bytes().all(|c| c.is_ascii_digit()) { x.parse().ok() } else { None }
         };
-        Some(Contract {
-            major: num(a)?,
-            minor: num(b)?,
-        })
+        Some(Contract { major: num(a)?, minor: num(b)? })
     }
 }
 
@@ -128,56 +121,34 @@ impl FieldMeta {
         let raw: Vec<RawEntry> = serde_yaml::from_str(text).map_err(|e| {
             let (line, col) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
             let msg = e.to_string();
-            vec![MetaError {
-                line,
-                col,
-                message: msg.split(" at line ").next().unwrap_or(&msg).to_string(),
-            }]
+            vec![MetaError { line, col, message: msg.split(" at line ").next().unwrap_or(&msg).to_string() }]
         })?;
         // Entries start at column 1 with `- `: their lines, in order.
-        let lines: Vec<usize> = text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| l.starts_with("- "))
-            .map(|(i, _)| i + 1)
-            .collect();
+        let lines: Vec<usize> =
+            text.lines().enumerate().filter(|(_, l)| l.starts_with("- ")).map(|(i, _)| i + 1).collect();
         let mut errors = vec![];
         let mut entries = vec![];
         // Entries whose range did not parse take no part in the duplicate check.
         let mut bad_range = vec![];
         for (i, r) in raw.into_iter().enumerate() {
             let line = lines.get(i).copied().unwrap_or(1);
-            let mut err = |m: String| {
-                errors.push(MetaError {
-                    line,
-                    col: 1,
-                    message: m,
-                })
-            };
+            let mut err = |m: String| errors.push(MetaError { line, col: 1, message: m });
             let class = match r.class.as_deref() {
                 None => None,
                 Some("safe") => Some(Class::Safe),
                 Some("reboot-required") => Some(Class::RebootRequired),
                 Some("install-time-only") => Some(Class::InstallTimeOnly),
                 Some(other) => {
-                    err(format!(
-                        "unknown class {other:?}: expected safe, reboot-required or install-time-only"
-                    ));
+                    err(format!("unknown class {other:?}: expected safe, reboot-required or install-time-only"));
                     None
                 }
             };
             if r.class.is_none() && !r.sensitive {
-                err(
-                    "an entry needs a class, or `sensitive: true` for one that only marks secrets"
-                        .into(),
-                );
+                err("an entry needs a class, or `sensitive: true` for one that only marks secrets".into());
             }
             if let Some(op) = &r.applied_by {
                 if !OPERATIONS.contains(&op.as_str()) {
-                    err(format!(
-                        "unknown appliedBy {op:?}: expected one of {}",
-                        OPERATIONS.join(", ")
-                    ));
+                    err(format!("unknown appliedBy {op:?}: expected one of {}", OPERATIONS.join(", ")));
                 }
                 if class != Some(Class::RebootRequired) {
                     err("an entry with appliedBy is reboot-required (the machine controller leaves it to the operation)".into());
@@ -222,10 +193,7 @@ impl FieldMeta {
         // The same pattern twice with overlapping contracts and the same role is a duplicate.
         for (i, a) in entries.iter().enumerate() {
             for (j, b) in entries[..i].iter().enumerate() {
-                if bad_range.contains(&i)
-                    || bad_range.contains(&j)
-                    || a.class.is_some() != b.class.is_some()
-                {
+                if bad_range.contains(&i) || bad_range.contains(&j) || a.class.is_some() != b.class.is_some() {
                     continue;
                 }
                 let overlap = known.iter().any(|&c| a.holds_at(c) && b.holds_at(c));
@@ -241,11 +209,7 @@ impl FieldMeta {
             }
         }
         errors.sort_by_key(|e| e.line);
-        if errors.is_empty() {
-            Ok(FieldMeta { entries })
-        } else {
-            Err(errors)
-        }
+        if errors.is_empty() { Ok(FieldMeta { entries }) } else { Err(errors) }
     }
 
     /// The regex set of one contract: every pattern of every entry that holds there.
@@ -264,12 +228,7 @@ impl FieldMeta {
             }
         }
         let set = RegexSet::new(&regexes).expect("patterns compiled one by one at load");
-        Matcher {
-            contract,
-            set,
-            owners,
-            specs,
-        }
+        Matcher { contract, set, owners, specs }
     }
 
     /// Checks the metadata against each contract's inventory: ambiguities (errors) and the
@@ -293,20 +252,13 @@ impl FieldMeta {
                 let shown = path.to_string();
                 cov.total += 1;
                 let cands = m.candidates(&shown);
-                let classed: Vec<(usize, i64)> = cands
-                    .iter()
-                    .copied()
-                    .filter(|&(e, _)| self.entries[e].class.is_some())
-                    .collect();
+                let classed: Vec<(usize, i64)> =
+                    cands.iter().copied().filter(|&(e, _)| self.entries[e].class.is_some()).collect();
                 let Some(best) = classed.iter().map(|x| x.1).max() else {
                     cov.defaulted.push(pat.clone());
                     continue;
                 };
-                let top: Vec<usize> = classed
-                    .iter()
-                    .filter(|x| x.1 == best)
-                    .map(|x| x.0)
-                    .collect();
+                let top: Vec<usize> = classed.iter().filter(|x| x.1 == best).map(|x| x.0).collect();
                 for &a in &top {
                     for &b in &top {
                         if a < b && self.entries[a].class != self.entries[b].class {
@@ -348,10 +300,7 @@ pub struct Coverage {
     pub defaulted: Vec<String>,
 }
 
-fn parse_range(
-    s: &str,
-    known: &[Contract],
-) -> Result<(Option<Contract>, Option<Contract>), String> {
+fn parse_range(s: &str, known: &[Contract]) -> Result<(Option<Contract>, Option<Contract>), String> {
     let s = s.trim();
     if s == "all" {
         return Ok((None, None));
@@ -363,10 +312,7 @@ fn parse_range(
         let c = Contract::parse(x).ok_or_else(|| format!("{x:?} is not a contract (vX.Y)"))?;
         if !known.contains(&c) {
             let names: Vec<String> = known.iter().map(Contract::to_string).collect();
-            return Err(format!(
-                "unknown contract {c}: known contracts are {}",
-                names.join(", ")
-            ));
+            return Err(format!("unknown contract {c}: known contracts are {}", names.join(", ")));
         }
         Ok(Some(c))
     };

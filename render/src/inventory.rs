@@ -33,20 +33,10 @@ pub fn parse_corrections(text: &str) -> Result<Vec<Correction>, String> {
 }
 
 /// Derives the inventory text of a schema at `contract`, applying the corrections that name it.
-pub fn derive(
-    schema_text: &str,
-    contract: &str,
-    corrections: &[Correction],
-) -> Result<String, String> {
-    let applied: Vec<&Correction> = corrections
-        .iter()
-        .filter(|c| c.contracts.iter().any(|x| x == contract))
-        .collect();
+pub fn derive(schema_text: &str, contract: &str, corrections: &[Correction]) -> Result<String, String> {
+    let applied: Vec<&Correction> = corrections.iter().filter(|c| c.contracts.iter().any(|x| x == contract)).collect();
     let rename = |k: &str| -> String {
-        applied
-            .iter()
-            .find_map(|c| c.rename_kind.get(k).cloned())
-            .unwrap_or_else(|| k.to_string())
+        applied.iter().find_map(|c| c.rename_kind.get(k).cloned()).unwrap_or_else(|| k.to_string())
     };
     let schema: Json = serde_json::from_str(schema_text)
         .map_err(|e| format!("line {}, column {}: not JSON: {e}", e.line(), e.column()))?;
@@ -54,32 +44,19 @@ pub fn derive(
         .get("$defs")
         .and_then(Json::as_object)
         .ok_or("the schema has no `$defs`: is it a Talos config.schema.json?")?;
-    let roots = schema
-        .get("oneOf")
-        .and_then(Json::as_array)
-        .ok_or("the schema has no top-level `oneOf` of documents")?;
+    let roots =
+        schema.get("oneOf").and_then(Json::as_array).ok_or("the schema has no top-level `oneOf` of documents")?;
     let mut out: BTreeMap<String, String> = BTreeMap::new();
     for root in roots {
         let def = resolve(root, defs).ok_or("a `oneOf` entry does not resolve to a definition")?;
-        let props = def
-            .get("properties")
-            .and_then(Json::as_object)
-            .ok_or("a document definition has no properties")?;
-        let kind = props
-            .get("kind")
-            .and_then(|k| k.get("enum"))
-            .and_then(|e| e.get(0))
-            .and_then(Json::as_str);
+        let props = def.get("properties").and_then(Json::as_object).ok_or("a document definition has no properties")?;
+        let kind = props.get("kind").and_then(|k| k.get("enum")).and_then(|e| e.get(0)).and_then(Json::as_str);
         match kind {
             Some(kind) => {
                 let kind = rename(kind);
                 let kind = kind.as_str();
                 let named = props.contains_key("name");
-                let base = if named {
-                    format!("{kind}[*]")
-                } else {
-                    kind.to_string()
-                };
+                let base = if named { format!("{kind}[*]") } else { kind.to_string() };
                 out.insert(base.clone(), "document".into());
                 for (k, v) in props {
                     if matches!(k.as_str(), "apiVersion" | "kind" | "name") {
@@ -120,11 +97,7 @@ pub fn derive(
 }
 
 fn seg(name: &str) -> String {
-    if crate::path::is_plain(name) {
-        name.to_string()
-    } else {
-        format!("[{}]", serde_json::to_string(name).unwrap())
-    }
+    if crate::path::is_plain(name) { name.to_string() } else { format!("[{}]", serde_json::to_string(name).unwrap()) }
 }
 
 fn resolve<'a>(node: &'a Json, defs: &'a serde_json::Map<String, Json>) -> Option<&'a Json> {
@@ -150,9 +123,7 @@ fn type_name(node: &Json, defs: &serde_json::Map<String, Json>) -> String {
     }
     match n.get("type").and_then(Json::as_str) {
         Some("object") if n.get("properties").is_some() => "object".into(),
-        Some("object") if n.get("additionalProperties").is_some_and(Json::is_object) => {
-            "map".into()
-        }
+        Some("object") if n.get("additionalProperties").is_some_and(Json::is_object) => "map".into(),
         Some("object") => "any".into(),
         Some(t) => t.into(),
         None if n.get("properties").is_some() => "object".into(),
@@ -219,9 +190,7 @@ impl Inventory {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let (path, ty) = line
-                .rsplit_once(' ')
-                .ok_or_else(|| format!("line {}: expected `path type`", i + 1))?;
+            let (path, ty) = line.rsplit_once(' ').ok_or_else(|| format!("line {}: expected `path type`", i + 1))?;
             let mut node = &mut inv.root;
             for (j, s) in split_pattern(path).into_iter().enumerate() {
                 node = match s.as_str() {
@@ -326,9 +295,7 @@ fn split_pattern(p: &str) -> Vec<String> {
                 } else {
                     // A quoted key segment: store the key itself.
                     let inner = &b[1..b.len() - 1];
-                    out.push(
-                        serde_json::from_str::<String>(inner).unwrap_or_else(|_| inner.to_string()),
-                    );
+                    out.push(serde_json::from_str::<String>(inner).unwrap_or_else(|_| inner.to_string()));
                 }
             }
             c => cur.push(c),

@@ -15,6 +15,7 @@ pub mod config;
 pub mod diff;
 pub mod fieldmeta;
 pub mod inventory;
+pub mod manifests;
 pub mod path;
 pub mod render;
 pub mod secrets;

@@ -28,26 +28,17 @@ pub struct Path {
 
 /// Whether a map key can be written bare.
 pub fn is_plain(key: &str) -> bool {
-    !key.is_empty()
-        && !key
-            .chars()
-            .any(|c| matches!(c, '.' | '[' | ']' | '"') || c.is_whitespace())
+    !key.is_empty() && !key.chars().any(|c| matches!(c, '.' | '[' | ']' | '"') || c.is_whitespace())
 }
 
 impl Path {
     pub fn root(first: &str) -> Path {
-        Path {
-            segs: vec![Seg::Field(first.to_string())],
-        }
+        Path { segs: vec![Seg::Field(first.to_string())] }
     }
 
     pub fn child_key(&self, key: &str) -> Path {
         let mut p = self.clone();
-        p.segs.push(if is_plain(key) {
-            Seg::Field(key.to_string())
-        } else {
-            Seg::Key(key.to_string())
-        });
+        p.segs.push(if is_plain(key) { Seg::Field(key.to_string()) } else { Seg::Key(key.to_string()) });
         p
     }
 
@@ -66,13 +57,18 @@ impl Path {
                 PSeg::Field(f) => Seg::Field(f),
                 PSeg::Key(k) => Seg::Key(k),
                 PSeg::Bracket(b) => {
-                    let first_is_kind = i == 1 && matches!(&out[0], Seg::Field(f) if f.starts_with(|c: char| c.is_ascii_uppercase()));
+                    let first_is_kind =
+                        i == 1 && matches!(&out[0], Seg::Field(f) if f.starts_with(|c: char| c.is_ascii_uppercase()));
                     if first_is_kind {
                         Seg::Name(b)
                     } else {
                         match b.parse::<usize>() {
                             Ok(n) => Seg::Index(n),
-                            Err(_) => return Err(format!("`[{b}]` is not a list index: write a number, or quote a map key as [\"{b}\"]")),
+                            Err(_) => {
+                                return Err(format!(
+                                    "`[{b}]` is not a list index: write a number, or quote a map key as [\"{b}\"]"
+                                ));
+                            }
                         }
                     }
                 }
@@ -128,10 +124,7 @@ fn parse_segments(text: &str, wildcards: bool) -> Result<Vec<PSeg>, String> {
             '.' if !first => {
                 i += 1;
                 let start = i;
-                while i < chars.len()
-                    && !matches!(chars[i], '.' | '[' | ']' | '"')
-                    && !chars[i].is_whitespace()
-                {
+                while i < chars.len() && !matches!(chars[i], '.' | '[' | ']' | '"') && !chars[i].is_whitespace() {
                     i += 1;
                 }
                 let name: String = chars[start..i].iter().collect();
@@ -166,8 +159,8 @@ fn parse_segments(text: &str, wildcards: bool) -> Result<Vec<PSeg>, String> {
                         return err(start, "unterminated quoted key");
                     }
                     let lit: String = chars[start..=i].iter().collect();
-                    let key: String = serde_json::from_str(&lit)
-                        .map_err(|e| format!("column {}: bad quoted key: {e}", start + 1))?;
+                    let key: String =
+                        serde_json::from_str(&lit).map_err(|e| format!("column {}: bad quoted key: {e}", start + 1))?;
                     i += 1;
                     if i >= chars.len() || chars[i] != ']' {
                         return err(i, "expected `]` after the quoted key");
@@ -187,27 +180,17 @@ fn parse_segments(text: &str, wildcards: bool) -> Result<Vec<PSeg>, String> {
                     if inner.is_empty() {
                         return err(start, "empty `[]`: write an index, a name or `*`");
                     }
-                    out.push(if inner == "*" && wildcards {
-                        PSeg::AnyBracket
-                    } else {
-                        PSeg::Bracket(inner)
-                    });
+                    out.push(if inner == "*" && wildcards { PSeg::AnyBracket } else { PSeg::Bracket(inner) });
                 }
             }
             c if first => {
                 let start = i;
-                while i < chars.len()
-                    && !matches!(chars[i], '.' | '[' | ']' | '"')
-                    && !chars[i].is_whitespace()
-                {
+                while i < chars.len() && !matches!(chars[i], '.' | '[' | ']' | '"') && !chars[i].is_whitespace() {
                     i += 1;
                 }
                 let name: String = chars[start..i].iter().collect();
                 if name.is_empty() {
-                    return err(
-                        start,
-                        &format!("unexpected {c:?}: a path starts with a field or document kind"),
-                    );
+                    return err(start, &format!("unexpected {c:?}: a path starts with a field or document kind"));
                 }
                 out.push(match name.as_str() {
                     "*" if wildcards => PSeg::AnyField,
@@ -286,11 +269,7 @@ impl Pattern {
             }
         }
         re.push('$');
-        Ok(Pattern {
-            text: text.to_string(),
-            regex: re,
-            specificity: spec,
-        })
+        Ok(Pattern { text: text.to_string(), regex: re, specificity: spec })
     }
 }
 
@@ -299,9 +278,7 @@ mod tests {
     use super::*;
 
     fn matches(pattern: &str, path: &str) -> bool {
-        regex::Regex::new(&Pattern::new(pattern).unwrap().regex)
-            .unwrap()
-            .is_match(path)
+        regex::Regex::new(&Pattern::new(pattern).unwrap().regex).unwrap().is_match(path)
     }
 
     #[test]
@@ -316,23 +293,13 @@ mod tests {
         ] {
             assert_eq!(Path::parse(p).unwrap().to_string(), p);
         }
-        assert_eq!(
-            Path::parse("LinkConfig[eth0]").unwrap().segs[1],
-            Seg::Name("eth0".into())
-        );
+        assert_eq!(Path::parse("LinkConfig[eth0]").unwrap().segs[1], Seg::Name("eth0".into()));
     }
 
     #[test]
     fn bad_paths_name_the_column() {
-        assert_eq!(
-            Path::parse("machine..disk").unwrap_err(),
-            "column 9: expected a field name after `.`"
-        );
-        assert!(
-            Path::parse("machine.interfaces[x]")
-                .unwrap_err()
-                .contains("is not a list index")
-        );
+        assert_eq!(Path::parse("machine..disk").unwrap_err(), "column 9: expected a field name after `.`");
+        assert!(Path::parse("machine.interfaces[x]").unwrap_err().contains("is not a list index"));
         assert!(Path::parse("").is_err());
         assert!(Path::parse("a[").is_err());
     }
@@ -342,22 +309,13 @@ mod tests {
         assert!(matches("cluster.**", "cluster"));
         assert!(matches("cluster.**", "cluster.etcd.image"));
         assert!(!matches("cluster.**", "clusterx"));
-        assert!(matches(
-            "machine.nodeLabels.*",
-            "machine.nodeLabels[\"a.b/c\"]"
-        ));
+        assert!(matches("machine.nodeLabels.*", "machine.nodeLabels[\"a.b/c\"]"));
         assert!(matches("machine.nodeLabels.*", "machine.nodeLabels.x"));
         assert!(!matches("machine.nodeLabels.*", "machine.nodeLabels.x.y"));
         assert!(matches("LinkConfig[*].mtu", "LinkConfig[eth0].mtu"));
-        assert!(matches(
-            "machine.network.interfaces[*].**",
-            "machine.network.interfaces[3].vlans[0].mtu"
-        ));
+        assert!(matches("machine.network.interfaces[*].**", "machine.network.interfaces[3].vlans[0].mtu"));
         assert!(matches("**", "anything.at[0].all"));
         assert!(!matches("KubeProxyConfig.**", "KubeProxyConfigX.enabled"));
-        assert!(
-            Pattern::new("cluster.etcd.**").unwrap().specificity
-                > Pattern::new("cluster.**").unwrap().specificity
-        );
+        assert!(Pattern::new("cluster.etcd.**").unwrap().specificity > Pattern::new("cluster.**").unwrap().specificity);
     }
 }

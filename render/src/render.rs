@@ -60,27 +60,16 @@ pub struct Rendered {
 }
 
 pub fn object_name(kind: &str, meta: &kube::core::ObjectMeta) -> String {
-    format!(
-        "{kind} {}/{}",
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default()
-    )
+    format!("{kind} {}/{}", meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
 }
 
 /// Whether the CNIHandover condition is True on the cluster.
 pub fn handover_done(c: &TalosCluster) -> bool {
-    c.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|k| k.type_ == "CNIHandover" && k.status == "True")
-    })
+    c.status.as_ref().is_some_and(|s| s.conditions.iter().any(|k| k.type_ == "CNIHandover" && k.status == "True"))
 }
 
 pub fn status_kube_proxy(c: &TalosCluster) -> Option<KubeProxyMode> {
-    c.status
-        .as_ref()
-        .and_then(|s| s.cni.as_ref())
-        .and_then(|n| n.kube_proxy)
+    c.status.as_ref().and_then(|s| s.cni.as_ref()).and_then(|n| n.kube_proxy)
 }
 
 /// The Kubernetes version without its one leading `v` (`v1.36.4` -> `1.36.4`). Images are
@@ -120,10 +109,7 @@ fn doc(kind: &str, name: Option<&str>, fields: Vec<(&str, Value)>) -> Value {
 
 fn pod_security() -> Value {
     map(vec![
-        (
-            "apiVersion",
-            s("pod-security.admission.config.k8s.io/v1alpha1"),
-        ),
+        ("apiVersion", s("pod-security.admission.config.k8s.io/v1alpha1")),
         (
             "defaults",
             map(vec![
@@ -151,10 +137,7 @@ fn audit_policy() -> Value {
     map(vec![
         ("apiVersion", s("audit.k8s.io/v1")),
         ("kind", s("Policy")),
-        (
-            "rules",
-            Value::Sequence(vec![map(vec![("level", s("Metadata"))])]),
-        ),
+        ("rules", Value::Sequence(vec![map(vec![("level", s("Metadata"))])])),
     ])
 }
 
@@ -167,12 +150,7 @@ fn installer_image(c: &TalosClusterSpec, contract: Contract) -> String {
     if let Some(i) = &c.install_image {
         return i.clone();
     }
-    if contract
-        >= (Contract {
-            major: 1,
-            minor: 14,
-        })
-    {
+    if contract >= (Contract { major: 1, minor: 14 }) {
         format!(
             "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:{}",
             c.talos_version
@@ -193,13 +171,7 @@ fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
     let mut machine = vec![
         ("type", s(i.machine.spec.role.name())),
         ("token", s(&b.trustdinfo.token)),
-        (
-            "ca",
-            map(vec![
-                ("crt", s(&b.certs.os.crt)),
-                ("key", s(if cp { &b.certs.os.key } else { "" })),
-            ]),
-        ),
+        ("ca", map(vec![("crt", s(&b.certs.os.crt)), ("key", s(if cp { &b.certs.os.key } else { "" }))])),
         ("certSANs", Value::Sequence(vec![])),
         (
             "kubelet",
@@ -222,30 +194,12 @@ fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
         "features",
         map(vec![
             ("diskQuotaSupport", Value::Bool(true)),
-            (
-                "kubePrism",
-                map(vec![
-                    ("enabled", Value::Bool(true)),
-                    ("port", Value::Number(7445.into())),
-                ]),
-            ),
-            (
-                "hostDNS",
-                map(vec![
-                    ("enabled", Value::Bool(true)),
-                    ("forwardKubeDNSToHost", Value::Bool(true)),
-                ]),
-            ),
+            ("kubePrism", map(vec![("enabled", Value::Bool(true)), ("port", Value::Number(7445.into()))])),
+            ("hostDNS", map(vec![("enabled", Value::Bool(true)), ("forwardKubeDNSToHost", Value::Bool(true))])),
         ]),
     ));
     if cp {
-        machine.push((
-            "nodeLabels",
-            map(vec![(
-                "node.kubernetes.io/exclude-from-external-load-balancers",
-                s(""),
-            )]),
-        ));
+        machine.push(("nodeLabels", map(vec![("node.kubernetes.io/exclude-from-external-load-balancers", s(""))])));
     }
     let mut cluster = vec![
         ("id", s(&b.cluster.id)),
@@ -263,59 +217,29 @@ fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
         ("token", s(&b.secrets.bootstraptoken)),
     ];
     if cp {
-        cluster.push((
-            "secretboxEncryptionSecret",
-            s(&b.secrets.secretboxencryptionsecret),
-        ));
+        cluster.push(("secretboxEncryptionSecret", s(&b.secrets.secretboxencryptionsecret)));
     }
-    cluster.push((
-        "ca",
-        map(vec![
-            ("crt", s(&b.certs.k8s.crt)),
-            ("key", s(if cp { &b.certs.k8s.key } else { "" })),
-        ]),
-    ));
+    cluster.push(("ca", map(vec![("crt", s(&b.certs.k8s.crt)), ("key", s(if cp { &b.certs.k8s.key } else { "" }))])));
     if cp {
         cluster.push((
             "aggregatorCA",
-            map(vec![
-                ("crt", s(&b.certs.k8saggregator.crt)),
-                ("key", s(&b.certs.k8saggregator.key)),
-            ]),
+            map(vec![("crt", s(&b.certs.k8saggregator.crt)), ("key", s(&b.certs.k8saggregator.key))]),
         ));
-        cluster.push((
-            "serviceAccount",
-            map(vec![("key", s(&b.certs.k8sserviceaccount.key))]),
-        ));
+        cluster.push(("serviceAccount", map(vec![("key", s(&b.certs.k8sserviceaccount.key))])));
         cluster.push((
             "apiServer",
             map(vec![
                 ("image", image("registry.k8s.io/kube-apiserver", v)),
                 (
                     "admissionControl",
-                    Value::Sequence(vec![map(vec![
-                        ("name", s("PodSecurity")),
-                        ("configuration", pod_security()),
-                    ])]),
+                    Value::Sequence(vec![map(vec![("name", s("PodSecurity")), ("configuration", pod_security())])]),
                 ),
                 ("auditPolicy", audit_policy()),
             ]),
         ));
-        cluster.push((
-            "controllerManager",
-            map(vec![(
-                "image",
-                image("registry.k8s.io/kube-controller-manager", v),
-            )]),
-        ));
-        cluster.push((
-            "proxy",
-            map(vec![("image", image("registry.k8s.io/kube-proxy", v))]),
-        ));
-        cluster.push((
-            "scheduler",
-            map(vec![("image", image("registry.k8s.io/kube-scheduler", v))]),
-        ));
+        cluster.push(("controllerManager", map(vec![("image", image("registry.k8s.io/kube-controller-manager", v))])));
+        cluster.push(("proxy", map(vec![("image", image("registry.k8s.io/kube-proxy", v))])));
+        cluster.push(("scheduler", map(vec![("image", image("registry.k8s.io/kube-scheduler", v))])));
     }
     cluster.push((
         "discovery",
@@ -323,24 +247,13 @@ fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
             ("enabled", Value::Bool(true)),
             (
                 "registries",
-                map(vec![
-                    ("kubernetes", map(vec![("disabled", Value::Bool(true))])),
-                    ("service", map(vec![])),
-                ]),
+                map(vec![("kubernetes", map(vec![("disabled", Value::Bool(true))])), ("service", map(vec![]))]),
             ),
         ]),
     ));
     if cp {
-        cluster.push((
-            "etcd",
-            map(vec![(
-                "ca",
-                map(vec![
-                    ("crt", s(&b.certs.etcd.crt)),
-                    ("key", s(&b.certs.etcd.key)),
-                ]),
-            )]),
-        ));
+        cluster
+            .push(("etcd", map(vec![("ca", map(vec![("crt", s(&b.certs.etcd.crt)), ("key", s(&b.certs.etcd.key))]))])));
     }
     let v1 = map(vec![
         ("version", s("v1alpha1")),
@@ -362,16 +275,8 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
     let name = i.cluster.metadata.name.clone().unwrap_or_default();
     let mut v1_cluster = vec![("token", s(&b.secrets.bootstraptoken))];
     if cp {
-        v1_cluster.push((
-            "etcd",
-            map(vec![(
-                "ca",
-                map(vec![
-                    ("crt", s(&b.certs.etcd.crt)),
-                    ("key", s(&b.certs.etcd.key)),
-                ]),
-            )]),
-        ));
+        v1_cluster
+            .push(("etcd", map(vec![("ca", map(vec![("crt", s(&b.certs.etcd.crt)), ("key", s(&b.certs.etcd.key))]))])));
     }
     let v1 = map(vec![
         ("version", s("v1alpha1")),
@@ -382,36 +287,20 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
             map(vec![
                 ("type", s(i.machine.spec.role.name())),
                 ("token", s(&b.trustdinfo.token)),
-                (
-                    "ca",
-                    map(vec![
-                        ("crt", s(&b.certs.os.crt)),
-                        ("key", s(if cp { &b.certs.os.key } else { "" })),
-                    ]),
-                ),
+                ("ca", map(vec![("crt", s(&b.certs.os.crt)), ("key", s(if cp { &b.certs.os.key } else { "" }))])),
                 ("certSANs", Value::Sequence(vec![])),
-                (
-                    "features",
-                    map(vec![("diskQuotaSupport", Value::Bool(true))]),
-                ),
+                ("features", map(vec![("diskQuotaSupport", Value::Bool(true))])),
             ]),
         ),
         ("cluster", map(v1_cluster)),
     ]);
     let mut docs = vec![
         v1,
-        doc(
-            "DiscoveryServiceConfig",
-            Some("default"),
-            vec![("endpoint", s("https://discovery.talos.dev/"))],
-        ),
+        doc("DiscoveryServiceConfig", Some("default"), vec![("endpoint", s("https://discovery.talos.dev/"))]),
         doc(
             "DiscoveryIdentityConfig",
             None,
-            vec![
-                ("clusterID", s(&b.cluster.id)),
-                ("clusterSecret", s(&b.cluster.secret)),
-            ],
+            vec![("clusterID", s(&b.cluster.id)), ("clusterSecret", s(&b.cluster.secret))],
         ),
     ];
     if let Some(disk) = &i.machine.spec.install_disk {
@@ -419,17 +308,11 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
             "UnattendedInstallConfig",
             None,
             vec![
-                (
-                    "installer",
-                    map(vec![("image", s(&installer_image(c, contract)))]),
-                ),
+                ("installer", map(vec![("image", s(&installer_image(c, contract)))])),
                 (
                     "provisioning",
                     map(vec![
-                        (
-                            "diskSelector",
-                            map(vec![("match", s(&format!("disk.dev_path == \"{disk}\"")))]),
-                        ),
+                        ("diskSelector", map(vec![("match", s(&format!("disk.dev_path == \"{disk}\"")))])),
                         ("wipe", Value::Bool(false)),
                     ]),
                 ),
@@ -440,35 +323,13 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
         doc(
             "ResolverConfig",
             None,
-            vec![(
-                "hostDNS",
-                map(vec![
-                    ("enabled", Value::Bool(true)),
-                    ("forwardKubeDNSToHost", Value::Bool(true)),
-                ]),
-            )],
+            vec![("hostDNS", map(vec![("enabled", Value::Bool(true)), ("forwardKubeDNSToHost", Value::Bool(true))]))],
         ),
-        doc(
-            "VolumeConfig",
-            Some("EPHEMERAL"),
-            vec![("mount", map(vec![("secure", Value::Bool(true))]))],
-        ),
-        doc(
-            "FilesystemTrimConfig",
-            None,
-            vec![("interval", s("168h0m0s"))],
-        ),
-        doc(
-            "SecurityProfileConfig",
-            None,
-            vec![("workloadIsolation", Value::Bool(true))],
-        ),
+        doc("VolumeConfig", Some("EPHEMERAL"), vec![("mount", map(vec![("secure", Value::Bool(true))]))]),
+        doc("FilesystemTrimConfig", None, vec![("interval", s("168h0m0s"))]),
+        doc("SecurityProfileConfig", None, vec![("workloadIsolation", Value::Bool(true))]),
         doc("HostnameConfig", None, vec![("auto", s("stable"))]),
-        doc(
-            "KubeClusterConfig",
-            None,
-            vec![("clusterName", s(&name)), ("endpoint", s(&c.endpoint))],
-        ),
+        doc("KubeClusterConfig", None, vec![("clusterName", s(&name)), ("endpoint", s(&c.endpoint))]),
     ]);
     let mut node = vec![("nodeIP", map(vec![]))];
     if cp {
@@ -476,19 +337,10 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
             "labels",
             map(vec![
                 ("node-role.kubernetes.io/control-plane", s("")),
-                (
-                    "node.kubernetes.io/exclude-from-external-load-balancers",
-                    s(""),
-                ),
+                ("node.kubernetes.io/exclude-from-external-load-balancers", s("")),
             ]),
         ));
-        node.push((
-            "taints",
-            map(vec![(
-                "node-role.kubernetes.io/control-plane",
-                s("NoSchedule"),
-            )]),
-        ));
+        node.push(("taints", map(vec![("node-role.kubernetes.io/control-plane", s("NoSchedule"))])));
     }
     docs.push(doc("KubeNodeConfig", None, node));
     docs.push(doc(
@@ -513,29 +365,16 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
         docs.push(doc(
             "KubeAPIServerCAConfig",
             None,
-            vec![(
-                "issuingCA",
-                map(vec![
-                    ("cert", s(&pem(&b.certs.k8s.crt))),
-                    ("key", s(&pem(&b.certs.k8s.key))),
-                ]),
-            )],
+            vec![("issuingCA", map(vec![("cert", s(&pem(&b.certs.k8s.crt))), ("key", s(&pem(&b.certs.k8s.key)))]))],
         ));
     } else {
         docs.push(doc(
             "KubeAPIServerCAConfig",
             None,
-            vec![(
-                "acceptedCAs",
-                Value::Sequence(vec![s(&pem(&b.certs.k8s.crt))]),
-            )],
+            vec![("acceptedCAs", Value::Sequence(vec![s(&pem(&b.certs.k8s.crt))]))],
         ));
     }
-    docs.push(doc(
-        "KubePrismConfig",
-        None,
-        vec![("port", Value::Number(7445.into()))],
-    ));
+    docs.push(doc("KubePrismConfig", None, vec![("port", Value::Number(7445.into()))]));
     if !cp {
         return docs;
     }
@@ -546,22 +385,11 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
             None,
             vec![(
                 "issuingCA",
-                map(vec![
-                    ("cert", s(&pem(&b.certs.k8saggregator.crt))),
-                    ("key", s(&pem(&b.certs.k8saggregator.key))),
-                ]),
+                map(vec![("cert", s(&pem(&b.certs.k8saggregator.crt))), ("key", s(&pem(&b.certs.k8saggregator.key)))]),
             )],
         ),
-        doc(
-            "KubeAdmissionControlConfig",
-            Some("PodSecurity"),
-            vec![("configuration", pod_security())],
-        ),
-        doc(
-            "KubeAuditPolicyConfig",
-            None,
-            vec![("configuration", audit_policy())],
-        ),
+        doc("KubeAdmissionControlConfig", Some("PodSecurity"), vec![("configuration", pod_security())]),
+        doc("KubeAuditPolicyConfig", None, vec![("configuration", audit_policy())]),
         doc(
             "KubeAuthenticationConfig",
             None,
@@ -586,16 +414,8 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
                 ]),
             )],
         ),
-        doc(
-            "KubeAuthorizerConfig",
-            Some("node"),
-            vec![("type", s("Node"))],
-        ),
-        doc(
-            "KubeAuthorizerConfig",
-            Some("rbac"),
-            vec![("type", s("RBAC"))],
-        ),
+        doc("KubeAuthorizerConfig", Some("node"), vec![("type", s("Node"))]),
+        doc("KubeAuthorizerConfig", Some("rbac"), vec![("type", s("RBAC"))]),
         doc(
             "KubeEtcdEncryptionConfig",
             None,
@@ -627,51 +447,23 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
             None,
             vec![(
                 "issuer",
-                map(vec![
-                    ("privateKey", s(&pem(&b.certs.k8sserviceaccount.key))),
-                    ("issuerURL", s(&c.endpoint)),
-                ]),
+                map(vec![("privateKey", s(&pem(&b.certs.k8sserviceaccount.key))), ("issuerURL", s(&c.endpoint))]),
             )],
         ),
-        doc(
-            "KubeAPIServerConfig",
-            None,
-            vec![("image", image("registry.k8s.io/kube-apiserver", v))],
-        ),
-        doc(
-            "KubeControllerManagerConfig",
-            None,
-            vec![("image", image("registry.k8s.io/kube-controller-manager", v))],
-        ),
+        doc("KubeAPIServerConfig", None, vec![("image", image("registry.k8s.io/kube-apiserver", v))]),
+        doc("KubeControllerManagerConfig", None, vec![("image", image("registry.k8s.io/kube-controller-manager", v))]),
         doc(
             "KubeSchedulerConfig",
             None,
-            vec![
-                ("image", image("registry.k8s.io/kube-scheduler", v)),
-                ("config", map(vec![])),
-            ],
+            vec![("image", image("registry.k8s.io/kube-scheduler", v)), ("config", map(vec![]))],
         ),
-        doc(
-            "KubeProxyConfig",
-            None,
-            vec![
-                ("image", image("registry.k8s.io/kube-proxy", v)),
-                ("config", map(vec![])),
-            ],
-        ),
+        doc("KubeProxyConfig", None, vec![("image", image("registry.k8s.io/kube-proxy", v)), ("config", map(vec![]))]),
         doc(
             "KubeFlannelCNIConfig",
             None,
-            vec![
-                ("backendType", s("vxlan")),
-                ("backendPort", Value::Number(4789.into())),
-            ],
+            vec![("backendType", s("vxlan")), ("backendPort", Value::Number(4789.into()))],
         ),
-        doc(
-            "KubeCoreDNSConfig",
-            None,
-            vec![("enabled", Value::Bool(true))],
-        ),
+        doc("KubeCoreDNSConfig", None, vec![("enabled", Value::Bool(true))]),
     ]);
     docs
 }
@@ -734,9 +526,7 @@ fn merge(base: &mut Value, patch: &Value, path: &str, set: &mut Vec<String>) -> 
         || (path.starts_with("NetworkRuleConfig[")
             && (path.ends_with(".ingress") || path.ends_with(".portSelector.ports")))
         || (path.starts_with("BGPInstanceConfig[")
-            && (path.ends_with(".advertise")
-                || path.ends_with(".importRoutes")
-                || path.ends_with(".neighbors")))
+            && (path.ends_with(".advertise") || path.ends_with(".importRoutes") || path.ends_with(".neighbors")))
         || (path.starts_with("KubeStaticPodConfig[") && path.ends_with(".pod"));
     match (base, patch) {
         (_, Value::Null) => Ok(()),
@@ -748,16 +538,10 @@ fn merge(base: &mut Value, patch: &Value, path: &str, set: &mut Vec<String>) -> 
         (Value::Mapping(b), Value::Mapping(p)) => {
             for (k, v) in p {
                 let key = k.as_str().unwrap_or_default().to_string();
-                let child = if path.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{path}.{key}")
-                };
+                let child = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
                 if is_delete(v) {
                     if b.remove(k).is_none() {
-                        return Err(format!(
-                            "`$patch: delete` of {child}, which the config does not have"
-                        ));
+                        return Err(format!("`$patch: delete` of {child}, which the config does not have"));
                     }
                     set.push(child);
                     continue;
@@ -777,9 +561,7 @@ fn merge(base: &mut Value, patch: &Value, path: &str, set: &mut Vec<String>) -> 
                 Some(key) => {
                     for item in p {
                         let kv = item.get(key).cloned();
-                        let at = kv
-                            .as_ref()
-                            .and_then(|kv| b.iter().position(|x| x.get(key) == Some(kv)));
+                        let at = kv.as_ref().and_then(|kv| b.iter().position(|x| x.get(key) == Some(kv)));
                         match at {
                             Some(i) => merge(&mut b[i], item, &format!("{path}[{i}]"), set)?,
                             None => b.push(item.clone()),
@@ -800,11 +582,7 @@ fn merge(base: &mut Value, patch: &Value, path: &str, set: &mut Vec<String>) -> 
 }
 
 /// Applies one patch's documents to the config's documents.
-fn apply_patch(
-    docs: &mut Vec<Value>,
-    patch_docs: &[Value],
-    set: &mut Vec<String>,
-) -> Result<(), String> {
+fn apply_patch(docs: &mut Vec<Value>, patch_docs: &[Value], set: &mut Vec<String>) -> Result<(), String> {
     for p in patch_docs {
         let id = id_of(p);
         if is_delete(p) {
@@ -817,10 +595,7 @@ fn apply_patch(
                     set.push(describe(&id));
                 }
                 None => {
-                    return Err(format!(
-                        "`$patch: delete` of {}, which the config does not have",
-                        describe(&id)
-                    ));
+                    return Err(format!("`$patch: delete` of {}, which the config does not have", describe(&id)));
                 }
             }
             continue;
@@ -859,11 +634,7 @@ fn selects(p: &TalosConfigPatch, m: &TalosMachine) -> bool {
 /// A copy of a patch's documents with what Ichor owns taken out: the CNI's inline manifest
 /// once handed over (ADR 0024), and the kube-proxy setting once Ichor owns it (ADR 0066).
 fn filtered(docs: &[Value], contract: Contract, handed_over: bool, owns_proxy: bool) -> Vec<Value> {
-    let v114 = contract
-        >= Contract {
-            major: 1,
-            minor: 14,
-        };
+    let v114 = contract >= Contract { major: 1, minor: 14 };
     let mut out = vec![];
     for d in docs {
         let mut d = d.clone();
@@ -876,13 +647,8 @@ fn filtered(docs: &[Value], contract: Contract, handed_over: bool, owns_proxy: b
         }
         if kind.is_none() {
             if handed_over {
-                if let Some(Value::Sequence(list)) = d
-                    .get_mut("cluster")
-                    .and_then(|c| c.get_mut("inlineManifests"))
-                {
-                    list.retain(|e| {
-                        e.get("name").and_then(Value::as_str) != Some(CNI_INLINE_MANIFEST)
-                    });
+                if let Some(Value::Sequence(list)) = d.get_mut("cluster").and_then(|c| c.get_mut("inlineManifests")) {
+                    list.retain(|e| e.get("name").and_then(Value::as_str) != Some(CNI_INLINE_MANIFEST));
                 }
             }
             if owns_proxy {
@@ -909,29 +675,16 @@ fn filtered(docs: &[Value], contract: Contract, handed_over: bool, owns_proxy: b
 pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderError>> {
     let mut errors = vec![];
     let cluster_obj = object_name("TalosCluster", &i.cluster.metadata);
-    let v114 = contract
-        >= Contract {
-            major: 1,
-            minor: 14,
-        };
+    let v114 = contract >= Contract { major: 1, minor: 14 };
     let cp = i.machine.spec.role == Role::Controlplane;
-    let mut docs = if v114 {
-        base_documents(i, contract)
-    } else {
-        base_legacy(i, contract)
-    };
+    let mut docs = if v114 { base_documents(i, contract) } else { base_legacy(i, contract) };
     // The CNI preset: anything but Flannel means no Flannel from Talos.
     match i.cluster.spec.cni.preset {
         CniPreset::Flannel => {}
         CniPreset::Cilium | CniPreset::Custom => {
             if v114 {
-                docs.retain(|d| {
-                    d.get("kind").and_then(Value::as_str) != Some("KubeFlannelCNIConfig")
-                });
-            } else if let Some(Value::Mapping(net)) = docs[0]
-                .get_mut("cluster")
-                .and_then(|c| c.get_mut("network"))
-            {
+                docs.retain(|d| d.get("kind").and_then(Value::as_str) != Some("KubeFlannelCNIConfig"));
+            } else if let Some(Value::Mapping(net)) = docs[0].get_mut("cluster").and_then(|c| c.get_mut("network")) {
                 net.insert(s("cni"), map(vec![("name", s("none"))]));
             }
         }
@@ -941,12 +694,7 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
     let status_mode = status_kube_proxy(i.cluster);
     let spec_mode = i.cluster.spec.cni.kube_proxy;
     let owns_proxy = spec_mode == KubeProxyMode::Replaced || status_mode.is_some();
-    let mut patches: Vec<&TalosConfigPatch> = i
-        .patches
-        .iter()
-        .copied()
-        .filter(|p| selects(p, i.machine))
-        .collect();
+    let mut patches: Vec<&TalosConfigPatch> = i.patches.iter().copied().filter(|p| selects(p, i.machine)).collect();
     patches.sort_by(|a, b| (a.spec.order, &a.metadata.name).cmp(&(b.spec.order, &b.metadata.name)));
     let mut applied = vec![];
     let mut set_by: BTreeMap<String, String> = BTreeMap::new();
@@ -993,10 +741,7 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
     if let Some(enabled) = flag {
         if v114 {
             if cp {
-                match docs
-                    .iter_mut()
-                    .find(|d| d.get("kind").and_then(Value::as_str) == Some("KubeProxyConfig"))
-                {
+                match docs.iter_mut().find(|d| d.get("kind").and_then(Value::as_str) == Some("KubeProxyConfig")) {
                     Some(Value::Mapping(m)) => {
                         m.insert(s("enabled"), Value::Bool(enabled));
                     }
@@ -1004,13 +749,7 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
                         "KubeProxyConfig",
                         None,
                         vec![
-                            (
-                                "image",
-                                image(
-                                    "registry.k8s.io/kube-proxy",
-                                    &i.cluster.spec.kubernetes_version,
-                                ),
-                            ),
+                            ("image", image("registry.k8s.io/kube-proxy", &i.cluster.spec.kubernetes_version)),
                             ("enabled", Value::Bool(enabled)),
                         ],
                     )),
@@ -1027,11 +766,7 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
         let _ = cluster_obj;
         return Err(errors);
     }
-    let text = docs
-        .iter()
-        .map(|d| serde_yaml::to_string(d).unwrap_or_default())
-        .collect::<Vec<_>>()
-        .join("---\n");
+    let text = docs.iter().map(|d| serde_yaml::to_string(d).unwrap_or_default()).collect::<Vec<_>>().join("---\n");
     let config = match Config::parse(&text) {
         Ok(c) => c,
         Err(e) => {
@@ -1040,26 +775,13 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
                 .map(|e| RenderError {
                     object: object_name("TalosMachine", &i.machine.metadata),
                     field: "render".into(),
-                    message: format!(
-                        "the patches produce a config Talos cannot load: {}",
-                        e.message
-                    ),
+                    message: format!("the patches produce a config Talos cannot load: {}", e.message),
                 })
                 .collect());
         }
     };
-    let set_by = set_by
-        .into_iter()
-        .filter_map(|(k, v)| Path::parse(&k).ok().map(|p| (p, v)))
-        .collect();
-    Ok(Rendered {
-        contract,
-        text,
-        config,
-        inputs_hash: inputs_hash(i, &patches),
-        patches: applied,
-        set_by,
-    })
+    let set_by = set_by.into_iter().filter_map(|(k, v)| Path::parse(&k).ok().map(|p| (p, v))).collect();
+    Ok(Rendered { contract, text, config, inputs_hash: inputs_hash(i, &patches), patches: applied, set_by })
 }
 
 /// The desired-inputs hash (ADR 0024 amendment): generations of the cluster, the machine and
@@ -1067,19 +789,10 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
 /// `status.cni.kubeProxy`, folded in only when present so that clusters with neither keep
 /// their hash.
 pub fn inputs_hash(i: &Inputs, patches: &[&TalosConfigPatch]) -> String {
-    let g = |m: &kube::core::ObjectMeta| {
-        format!(
-            "{}/{}",
-            m.name.clone().unwrap_or_default(),
-            m.generation.unwrap_or(0)
-        )
-    };
-    let mut text = format!(
-        "cluster:{};machine:{};secrets:{}",
-        g(&i.cluster.metadata),
-        g(&i.machine.metadata),
-        i.secrets_version
-    );
+    let g =
+        |m: &kube::core::ObjectMeta| format!("{}/{}", m.name.clone().unwrap_or_default(), m.generation.unwrap_or(0));
+    let mut text =
+        format!("cluster:{};machine:{};secrets:{}", g(&i.cluster.metadata), g(&i.machine.metadata), i.secrets_version);
     let mut names: Vec<String> = patches.iter().map(|p| g(&p.metadata)).collect();
     names.sort();
     text.push_str(&format!(";patches:{}", names.join(",")));

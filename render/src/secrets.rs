@@ -72,12 +72,7 @@ impl Bundle {
     pub fn parse(text: &str) -> Result<Bundle, Vec<String>> {
         let b: Bundle = serde_yaml::from_str(text).map_err(|e| {
             let msg = e.to_string();
-            vec![
-                msg.split(" at line ")
-                    .next()
-                    .unwrap_or(&msg)
-                    .replace("missing field", "missing key"),
-            ]
+            vec![msg.split(" at line ").next().unwrap_or(&msg).replace("missing field", "missing key")]
         })?;
         let mut missing = vec![];
         let mut need = |v: &str, name: &str| {
@@ -88,10 +83,7 @@ impl Bundle {
         need(&b.cluster.id, "cluster.id");
         need(&b.cluster.secret, "cluster.secret");
         need(&b.secrets.bootstraptoken, "secrets.bootstraptoken");
-        need(
-            &b.secrets.secretboxencryptionsecret,
-            "secrets.secretboxencryptionsecret",
-        );
+        need(&b.secrets.secretboxencryptionsecret, "secrets.secretboxencryptionsecret");
         need(&b.trustdinfo.token, "trustdinfo.token");
         for (pair, name, key_needed) in [
             (&b.certs.etcd, "etcd", true),
@@ -104,15 +96,8 @@ impl Bundle {
                 need(&pair.key, &format!("certs.{name}.key"));
             }
         }
-        need(
-            &b.certs.k8sserviceaccount.key,
-            "certs.k8sserviceaccount.key",
-        );
-        if missing.is_empty() {
-            Ok(b)
-        } else {
-            Err(missing)
-        }
+        need(&b.certs.k8sserviceaccount.key, "certs.k8sserviceaccount.key");
+        if missing.is_empty() { Ok(b) } else { Err(missing) }
     }
 
     /// Recovers the bundle from a control-plane config of either form.
@@ -129,33 +114,18 @@ impl Bundle {
             cur.as_str().unwrap_or_default().to_string()
         };
         let doc = |kind: &str| {
-            c.docs
-                .iter()
-                .find(|d| d.kind.as_deref() == Some(kind))
-                .map(|d| d.value.clone())
-                .unwrap_or(Value::Null)
+            c.docs.iter().find(|d| d.kind.as_deref() == Some(kind)).map(|d| d.value.clone()).unwrap_or(Value::Null)
         };
         let mut b = Bundle::default();
         b.trustdinfo.token = s(&v1, &["machine", "token"]);
-        b.certs.os = Pair {
-            crt: s(&v1, &["machine", "ca", "crt"]),
-            key: s(&v1, &["machine", "ca", "key"]),
-        };
+        b.certs.os = Pair { crt: s(&v1, &["machine", "ca", "crt"]), key: s(&v1, &["machine", "ca", "key"]) };
         b.secrets.bootstraptoken = s(&v1, &["cluster", "token"]);
-        b.certs.etcd = Pair {
-            crt: s(&v1, &["cluster", "etcd", "ca", "crt"]),
-            key: s(&v1, &["cluster", "etcd", "ca", "key"]),
-        };
+        b.certs.etcd =
+            Pair { crt: s(&v1, &["cluster", "etcd", "ca", "crt"]), key: s(&v1, &["cluster", "etcd", "ca", "key"]) };
         if v1.get("cluster").and_then(|c| c.get("ca")).is_some() {
-            b.cluster = ClusterIdentity {
-                id: s(&v1, &["cluster", "id"]),
-                secret: s(&v1, &["cluster", "secret"]),
-            };
+            b.cluster = ClusterIdentity { id: s(&v1, &["cluster", "id"]), secret: s(&v1, &["cluster", "secret"]) };
             b.secrets.secretboxencryptionsecret = s(&v1, &["cluster", "secretboxEncryptionSecret"]);
-            b.certs.k8s = Pair {
-                crt: s(&v1, &["cluster", "ca", "crt"]),
-                key: s(&v1, &["cluster", "ca", "key"]),
-            };
+            b.certs.k8s = Pair { crt: s(&v1, &["cluster", "ca", "crt"]), key: s(&v1, &["cluster", "ca", "key"]) };
             b.certs.k8saggregator = Pair {
                 crt: s(&v1, &["cluster", "aggregatorCA", "crt"]),
                 key: s(&v1, &["cluster", "aggregatorCA", "key"]),
@@ -163,24 +133,13 @@ impl Bundle {
             b.certs.k8sserviceaccount.key = s(&v1, &["cluster", "serviceAccount", "key"]);
         } else {
             let id = doc("DiscoveryIdentityConfig");
-            b.cluster = ClusterIdentity {
-                id: s(&id, &["clusterID"]),
-                secret: s(&id, &["clusterSecret"]),
-            };
+            b.cluster = ClusterIdentity { id: s(&id, &["clusterID"]), secret: s(&id, &["clusterSecret"]) };
             let ca = doc("KubeAPIServerCAConfig");
-            b.certs.k8s = Pair {
-                crt: b64(&s(&ca, &["issuingCA", "cert"])),
-                key: b64(&s(&ca, &["issuingCA", "key"])),
-            };
+            b.certs.k8s = Pair { crt: b64(&s(&ca, &["issuingCA", "cert"])), key: b64(&s(&ca, &["issuingCA", "key"])) };
             let agg = doc("KubeAggregatorCAConfig");
-            b.certs.k8saggregator = Pair {
-                crt: b64(&s(&agg, &["issuingCA", "cert"])),
-                key: b64(&s(&agg, &["issuingCA", "key"])),
-            };
-            b.certs.k8sserviceaccount.key = b64(&s(
-                &doc("KubeServiceAccountConfig"),
-                &["issuer", "privateKey"],
-            ));
+            b.certs.k8saggregator =
+                Pair { crt: b64(&s(&agg, &["issuingCA", "cert"])), key: b64(&s(&agg, &["issuingCA", "key"])) };
+            b.certs.k8sserviceaccount.key = b64(&s(&doc("KubeServiceAccountConfig"), &["issuer", "privateKey"]));
             let enc = doc("KubeEtcdEncryptionConfig");
             b.secrets.secretboxencryptionsecret = enc
                 .get("config")

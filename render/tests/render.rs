@@ -4,11 +4,7 @@ use render::config::Config;
 use render::inventory::Inventory;
 
 fn inventory(v: &str) -> Inventory {
-    let text = std::fs::read_to_string(format!(
-        "{}/../rules/contracts/{v}.paths",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap();
+    let text = std::fs::read_to_string(format!("{}/../rules/contracts/{v}.paths", env!("CARGO_MANIFEST_DIR"))).unwrap();
     Inventory::parse(&text).unwrap()
 }
 
@@ -23,18 +19,8 @@ fn real_configs_are_covered_by_their_inventory() {
     }
     let mut missing = vec![];
     for (v, files) in [
-        (
-            "v1.13",
-            vec!["v1.13/base-controlplane.yaml", "v1.13/base-worker.yaml"],
-        ),
-        (
-            "v1.14",
-            vec![
-                "v1.14/base-controlplane.yaml",
-                "v1.14/base-worker.yaml",
-                "v1.14/overrides-controlplane.yaml",
-            ],
-        ),
+        ("v1.13", vec!["v1.13/base-controlplane.yaml", "v1.13/base-worker.yaml"]),
+        ("v1.14", vec!["v1.14/base-controlplane.yaml", "v1.14/base-worker.yaml", "v1.14/overrides-controlplane.yaml"]),
     ] {
         let inv = inventory(v);
         for f in files {
@@ -47,49 +33,26 @@ fn real_configs_are_covered_by_their_inventory() {
             }
         }
     }
-    assert!(
-        missing.is_empty(),
-        "paths missing from inventories:\n{}",
-        missing.join("\n")
-    );
+    assert!(missing.is_empty(), "paths missing from inventories:\n{}", missing.join("\n"));
 }
 
 use render::fieldmeta::{Contract, FieldMeta};
 use std::collections::BTreeMap;
 
 fn contracts() -> Vec<Contract> {
-    ["v1.12", "v1.13", "v1.14"]
-        .iter()
-        .map(|c| Contract::parse(c).unwrap())
-        .collect()
+    ["v1.12", "v1.13", "v1.14"].iter().map(|c| Contract::parse(c).unwrap()).collect()
 }
 
 fn fieldmeta_text() -> String {
-    std::fs::read_to_string(format!(
-        "{}/../rules/fieldmeta.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap()
+    std::fs::read_to_string(format!("{}/../rules/fieldmeta.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
 #[test]
 fn shipped_fieldmeta_loads_and_covers_every_contract() {
-    let meta =
-        FieldMeta::parse(&fieldmeta_text(), &contracts()).unwrap_or_else(|e| panic!("{e:?}"));
-    let invs: BTreeMap<Contract, Inventory> = contracts()
-        .into_iter()
-        .map(|c| (c, inventory(&c.to_string())))
-        .collect();
+    let meta = FieldMeta::parse(&fieldmeta_text(), &contracts()).unwrap_or_else(|e| panic!("{e:?}"));
+    let invs: BTreeMap<Contract, Inventory> = contracts().into_iter().map(|c| (c, inventory(&c.to_string()))).collect();
     let (errors, coverage) = meta.check_inventories(&invs);
-    assert!(
-        errors.is_empty(),
-        "{}",
-        errors
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert!(errors.is_empty(), "{}", errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"));
     for (c, cov) in coverage {
         assert!(
             cov.defaulted.is_empty(),
@@ -126,17 +89,11 @@ fn render_conforms_to_talos_generated_configs() {
     let mut problems = vec![];
     let mut compared = 0;
     for contract in ["v1.13", "v1.14"] {
-        let cp_text =
-            std::fs::read_to_string(format!("{shared}/{contract}/base-controlplane.yaml")).unwrap();
+        let cp_text = std::fs::read_to_string(format!("{shared}/{contract}/base-controlplane.yaml")).unwrap();
         let bundle = Bundle::from_config(&Config::parse(&cp_text).unwrap());
         for role in [Role::Controlplane, Role::Worker] {
-            let file = format!(
-                "{contract}/base-{}.yaml",
-                role.name().replace("controlplane", "controlplane")
-            );
-            let reference =
-                Config::parse(&std::fs::read_to_string(format!("{shared}/{file}")).unwrap())
-                    .unwrap();
+            let file = format!("{contract}/base-{}.yaml", role.name().replace("controlplane", "controlplane"));
+            let reference = Config::parse(&std::fs::read_to_string(format!("{shared}/{file}")).unwrap()).unwrap();
             let cluster = TalosCluster {
                 metadata: meta("base"),
                 spec: TalosClusterSpec {
@@ -144,13 +101,8 @@ fn render_conforms_to_talos_generated_configs() {
                     kubernetes_version: "v1.28.0".into(),
                     talos_version: "v1.14.0".into(),
                     version_contract: contract.into(),
-                    secrets_ref: SecretRef {
-                        name: "base-secrets".into(),
-                    },
-                    cni: CniSpec {
-                        preset: CniPreset::Flannel,
-                        ..Default::default()
-                    },
+                    secrets_ref: SecretRef { name: "base-secrets".into() },
+                    cni: CniSpec { preset: CniPreset::Flannel, ..Default::default() },
                     ..Default::default()
                 },
                 status: None,
@@ -158,9 +110,7 @@ fn render_conforms_to_talos_generated_configs() {
             let machine = TalosMachine {
                 metadata: meta("m1"),
                 spec: TalosMachineSpec {
-                    cluster_ref: ClusterRef {
-                        name: "base".into(),
-                    },
+                    cluster_ref: ClusterRef { name: "base".into() },
                     role,
                     address: "10.0.0.1".into(),
                     install_disk: None,
@@ -184,18 +134,12 @@ fn render_conforms_to_talos_generated_configs() {
                 ));
             }
             let (ours, theirs) = (out.config.leaves(), reference.leaves());
-            assert!(
-                theirs.len() >= 25,
-                "{file}: only {} leaves compared",
-                theirs.len()
-            );
+            assert!(theirs.len() >= 25, "{file}: only {} leaves compared", theirs.len());
             compared += theirs.len();
             for (p, v) in &theirs {
                 match ours.get(p) {
                     None => problems.push(format!("{file}: missing {p}")),
-                    Some(o) if o != v => {
-                        problems.push(format!("{file}: {p} = {o:?}, Talos has {v:?}"))
-                    }
+                    Some(o) if o != v => problems.push(format!("{file}: {p} = {o:?}, Talos has {v:?}")),
                     _ => {}
                 }
             }

@@ -1,0 +1,266 @@
+//! A folder of manifests, as a user would `kubectl apply` them: Ichor's custom resources plus
+//! the Secret with each cluster's Talos secrets bundle.
+//!
+//! Start at `Manifests::load` (file names and texts in; every problem out, each naming the
+//! file, the object and the field), then `Manifests::inputs` (what one machine's render reads).
+
+use crate::api::*;
+use crate::render::{Inputs, object_name};
+use crate::secrets::Bundle;
+use base64::Engine as _;
+use serde_yaml::Value;
+use std::collections::BTreeMap;
+
+/// The key of the Secret that holds the bundle.
+pub const BUNDLE_KEY: &str = "bundle.yaml";
+
+#[derive(Default)]
+pub struct Manifests {
+    pub clusters: Vec<TalosCluster>,
+    pub machines: Vec<TalosMachine>,
+    pub patches: Vec<TalosConfigPatch>,
+    pub operations: Vec<TalosOperation>,
+    /// Secret `namespace/name` -> (resourceVersion, data).
+    pub secrets: BTreeMap<String, (String, BTreeMap<String, String>)>,
+}
+
+fn ns_name(m: &kube::core::ObjectMeta) -> String {
+    format!("{}/{}", m.namespace.clone().unwrap_or_else(|| "default".into()), m.name.clone().unwrap_or_default())
+}
+
+fn version_ok(v: &str) -> bool {
+    let Some(rest) = v.strip_prefix('v') else { return false };
+    let parts: Vec<&str> = rest.split('.').collect();
+    parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+impl Manifests {
+    /// Loads `(file, text)` pairs. `contracts` are the contract names the project knows.
+    pub fn load(files: &[(String, String)], contracts: &[String]) -> Result<Manifests, Vec<String>> {
+        let mut m = Manifests::default();
+        let mut errors = vec![];
+        for (file, text) in files {
+            let mut line = 1;
+            for chunk in split_docs(text) {
+                let start = line;
+                line += chunk.matches('\n').count() + 1;
+                let value: Value = match serde_yaml::from_str(&chunk) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let at = e.location().map_or(start, |l| start + l.line() - 1);
+                        let msg = e.to_string();
+                        errors.push(format!(
+                            "{file}:{at}: not valid YAML: {}",
+                            msg.split(" at line ").next().unwrap_or(&msg)
+                        ));
+                        continue;
+                    }
+                };
+                if value.is_null() {
+                    continue;
+                }
+                let api = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
+                let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
+                let at = format!("{file}:{start}");
+                let de = |e: serde_yaml::Error| {
+                    format!("{at}: {kind}: {}", e.to_string().split(" at line ").next().unwrap_or_default())
+                };
+                match (api.as_str(), kind.as_str()) {
+                    ("ichor.maesh.dev/v1alpha1", "TalosCluster") => match serde_yaml::from_value(value) {
+                        Ok(v) => m.clusters.push(v),
+                        Err(e) => errors.push(de(e)),
+                    },
+                    ("ichor.maesh.dev/v1alpha1", "TalosMachine") => match serde_yaml::from_value(value) {
+                        Ok(v) => m.machines.push(v),
+                        Err(e) => errors.push(de(e)),
+                    },
+                    ("ichor.maesh.dev/v1alpha1", "TalosConfigPatch") => match serde_yaml::from_value(value) {
+                        Ok(v) => m.patches.push(v),
+                        Err(e) => errors.push(de(e)),
+                    },
+                    ("ichor.maesh.dev/v1alpha1", "TalosOperation") => match serde_yaml::from_value(value) {
+                        Ok(v) => m.operations.push(v),
+                        Err(e) => errors.push(de(e)),
+                    },
+                    ("v1", "Secret") => match secret(&value) {
+                        Ok((key, rv, data)) => {
+                            m.secrets.insert(key, (rv, data));
+                        }
+                        Err(e) => errors.push(format!("{at}: Secret: {e}")),
+                    },
+                    _ => errors.push(format!(
+                        "{at}: {api}/{kind} is not one of Ichor's kinds (ichor.maesh.dev/v1alpha1 TalosCluster, TalosMachine, TalosConfigPatch, TalosOperation) nor a v1 Secret"
+                    )),
+                }
+            }
+        }
+        m.validate(contracts, &mut errors);
+        if errors.is_empty() { Ok(m) } else { Err(errors) }
+    }
+
+    fn validate(&self, contracts: &[String], errors: &mut Vec<String>) {
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        for c in &self.clusters {
+            let obj = object_name("TalosCluster", &c.metadata);
+            *seen.entry(ns_name(&c.metadata)).or_default() += 1;
+            if !version_ok(&c.spec.kubernetes_version) {
+                errors.push(format!(
+                    "{obj}: spec.kubernetesVersion: {:?} is not vX.Y.Z (for example v1.36.4)",
+                    c.spec.kubernetes_version
+                ));
+            }
+            if !contracts.contains(&c.spec.version_contract) {
+                errors.push(format!(
+                    "{obj}: spec.versionContract: unknown contract {:?}: known contracts are {}",
+                    c.spec.version_contract,
+                    contracts.join(", ")
+                ));
+            }
+            if !c.spec.endpoint.starts_with("https://") {
+                errors.push(format!(
+                    "{obj}: spec.endpoint: {:?} is not an https URL (for example https://host:6443)",
+                    c.spec.endpoint
+                ));
+            }
+            let secret = format!(
+                "{}/{}",
+                c.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+                c.spec.secrets_ref.name
+            );
+            match self.secrets.get(&secret) {
+                None => errors.push(format!("{obj}: spec.secretsRef: Secret {secret} is not among the manifests")),
+                Some((_, data)) => match data.get(BUNDLE_KEY) {
+                    None => errors.push(format!("{obj}: spec.secretsRef: Secret {secret} has no key {BUNDLE_KEY}")),
+                    Some(text) => {
+                        if let Err(es) = Bundle::parse(text) {
+                            for e in es {
+                                errors.push(format!("{obj}: spec.secretsRef: Secret {secret}, key {BUNDLE_KEY}: {e}"));
+                            }
+                        }
+                    }
+                },
+            }
+        }
+        for (name, n) in seen {
+            if n > 1 {
+                errors.push(format!(
+                    "TalosCluster {name}: defined {n} times; cluster names must be unique in a namespace"
+                ));
+            }
+        }
+        let cluster_exists = |ns: &Option<String>, name: &str| {
+            self.clusters.iter().any(|c| c.metadata.namespace == *ns && c.metadata.name.as_deref() == Some(name))
+        };
+        for mch in &self.machines {
+            if !cluster_exists(&mch.metadata.namespace, &mch.spec.cluster_ref.name) {
+                errors.push(format!(
+                    "{}: spec.clusterRef.name: no TalosCluster {:?} in namespace {}",
+                    object_name("TalosMachine", &mch.metadata),
+                    mch.spec.cluster_ref.name,
+                    mch.metadata.namespace.clone().unwrap_or_default()
+                ));
+            }
+        }
+        for p in &self.patches {
+            if !cluster_exists(&p.metadata.namespace, &p.spec.cluster_ref.name) {
+                errors.push(format!(
+                    "{}: spec.clusterRef.name: no TalosCluster {:?} in namespace {}",
+                    object_name("TalosConfigPatch", &p.metadata),
+                    p.spec.cluster_ref.name,
+                    p.metadata.namespace.clone().unwrap_or_default()
+                ));
+            }
+        }
+        let mut names: BTreeMap<String, usize> = BTreeMap::new();
+        for mch in &self.machines {
+            *names.entry(mch.metadata.name.clone().unwrap_or_default()).or_default() += 1;
+        }
+        for (n, k) in names {
+            if k > 1 {
+                errors.push(format!("TalosMachine {n}: defined {k} times; name machines uniquely"));
+            }
+        }
+    }
+
+    pub fn machine(&self, name: &str) -> Result<&TalosMachine, String> {
+        self.machines.iter().find(|m| m.metadata.name.as_deref() == Some(name)).ok_or_else(|| {
+            let all: Vec<String> = self.machines.iter().filter_map(|m| m.metadata.name.clone()).collect();
+            format!("no TalosMachine {name:?} in the manifests; machines: {}", all.join(", "))
+        })
+    }
+
+    pub fn cluster_of(&self, m: &TalosMachine) -> &TalosCluster {
+        self.clusters
+            .iter()
+            .find(|c| {
+                c.metadata.namespace == m.metadata.namespace
+                    && c.metadata.name.as_deref() == Some(m.spec.cluster_ref.name.as_str())
+            })
+            .expect("validated at load")
+    }
+
+    /// The bundle and secrets version of a cluster (validated at load).
+    pub fn bundle(&self, c: &TalosCluster) -> (Bundle, String) {
+        let key =
+            format!("{}/{}", c.metadata.namespace.clone().unwrap_or_else(|| "default".into()), c.spec.secrets_ref.name);
+        let (rv, data) = &self.secrets[&key];
+        (Bundle::parse(&data[BUNDLE_KEY]).expect("validated at load"), rv.clone())
+    }
+
+    pub fn inputs<'a>(&'a self, m: &'a TalosMachine, bundle: &'a Bundle, secrets_version: String) -> Inputs<'a> {
+        let cluster = self.cluster_of(m);
+        let patches = self
+            .patches
+            .iter()
+            .filter(|p| {
+                p.metadata.namespace == cluster.metadata.namespace
+                    && Some(p.spec.cluster_ref.name.as_str()) == cluster.metadata.name.as_deref()
+            })
+            .collect();
+        Inputs { cluster, machine: m, patches, secrets: bundle, secrets_version }
+    }
+}
+
+fn split_docs(text: &str) -> Vec<String> {
+    let mut out = vec![];
+    let mut cur = String::new();
+    for line in text.lines() {
+        if line.starts_with("---") && line[3..].trim().is_empty() {
+            out.push(std::mem::take(&mut cur));
+        } else {
+            cur.push_str(line);
+            cur.push('\n');
+        }
+    }
+    out.push(cur);
+    out
+}
+
+type SecretParts = (String, String, BTreeMap<String, String>);
+
+fn secret(v: &Value) -> Result<SecretParts, String> {
+    let meta = v.get("metadata").ok_or("no metadata")?;
+    let name = meta.get("name").and_then(Value::as_str).ok_or("metadata.name is missing")?;
+    let ns = meta.get("namespace").and_then(Value::as_str).unwrap_or("default");
+    let rv = meta.get("resourceVersion").and_then(Value::as_str).unwrap_or("0").to_string();
+    let mut data = BTreeMap::new();
+    if let Some(Value::Mapping(d)) = v.get("stringData") {
+        for (k, x) in d {
+            data.insert(k.as_str().unwrap_or_default().to_string(), x.as_str().unwrap_or_default().to_string());
+        }
+    }
+    if let Some(Value::Mapping(d)) = v.get("data") {
+        for (k, x) in d {
+            let key = k.as_str().unwrap_or_default().to_string();
+            let raw = x.as_str().unwrap_or_default();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(raw.trim())
+                .map_err(|_| format!("{ns}/{name}: data.{key} is not base64"))?;
+            data.insert(
+                key.clone(),
+                String::from_utf8(bytes).map_err(|_| format!("{ns}/{name}: data.{key} is not UTF-8"))?,
+            );
+        }
+    }
+    Ok((format!("{ns}/{name}"), rv, data))
+}
