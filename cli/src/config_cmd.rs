@@ -7,7 +7,7 @@
 use crate::{Diagnosed, Output, Report};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Subcommand;
-use render::classify::{Classified, Classifier, Outcome, Reason, RuleSet};
+use render::classify::{Classified, Classifier, MachineContext, Outcome, Reason, RuleSet};
 use render::config::{Config, MAX_CONFIG_BYTES};
 use render::diff::{self, REDACTED};
 use render::fieldmeta::Contract;
@@ -38,10 +38,18 @@ pub enum ConfigCommand {
         after_help = "Examples:\n  ichor config diff --from running.yaml --to desired.yaml\n  ichor config diff --from running.yaml --to desired.yaml --contract v1.14 --output json\n\nExit: 0 no changes, 1 changes (or Talos would refuse the config), 2 error."
     )]
     Diff {
+        #[arg(long, required_unless_present = "manifests", conflicts_with = "manifests")]
+        from: Option<PathBuf>,
+        #[arg(long, required_unless_present = "manifests", conflicts_with = "manifests")]
+        to: Option<PathBuf>,
+        /// A folder of manifests: render `--machine` from them and compare with `--node-config`.
+        #[arg(long, requires_all = ["machine", "node_config"])]
+        manifests: Option<PathBuf>,
         #[arg(long)]
-        from: PathBuf,
+        machine: Option<String>,
+        /// The node's running config (`talosctl get machineconfig -o yaml` contents).
         #[arg(long)]
-        to: PathBuf,
+        node_config: Option<PathBuf>,
         /// The contract; inferred from the documents when absent (and printed).
         #[arg(long)]
         contract: Option<String>,
@@ -95,13 +103,70 @@ pub fn classifier(dir: Option<&FsPath>) -> Result<Classifier> {
 pub fn run(cmd: ConfigCommand) -> Result<Report> {
     match cmd {
         ConfigCommand::Explain { path, contract, output, rules } => explain(&path, &contract, output, rules.as_deref()),
-        ConfigCommand::Diff { from, to, contract, output, rules } => {
+        ConfigCommand::Diff { from, to, manifests, machine, node_config, contract, output, rules } => {
             let c = classifier(rules.as_deref())?;
+            if let (Some(dir), Some(machine), Some(node)) = (manifests, machine, node_config) {
+                return machine_diff(&c, &dir, &machine, &node, contract.as_deref(), output);
+            }
+            let (from, to) = (from.expect("clap requires --from"), to.expect("clap requires --to"));
             let old = read_config(&from)?;
             let new = read_config(&to)?;
-            diff_report(&c, &old, &new, &from.to_string_lossy(), &to.to_string_lossy(), contract.as_deref(), output)
+            diff_report(
+                &c,
+                &old,
+                &new,
+                &from.to_string_lossy(),
+                &to.to_string_lossy(),
+                contract.as_deref(),
+                output,
+                None,
+            )
         }
     }
+}
+
+/// Renders the machine, compares its node's config with the render, and decides its condition.
+fn machine_diff(
+    c: &Classifier,
+    dir: &FsPath,
+    machine: &str,
+    node: &FsPath,
+    contract: Option<&str>,
+    output: Output,
+) -> Result<Report> {
+    let m = crate::render_cmd::read_manifests(dir, c)?;
+    let rendered = crate::render_cmd::render_machine(&m, machine, contract, c)?;
+    let mch = m.machine(machine).map_err(|e| anyhow!("--machine: {e}"))?;
+    let cluster = m.cluster_of(mch);
+    let running = read_config(node)?;
+    let recorded = mch.status.as_ref().and_then(|s| s.applied_inputs_hash.clone());
+    let ctx = MachineContext {
+        role: mch.spec.role.name().to_string(),
+        consent: cluster
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(render::api::CONFIRM_KUBE_PROXY_SWITCH).cloned()),
+        spec_kube_proxy: cluster.spec.cni.kube_proxy.name().to_string(),
+        status_kube_proxy: render::render::status_kube_proxy(cluster).map(|k| k.name().to_string()),
+        inputs_unchanged: recorded.as_deref() == Some(rendered.inputs_hash.as_str()),
+        drift_policy: match cluster.spec.drift_policy {
+            render::api::DriftPolicy::WarnOnly => "warnOnly".into(),
+            render::api::DriftPolicy::Converge => "converge".into(),
+        },
+    };
+    let contract = Some(rendered.contract.to_string());
+    let desired_name = format!("render of {machine}");
+    diff_report(
+        c,
+        &running,
+        &rendered.config,
+        &node.to_string_lossy(),
+        &desired_name,
+        contract.as_deref(),
+        output,
+        Some((machine, &ctx, &rendered.inputs_hash)),
+    )
 }
 
 /// Reads and parses a config file; errors are `file:line:col: error: ...`, all of them.
@@ -258,6 +323,7 @@ pub fn diff_report(
     to_name: &str,
     contract: Option<&str>,
     output: Output,
+    machine: Option<(&str, &MachineContext, &str)>,
 ) -> Result<Report> {
     let (contract, inferred) = match contract {
         Some(name) => (c.contract(name).map_err(|e| anyhow!("--contract: {e}"))?, None),
@@ -267,12 +333,19 @@ pub fn diff_report(
         }
     };
     let changes = diff::changes(old, new);
-    let outcome = c.classify(contract, &changes, Some(new), false).map_err(|e| anyhow!("classifying: {e}"))?;
+    let outcome = c
+        .classify_machine(contract, &changes, Some(new), machine.map(|m| m.1), false)
+        .map_err(|e| anyhow!("classifying: {e}"))?;
     let sensitive = |p: &Path| c.sensitive(contract, p);
     let old_text = diff::redacted_yaml(old, &sensitive);
     let new_text = diff::redacted_yaml(new, &sensitive);
     let unified = diff::unified(&old_text, &new_text, from_name, to_name);
     let findings = outcome.verdict != "NoChanges" || !outcome.rejected.is_empty();
+    let verdict_json = |name: &str, hash: &str| {
+        outcome.machine.as_ref().map(|v| {
+            json!({"name": name, "ready": {"status": v.status, "reason": v.reason, "message": v.message}, "rebootPaths": v.reboot_paths, "desiredInputsHash": hash})
+        })
+    };
     let pairs: Vec<(&diff::Change, &Classified)> = changes.iter().zip(&outcome.changes).collect();
     let stdout = match output {
         Output::Json => {
@@ -283,6 +356,7 @@ pub fn diff_report(
                 "verdict": outcome.verdict,
                 "changes": list,
                 "rejected": outcome.rejected.iter().map(|r| json!({"message": r.message, "at": r.at})).collect::<Vec<_>>(),
+                "machine": machine.and_then(|(name, _, hash)| verdict_json(name, hash)),
             });
             serde_json::to_string_pretty(&v)? + "\n"
         }
@@ -293,6 +367,13 @@ pub fn diff_report(
                 None => s += &format!("Contract: {contract}\n"),
             }
             s += &format!("Verdict: {}: {}\n", outcome.verdict, verdict_sentence(c, &outcome));
+            if let (Some((name, _, hash)), Some(v)) = (machine, &outcome.machine) {
+                s += &format!("Machine {name}: Ready={} ({}): {}\n", v.status, v.reason, v.message);
+                if !v.reboot_paths.is_empty() {
+                    s += &format!("  rebootPaths: {}\n", v.reboot_paths.join(", "));
+                }
+                s += &format!("  desiredInputsHash: {hash}\n");
+            }
             if !outcome.rejected.is_empty() {
                 s += "\nTalos would refuse this configuration:\n";
                 for r in &outcome.rejected {

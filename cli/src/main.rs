@@ -7,6 +7,7 @@
 
 mod config_cmd;
 mod contract_cmd;
+mod render_cmd;
 mod rules_cmd;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -29,6 +30,22 @@ enum Command {
     /// Load, check, evaluate and test rule programs.
     #[command(subcommand)]
     Rules(rules_cmd::RulesCommand),
+    /// Render one machine's Talos config from the custom resources in a folder of manifests.
+    #[command(after_help = "Example:\n  ichor render --manifests examples/clusters/lab-v1.14 --machine cp1")]
+    Render {
+        /// A folder of manifests (TalosCluster, TalosMachine, TalosConfigPatch, Secret).
+        #[arg(long)]
+        manifests: std::path::PathBuf,
+        #[arg(long)]
+        machine: String,
+        /// Render at this contract instead of the cluster's spec.versionContract.
+        #[arg(long)]
+        contract: Option<String>,
+        #[arg(long)]
+        rules: Option<std::path::PathBuf>,
+    },
+    /// Print the CustomResourceDefinitions of Ichor's resources.
+    Crds,
     /// Talos configs: classify changed paths, explain a path's class.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
@@ -82,6 +99,10 @@ fn main() -> ExitCode {
         Command::Rules(cmd) => rules_cmd::run(cmd),
         Command::Contract(cmd) => contract_cmd::run(cmd),
         Command::Config(cmd) => config_cmd::run(cmd),
+        Command::Render { manifests, machine, contract, rules } => {
+            render_cmd::render_cmd(&manifests, &machine, contract.as_deref(), rules.as_ref())
+        }
+        Command::Crds => render_cmd::crds_cmd(),
     };
     match result {
         Ok(report) => {

@@ -488,6 +488,15 @@ fn describe(id: &(Option<String>, Option<String>)) -> String {
     }
 }
 
+/// The path of a document itself (`KubeProxyConfig`, `LinkConfig[eth0]`).
+fn doc_path(id: &(Option<String>, Option<String>)) -> String {
+    match id {
+        (None, _) => String::new(),
+        (Some(k), None) => k.clone(),
+        (Some(k), Some(n)) => format!("{k}[{n}]"),
+    }
+}
+
 /// Lists that a patch replaces instead of appending to (`merge:"replace"`, FACTS 8.3).
 const REPLACE: &[&str] = &[
     "cluster.apiServer.auditPolicy",
@@ -592,7 +601,7 @@ fn apply_patch(docs: &mut Vec<Value>, patch_docs: &[Value], set: &mut Vec<String
             match find(docs, &id) {
                 Some(i) => {
                     docs.remove(i);
-                    set.push(describe(&id));
+                    set.push(doc_path(&id));
                 }
                 None => {
                     return Err(format!("`$patch: delete` of {}, which the config does not have", describe(&id)));
@@ -617,7 +626,7 @@ fn apply_patch(docs: &mut Vec<Value>, patch_docs: &[Value], set: &mut Vec<String
             }
             None => {
                 docs.push(p.clone());
-                set.push(describe(&id));
+                set.push(doc_path(&id));
             }
         }
     }
