@@ -153,3 +153,84 @@ fn render_conforms_to_talos_generated_configs() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     eprintln!("conformance: {compared} leaves of Talos's own configs matched");
 }
+
+fn example(contract: &str) -> render::manifests::Manifests {
+    let dir = format!("{}/../examples/clusters/lab-{contract}", env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![];
+    for f in ["cluster.yaml", "machines.yaml", "patches.yaml", "secrets.yaml"] {
+        files.push((f.to_string(), std::fs::read_to_string(format!("{dir}/{f}")).unwrap()));
+    }
+    render::manifests::Manifests::load(&files, &["v1.13".into(), "v1.14".into()]).unwrap()
+}
+
+fn render_machine(m: &render::manifests::Manifests, name: &str) -> render::render::Rendered {
+    let mch = m.machine(name).unwrap();
+    let (bundle, v) = m.bundle(m.cluster_of(mch));
+    let inputs = m.inputs(mch, &bundle, v);
+    let c = Contract::parse(&m.cluster_of(mch).spec.version_contract).unwrap();
+    render(&inputs, c).unwrap()
+}
+
+/// ADR 0057: `spec.kubernetesVersion` is vX.Y.Z and images add their own `v`; trimming once
+/// means no component image is ever `...:vv1.36.4`.
+#[test]
+fn adr0057_component_images_never_get_vv() {
+    for contract in ["v1.13", "v1.14"] {
+        let m = example(contract);
+        for name in ["cp1", "w1"] {
+            let out = render_machine(&m, name);
+            assert!(!out.text.contains(":vv"), "{contract} {name}: {}", out.text);
+            assert!(out.text.contains("ghcr.io/siderolabs/kubelet:v1.36.4"), "{contract} {name}");
+        }
+    }
+    assert_eq!(render::render::k8s_version("v1.36.4"), "1.36.4");
+    assert_eq!(render::render::k8s_version("1.36.4"), "1.36.4");
+}
+
+/// ADR 0024: the render filters a copy; no patch object changes, byte for byte.
+#[test]
+fn adr0024_render_never_modifies_a_patch() {
+    for contract in ["v1.13", "v1.14"] {
+        let mut m = example(contract);
+        m.clusters[0].status = Some(TalosClusterStatus {
+            cni: Some(CniStatus { kube_proxy: Some(KubeProxyMode::Replaced) }),
+            conditions: vec![Condition { type_: "CNIHandover".into(), status: "True".into(), ..Default::default() }],
+        });
+        let before: Vec<String> = m.patches.iter().map(|p| serde_yaml::to_string(p).unwrap()).collect();
+        let out = render_machine(&m, "cp1");
+        assert!(!out.text.contains("name: cilium"), "{contract}: the handed-over entry is still rendered");
+        let after: Vec<String> = m.patches.iter().map(|p| serde_yaml::to_string(p).unwrap()).collect();
+        assert_eq!(before, after, "{contract}: a patch changed during the render");
+        assert!(before.iter().any(|p| p.contains("cilium")), "the example's patch carries the entry");
+    }
+}
+
+/// ADR 0024 amendment: the hash folds in CNIHandover=True and status.cni.kubeProxy, and is
+/// unchanged for a cluster that has neither (the value below is that of such a cluster).
+#[test]
+fn adr0024_desired_inputs_hash_folds_in_the_two_status_values() {
+    let mut m = example("v1.14");
+    let plain = render_machine(&m, "cp1").inputs_hash;
+    assert_eq!(plain, "a09112c162180c728645504327d23903", "the hash of a cluster without either status value changed");
+    m.clusters[0].status = Some(TalosClusterStatus {
+        cni: None,
+        conditions: vec![Condition { type_: "CNIHandover".into(), status: "False".into(), ..Default::default() }],
+    });
+    assert_eq!(render_machine(&m, "cp1").inputs_hash, plain, "a False hand-over must not move the hash");
+    m.clusters[0].status.as_mut().unwrap().conditions[0].status = "True".into();
+    let handed = render_machine(&m, "cp1").inputs_hash;
+    assert_ne!(handed, plain);
+    m.clusters[0].status.as_mut().unwrap().cni = Some(CniStatus { kube_proxy: Some(KubeProxyMode::Enabled) });
+    assert_ne!(render_machine(&m, "cp1").inputs_hash, handed);
+}
+
+/// The render is deterministic byte for byte.
+#[test]
+fn render_is_deterministic() {
+    for contract in ["v1.13", "v1.14"] {
+        let m = example(contract);
+        let a = render_machine(&m, "cp2").text;
+        let b = render_machine(&example(contract), "cp2").text;
+        assert_eq!(a, b);
+    }
+}
