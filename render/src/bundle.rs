@@ -8,6 +8,7 @@
 pub const RULES: &[(&str, &str)] = &[
     ("rules/classify.rules", include_str!("../../rules/classify.rules")),
     ("rules/talos-accepts.rules", include_str!("../../rules/talos-accepts.rules")),
+    ("rules/machine.rules", include_str!("../../rules/machine.rules")),
 ];
 
 pub const FIELDMETA: (&str, &str) = ("rules/fieldmeta.yaml", include_str!("../../rules/fieldmeta.yaml"));

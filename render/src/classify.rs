@@ -16,6 +16,30 @@ use engine::{Const, Database, Engine, EvalOptions, MemSources};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+/// Relations the host fills or reads, with their arities: the contract between this module
+/// and the rule files.
+const HOST_RELATIONS: &[(&str, usize)] = &[
+    ("change", 1),
+    ("exists", 1),
+    ("candidate", 3),
+    ("entry_class", 2),
+    ("class_of", 3),
+    ("verdict", 1),
+    ("document", 1),
+    ("machine_type", 1),
+    ("present", 1),
+    ("rejected", 2),
+    ("machine_role", 1),
+    ("entry_restarts", 2),
+    ("consent", 1),
+    ("spec_kube_proxy", 1),
+    ("status_kube_proxy", 1),
+    ("inputs_unchanged", 0),
+    ("drift_policy", 1),
+    ("reboot_path", 1),
+    ("machine_ready", 3),
+];
+
 /// The texts a classifier is built from, each with the file name shown in messages.
 #[derive(Clone, Debug)]
 pub struct RuleSet {
@@ -169,6 +193,16 @@ impl Classifier {
                 None
             }
         });
+        // Every relation the host fills or reads must be declared, with its arity.
+        if let Some(e) = &engine {
+            for (name, arity) in HOST_RELATIONS {
+                match e.program.relation(name) {
+                    Some(r) if e.program.relations[r].arity() == *arity => {}
+                    Some(_) => problems.push(format!("the rules declare `{name}` with another arity than the {arity} the host uses")),
+                    None => problems.push(format!("the rules do not declare `{name}`, which the host uses; load classify.rules, talos-accepts.rules and machine.rules together")),
+                }
+            }
+        }
         let (Some(meta), Some(engine), true) = (meta, engine, problems.is_empty()) else {
             return Err(LoadError { problems });
         };
@@ -303,6 +337,33 @@ impl Classifier {
             for path in cfg.leaves().keys() {
                 let id = b.sym(&path.to_string());
                 b.push(r_present, &[id]);
+            }
+        }
+        if let Some(m) = machine {
+            let r_restarts = rel("entry_restarts");
+            for (e, entry) in self.meta.entries.iter().enumerate() {
+                if entry.holds_at(contract) {
+                    for svc in &entry.restarts {
+                        let row = [b.num(e as i64), b.sym(svc)];
+                        b.push(r_restarts, &row);
+                    }
+                }
+            }
+            let mut one = |name: &str, v: &str| {
+                let id = b.sym(v);
+                b.push(rel(name), &[id]);
+            };
+            one("machine_role", &m.role);
+            one("spec_kube_proxy", &m.spec_kube_proxy);
+            one("drift_policy", &m.drift_policy);
+            if let Some(c) = &m.consent {
+                one("consent", c);
+            }
+            if let Some(s) = &m.status_kube_proxy {
+                one("status_kube_proxy", s);
+            }
+            if m.inputs_unchanged {
+                b.push(rel("inputs_unchanged"), &[]);
             }
         }
         let db = self.engine.evaluate_built(b, EvalOptions { provenance, ..EvalOptions::default() })?;
