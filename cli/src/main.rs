@@ -5,6 +5,7 @@
 //! to report, 1 findings, 2 error), prints errors once as `ichor: error: a: b: c`, and exits
 //! quietly on a broken pipe.
 
+mod cni_cmd;
 mod config_cmd;
 mod contract_cmd;
 mod render_cmd;
@@ -46,6 +47,9 @@ enum Command {
     },
     /// Print the CustomResourceDefinitions of Ichor's resources.
     Crds,
+    /// Cilium: values validation and layering.
+    #[command(subcommand)]
+    Cni(cni_cmd::CniCommand),
     /// Talos configs: classify changed paths, explain a path's class.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
@@ -103,6 +107,7 @@ fn main() -> ExitCode {
             render_cmd::render_cmd(&manifests, &machine, contract.as_deref(), rules.as_ref())
         }
         Command::Crds => render_cmd::crds_cmd(),
+        Command::Cni(cmd) => cni_cmd::run(cmd),
     };
     match result {
         Ok(report) => {

@@ -155,10 +155,18 @@ pub enum Handover {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CiliumSpec {
+    /// The tunnel protocol chosen at install (`vxlan` or `geneve`); Ichor owns the key.
+    #[serde(default = "vxlan")]
+    #[schemars(regex(pattern = "^(vxlan|geneve)$"))]
+    pub tunnel_protocol: String,
     /// The user's layer of Cilium chart values (validated; admin-only to write).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form")]
     pub values: Option<serde_json::Value>,
+}
+
+fn vxlan() -> String {
+    "vxlan".into()
 }
 
 /// A free-form object that keeps unknown fields (Cilium values), as a structural schema allows.

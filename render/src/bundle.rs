@@ -19,3 +19,6 @@ pub const CONTRACTS: &[(&str, &str)] = &[
     ("v1.13", include_str!("../../rules/contracts/v1.13.paths")),
     ("v1.14", include_str!("../../rules/contracts/v1.14.paths")),
 ];
+
+/// The Cilium chart's value keys and types (derived from its values.schema.json).
+pub const CILIUM_KEYS: (&str, &str) = ("rules/cilium/values.1.20.0.keys", include_str!("../../rules/cilium/values.1.20.0.keys"));

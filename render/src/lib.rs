@@ -19,3 +19,4 @@ pub mod manifests;
 pub mod path;
 pub mod render;
 pub mod secrets;
+pub mod cilium;

@@ -234,3 +234,153 @@ fn render_is_deterministic() {
         assert_eq!(a, b);
     }
 }
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+/// A structural schema (Kubernetes' rule): every object node has a type, and a node without
+/// properties keeps unknown fields only when it says so.
+fn structural(path: &str, v: &serde_json::Value, problems: &mut Vec<String>) {
+    let Some(obj) = v.as_object() else { return };
+    let preserve = obj.get("x-kubernetes-preserve-unknown-fields") == Some(&serde_json::Value::Bool(true));
+    let int_or_string = obj.get("x-kubernetes-int-or-string") == Some(&serde_json::Value::Bool(true));
+    if !obj.contains_key("type") && !preserve && !int_or_string {
+        problems.push(format!("{path}: no type"));
+    }
+    if obj.get("additionalProperties") == Some(&serde_json::Value::Bool(true)) {
+        problems.push(format!("{path}: additionalProperties: true (use x-kubernetes-preserve-unknown-fields)"));
+    }
+    for key in ["anyOf", "oneOf", "allOf"] {
+        if obj.contains_key(key) && !obj.contains_key("type") {
+            problems.push(format!("{path}: {key} without a type"));
+        }
+    }
+    if let Some(props) = obj.get("properties").and_then(|p| p.as_object()) {
+        for (k, p) in props {
+            structural(&format!("{path}.{k}"), p, problems);
+        }
+    }
+    if let Some(items) = obj.get("items") {
+        structural(&format!("{path}[]"), items, problems);
+    }
+    if let Some(ap) = obj.get("additionalProperties").filter(|a| a.is_object()) {
+        structural(&format!("{path}.*"), ap, problems);
+    }
+}
+
+#[test]
+fn crds_deserialize_are_structural_and_accept_the_examples() {
+    let crds = render::api::crds();
+    assert_eq!(crds.len(), 4);
+    let mut problems = vec![];
+    let mut schemas = BTreeMap::new();
+    for crd in &crds {
+        let text = serde_yaml::to_string(crd).unwrap();
+        let back: CustomResourceDefinition = serde_yaml::from_str(&text).expect("`ichor crds` output deserializes");
+        assert_eq!(&back, crd);
+        let version = &crd.spec.versions[0];
+        let schema = serde_json::to_value(version.schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap();
+        structural(&crd.spec.names.kind, &schema, &mut problems);
+        schemas.insert(crd.spec.names.kind.clone(), schema);
+    }
+    assert!(problems.is_empty(), "not structural:\n{}", problems.join("\n"));
+    // Every example manifest of ours validates against its CRD's schema.
+    let mut checked = 0;
+    for contract in ["v1.13", "v1.14"] {
+        let dir = format!("{}/../examples/clusters/lab-{contract}", env!("CARGO_MANIFEST_DIR"));
+        for f in ["cluster.yaml", "machines.yaml", "patches.yaml"] {
+            let text = std::fs::read_to_string(format!("{dir}/{f}")).unwrap();
+            for doc in serde_yaml::Deserializer::from_str(&text) {
+                let v: serde_json::Value = serde::Deserialize::deserialize(doc).unwrap();
+                let kind = v["kind"].as_str().unwrap().to_string();
+                let validator = jsonschema::validator_for(&schemas[&kind]).unwrap();
+                let errors: Vec<String> = validator.iter_errors(&v).map(|e| format!("{e} at {}", e.instance_path())).collect();
+                assert!(errors.is_empty(), "{contract}/{f} {kind}: {errors:?}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 14, "{checked}");
+    // And a wrong version is refused by the schema, not only by Ichor.
+    let mut bad: serde_json::Value = serde_json::from_str(&serde_json::to_string(&serde_yaml::from_str::<serde_json::Value>(
+        &std::fs::read_to_string(format!("{}/../examples/clusters/lab-v1.14/cluster.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap(),
+    ).unwrap()).unwrap()).unwrap();
+    bad["spec"]["kubernetesVersion"] = serde_json::json!("1.36");
+    assert!(!jsonschema::validator_for(&schemas["TalosCluster"]).unwrap().is_valid(&bad));
+}
+
+mod cilium_values {
+    use render::cilium::{layered, validate};
+    use render::inventory::Inventory;
+    use serde_json::json;
+
+    fn keys() -> Inventory {
+        Inventory::parse(render::bundle::CILIUM_KEYS.1).unwrap()
+    }
+
+    fn check(values: serde_json::Value, replaced: bool) -> Vec<String> {
+        validate(&values, &keys(), replaced).iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn valid_values_pass() {
+        assert_eq!(check(json!({"hubble": {"relay": {"enabled": true}}, "operator": {"replicas": 1}}), false), Vec::<String>::new());
+        assert_eq!(check(json!({"gatewayAPI": {"enabled": true}}), true), Vec::<String>::new());
+    }
+
+    #[test]
+    fn pinned_keys_are_refused_even_at_their_value_and_say_why() {
+        for key in render::cilium::PINNED {
+            let parts: Vec<&str> = key.split('.').collect();
+            let v = json!({parts[0]: {parts[1]: {parts[2]: "cilium-secrets"}}});
+            let r = check(v, true);
+            assert_eq!(r.len(), 1, "{key}: {r:?}");
+            assert!(r[0].starts_with(&format!("{key}: pinned to cilium-secrets")), "{r:?}");
+            assert!(r[0].contains("Role that lets Cilium's service accounts read"), "the refusal says why: {r:?}");
+        }
+    }
+
+    #[test]
+    fn ichor_owned_keys_are_refused() {
+        let r = check(json!({"kubeProxyReplacement": true, "k8sServiceHost": "10.0.0.1", "ipam": {"mode": "cluster-pool"}, "cgroup": {"hostRoot": "/x"}}), true);
+        assert_eq!(r.len(), 4, "{r:?}");
+        assert!(r.iter().all(|x| x.contains("owned by Ichor")), "{r:?}");
+        assert!(r.iter().any(|x| x.starts_with("kubeProxyReplacement: owned by Ichor (kubeProxyReplacement): it follows the kube-proxy mode")));
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_name_the_key() {
+        let r = check(json!({"hubbel": {"enabled": true}, "hubble": {"relay": {"enabled": "yes"}}}), false);
+        assert_eq!(
+            r,
+            vec![
+                "hubbel.enabled: not a key of the Cilium chart's values (check the spelling against the chart's values.yaml)",
+                "hubble.relay.enabled: the chart expects boolean, found string \"yes\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn size_cap() {
+        let big: serde_json::Map<String, serde_json::Value> =
+            (0..3000).map(|i| (format!("k{i}"), json!("x".repeat(20)))).collect();
+        let r = check(json!({"podAnnotations": big}), false);
+        assert!(r.iter().any(|x| x.starts_with("(values): ") && x.contains("over the 65536-byte limit")), "{r:?}");
+    }
+
+    #[test]
+    fn features_that_need_kube_proxy_replacement() {
+        let r = check(json!({"gatewayAPI": {"enabled": true}, "ingressController": {"enabled": true}}), false);
+        assert_eq!(r.len(), 2, "{r:?}");
+        assert!(r[0].starts_with("gatewayAPI.enabled: Cilium's Gateway API needs kube-proxy replacement"));
+    }
+
+    #[test]
+    fn owned_keys_win_over_the_user_and_defaults_lose_to_it() {
+        let v = layered(&json!({"rollOutCiliumPods": false, "kubeProxyReplacement": false}), true, "geneve");
+        assert_eq!(v["rollOutCiliumPods"], json!(false), "the user's layer overrides a default");
+        assert_eq!(v["kubeProxyReplacement"], json!(true), "Ichor's keys are applied last");
+        assert_eq!(v["k8sServicePort"], json!(7445));
+        assert_eq!(v["tunnelProtocol"], json!("geneve"));
+        assert_eq!(v["tls"]["secretsNamespace"]["name"], json!("cilium-secrets"));
+    }
+}

@@ -1,0 +1,238 @@
+//! Cilium values: the three layers, and the one validation function used everywhere.
+//!
+//! Start at `validate` (the user's layer in; every refusal out, each naming its key) and
+//! `layered` (Ichor's defaults, then the user's layer, then the keys Ichor owns). The chart's
+//! keys and types come from its values.schema.json, derived once by `ichor cni schema derive`
+//! and committed under `rules/cilium/`, so nothing at run time needs the chart.
+//! From the "CNI and Cilium" user page and ADR 0066.
+
+use crate::inventory::Inventory;
+use crate::path::Path;
+use serde_json::{Map, Value, json};
+
+/// 64 KiB: values beyond a few KiB are a mistake, and they travel in a CR and a Job.
+pub const MAX_VALUES_BYTES: usize = 64 * 1024;
+/// Where the five pinned `*.secretsNamespace.name` keys point.
+pub const SECRETS_NAMESPACE: &str = "cilium-secrets";
+pub const PINNED: [&str; 5] = [
+    "ingressController.secretsNamespace.name",
+    "gatewayAPI.secretsNamespace.name",
+    "envoyConfig.secretsNamespace.name",
+    "bgpControlPlane.secretsNamespace.name",
+    "tls.secretsNamespace.name",
+];
+
+/// Derives `key type` lines from the chart's values.schema.json.
+pub fn derive_keys(schema_text: &str, chart: &str) -> Result<String, String> {
+    let schema: Value = serde_json::from_str(schema_text).map_err(|e| format!("line {}, column {}: not JSON: {e}", e.line(), e.column()))?;
+    let props = schema.get("properties").and_then(Value::as_object).ok_or("the schema has no top-level properties: is it Cilium's values.schema.json?")?;
+    let mut out = std::collections::BTreeMap::new();
+    for (k, v) in props {
+        walk(&seg(k, true), v, &mut out);
+    }
+    let mut text = format!(
+        "# Keys of the Cilium {chart} chart's values, with their types.\n# Derived from the chart's values.schema.json by `ichor cni schema derive`; do not edit by hand.\n"
+    );
+    for (k, t) in out {
+        text.push_str(&format!("{k} {t}\n"));
+    }
+    Ok(text)
+}
+
+fn seg(k: &str, first: bool) -> String {
+    if crate::path::is_plain(k) { if first { k.to_string() } else { format!(".{k}") } } else { format!("[{}]", serde_json::to_string(k).unwrap()) }
+}
+
+fn type_of(v: &Value) -> String {
+    match v.get("type") {
+        Some(Value::String(t)) if t == "object" && v.get("properties").is_none() => "any".into(),
+        Some(Value::String(t)) => t.clone(),
+        Some(Value::Array(ts)) => {
+            let mut names: Vec<String> = ts.iter().filter_map(Value::as_str).map(|t| if t == "object" { "any".into() } else { t.to_string() }).collect();
+            names.sort();
+            names.join("|")
+        }
+        _ if v.get("properties").is_some() => "object".into(),
+        _ => "any".into(),
+    }
+}
+
+fn walk(path: &str, v: &Value, out: &mut std::collections::BTreeMap<String, String>) {
+    let t = type_of(v);
+    out.insert(path.to_string(), t.clone());
+    if let Some(props) = v.get("properties").and_then(Value::as_object) {
+        for (k, p) in props {
+            walk(&format!("{path}{}", seg(k, false)), p, out);
+        }
+    }
+    if let Some(items) = v.get("items") {
+        walk(&format!("{path}[*]"), items, out);
+    }
+}
+
+/// The keys Ichor owns, with the reason each refusal gives.
+fn owned() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("ipam.mode", "Talos needs IPAM mode kubernetes"),
+        ("securityContext.capabilities", "Talos does not allow SYS_MODULE; Ichor sets the agent's capabilities"),
+        ("cgroup", "Talos mounts the cgroup hierarchy itself (autoMount off, hostRoot /sys/fs/cgroup)"),
+        ("k8sServiceHost", "Cilium reaches the API server through KubePrism (localhost:7445) on every node"),
+        ("k8sServicePort", "Cilium reaches the API server through KubePrism (localhost:7445) on every node"),
+        ("kubeProxyReplacement", "it follows the kube-proxy mode; switch it with `ichor cni kube-proxy replaced|enabled`"),
+        ("tunnelProtocol", "chosen at install (--cni-tunnel vxlan|geneve) and kept by Ichor"),
+    ]
+}
+
+/// A refusal, naming the key at fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub key: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+fn leaves(prefix: Option<&Path>, v: &Value, out: &mut Vec<(Path, Value)>) {
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            for (k, x) in m {
+                let p = match prefix {
+                    None => Path::root(k),
+                    Some(p) => p.child_key(k),
+                };
+                leaves(Some(&p), x, out);
+            }
+        }
+        Value::Array(a) if !a.is_empty() => {
+            for (i, x) in a.iter().enumerate() {
+                leaves(Some(&prefix.cloned().unwrap_or_default().child_index(i)), x, out);
+            }
+        }
+        _ => {
+            if let Some(p) = prefix {
+                out.push((p.clone(), v.clone()));
+            }
+        }
+    }
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn type_ok(expected: &str, v: &Value) -> bool {
+    let got = json_type(v);
+    expected.split('|').any(|t| t == got || t == "any" || (t == "number" && got == "integer") || (t == "object" && got == "object"))
+}
+
+/// The one validation of the user's layer (webhook, UI, CLI and controller all call this).
+/// `kube_proxy_replaced` is the mode the values will run with.
+pub fn validate(user: &Value, keys: &Inventory, kube_proxy_replaced: bool) -> Vec<Refusal> {
+    let mut out = vec![];
+    let size = serde_json::to_string(user).map(|s| s.len()).unwrap_or(0);
+    if size > MAX_VALUES_BYTES {
+        out.push(Refusal { key: "(values)".into(), message: format!("{size} bytes, over the {MAX_VALUES_BYTES}-byte limit: keep only the keys you change") });
+    }
+    if !user.is_object() && !user.is_null() {
+        out.push(Refusal { key: "(values)".into(), message: format!("the values must be a mapping, found {}", json_type(user)) });
+        return out;
+    }
+    let mut ls = vec![];
+    leaves(None, user, &mut ls);
+    for (p, v) in &ls {
+        let shown = p.to_string();
+        if let Some(pin) = PINNED.iter().find(|k| shown == **k) {
+            out.push(Refusal {
+                key: pin.to_string(),
+                message: format!(
+                    "pinned to {SECRETS_NAMESPACE} and owned by Ichor, so it cannot be set, even to {SECRETS_NAMESPACE}: a value naming another namespace (such as ichor-system) would render a Role that lets Cilium's service accounts read that namespace's Secrets, Ichor's included"
+                ),
+            });
+            continue;
+        }
+        if let Some((k, why)) = owned().into_iter().find(|(k, _)| shown == *k || shown.starts_with(&format!("{k}.")) || shown.starts_with(&format!("{k}["))) {
+            out.push(Refusal { key: shown.clone(), message: format!("owned by Ichor ({k}): {why}; remove it from your values") });
+            continue;
+        }
+        match keys.lookup(p) {
+            None => out.push(Refusal { key: shown.clone(), message: "not a key of the Cilium chart's values (check the spelling against the chart's values.yaml)".into() }),
+            Some(t) if !type_ok(t, v) && !v.is_null() => {
+                out.push(Refusal { key: shown.clone(), message: format!("the chart expects {t}, found {} {v}", json_type(v)) })
+            }
+            _ => {}
+        }
+    }
+    let get = |path: &[&str]| path.iter().try_fold(user, |v, k| v.get(k));
+    if !kube_proxy_replaced {
+        for (feature, what) in [(["gatewayAPI", "enabled"], "Gateway API"), (["ingressController", "enabled"], "the ingress controller")] {
+            if get(&feature) == Some(&Value::Bool(true)) {
+                out.push(Refusal {
+                    key: feature.join("."),
+                    message: format!(
+                        "Cilium's {what} needs kube-proxy replacement, and this cluster runs kube-proxy: switch first with `ichor cni kube-proxy replaced`"
+                    ),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn merge(base: &mut Value, top: &Value) {
+    match (base, top) {
+        (Value::Object(b), Value::Object(t)) => {
+            for (k, v) in t {
+                match b.get_mut(k) {
+                    Some(x) => merge(x, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, t) => *b = t.clone(),
+    }
+}
+
+/// Ichor's defaults, then the user's layer, then the keys Ichor owns (applied last).
+pub fn layered(user: &Value, kube_proxy_replaced: bool, tunnel: &str) -> Value {
+    // Defaults: agents restart when cilium-config changes, which the kube-proxy switch relies on.
+    let mut v = json!({"rollOutCiliumPods": true, "operator": {"rollOutPods": true}});
+    if user.is_object() {
+        merge(&mut v, user);
+    }
+    let mut owned = json!({
+        "ipam": {"mode": "kubernetes"},
+        "securityContext": {"capabilities": {
+            "ciliumAgent": ["CHOWN", "KILL", "NET_ADMIN", "NET_RAW", "IPC_LOCK", "SYS_ADMIN", "SYS_RESOURCE", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID"],
+            "cleanCiliumState": ["NET_ADMIN", "SYS_ADMIN", "SYS_RESOURCE"]
+        }},
+        "cgroup": {"autoMount": {"enabled": false}, "hostRoot": "/sys/fs/cgroup"},
+        "k8sServiceHost": "localhost",
+        "k8sServicePort": 7445,
+        "kubeProxyReplacement": kube_proxy_replaced,
+        "tunnelProtocol": tunnel,
+    });
+    for key in PINNED {
+        let parts: Vec<&str> = key.split('.').collect();
+        let mut cur = &mut owned;
+        for p in &parts[..parts.len() - 1] {
+            cur = cur.as_object_mut().unwrap().entry(p.to_string()).or_insert_with(|| Value::Object(Map::new()));
+        }
+        cur.as_object_mut().unwrap().insert(parts[parts.len() - 1].to_string(), json!(SECRETS_NAMESPACE));
+    }
+    merge(&mut v, &owned);
+    v
+}
