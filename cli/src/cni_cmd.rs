@@ -78,17 +78,28 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
             match out {
                 Some(p) => {
                     std::fs::write(&p, &keys).with_context(|| format!("writing {}", p.display()))?;
-                    Ok(Report { stdout: format!("wrote {} ({} keys)\n", p.display(), keys.lines().filter(|l| !l.starts_with('#')).count()), ..Report::default() })
+                    Ok(Report {
+                        stdout: format!(
+                            "wrote {} ({} keys)\n",
+                            p.display(),
+                            keys.lines().filter(|l| !l.starts_with('#')).count()
+                        ),
+                        ..Report::default()
+                    })
                 }
                 None => Ok(Report { stdout: keys, ..Report::default() }),
             }
         }
         CniCommand::Values(ValuesCommand::Validate { file, kube_proxy }) => {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-            let user: serde_json::Value = serde_yaml::from_str(&text).map_err(|e| anyhow!("{}: not valid YAML: {e}", file.display()))?;
+            let user: serde_json::Value =
+                serde_yaml::from_str(&text).map_err(|e| anyhow!("{}: not valid YAML: {e}", file.display()))?;
             let rs = cilium::validate(&user, &keys()?, kube_proxy == "replaced");
             if rs.is_empty() {
-                Ok(Report { stdout: format!("ok: {} is valid for kube-proxy {kube_proxy}\n", file.display()), ..Report::default() })
+                Ok(Report {
+                    stdout: format!("ok: {} is valid for kube-proxy {kube_proxy}\n", file.display()),
+                    ..Report::default()
+                })
             } else {
                 Ok(Report { stdout: refusals(&rs), findings: true, ..Report::default() })
             }
@@ -97,7 +108,11 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
             let c = crate::config_cmd::classifier(None)?;
             let m = crate::render_cmd::read_manifests(&manifests, &c)?;
             let tc = match &cluster {
-                Some(n) => m.clusters.iter().find(|x| x.metadata.name.as_deref() == Some(n)).ok_or_else(|| anyhow!("--cluster: no TalosCluster {n:?}"))?,
+                Some(n) => m
+                    .clusters
+                    .iter()
+                    .find(|x| x.metadata.name.as_deref() == Some(n))
+                    .ok_or_else(|| anyhow!("--cluster: no TalosCluster {n:?}"))?,
                 None if m.clusters.len() == 1 => &m.clusters[0],
                 None => bail!("--cluster: the manifests hold {} clusters; name one", m.clusters.len()),
             };
@@ -105,7 +120,9 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
                 Some(k) => (k.to_string(), "--kube-proxy"),
                 None => match render::render::status_kube_proxy(tc) {
                     Some(k) => (k.name().to_string(), "status.cni.kubeProxy"),
-                    None => (tc.spec.cni.kube_proxy.name().to_string(), "spec.cni.kubeProxy (no switch has set the status)"),
+                    None => {
+                        (tc.spec.cni.kube_proxy.name().to_string(), "spec.cni.kubeProxy (no switch has set the status)")
+                    }
                 },
             };
             let replaced = mode == KubeProxyMode::Replaced.name();

@@ -111,16 +111,8 @@ pub fn run(cmd: ConfigCommand) -> Result<Report> {
             let (from, to) = (from.expect("clap requires --from"), to.expect("clap requires --to"));
             let old = read_config(&from)?;
             let new = read_config(&to)?;
-            diff_report(
-                &c,
-                &old,
-                &new,
-                &from.to_string_lossy(),
-                &to.to_string_lossy(),
-                contract.as_deref(),
-                output,
-                None,
-            )
+            let (from_name, to_name) = (from.to_string_lossy(), to.to_string_lossy());
+            diff_report(&c, (&old, &from_name), (&new, &to_name), contract.as_deref(), output, None)
         }
     }
 }
@@ -157,12 +149,11 @@ fn machine_diff(
     };
     let contract = Some(rendered.contract.to_string());
     let desired_name = format!("render of {machine}");
+    let node_name = node.to_string_lossy();
     diff_report(
         c,
-        &running,
-        &rendered.config,
-        &node.to_string_lossy(),
-        &desired_name,
+        (&running, &node_name),
+        (&rendered.config, &desired_name),
         contract.as_deref(),
         output,
         Some((machine, &ctx, &rendered.inputs_hash)),
@@ -315,12 +306,13 @@ fn verdict_sentence(c: &Classifier, o: &Outcome) -> String {
     }
 }
 
+/// A config and the name it is shown under in the diff.
+pub type Named<'a> = (&'a Config, &'a str);
+
 pub fn diff_report(
     c: &Classifier,
-    old: &Config,
-    new: &Config,
-    from_name: &str,
-    to_name: &str,
+    (old, from_name): Named,
+    (new, to_name): Named,
     contract: Option<&str>,
     output: Output,
     machine: Option<(&str, &MachineContext, &str)>,

@@ -86,7 +86,8 @@ pub fn render_machine(m: &Manifests, machine: &str, contract: Option<&str>, c: &
     for r in &o.rejected {
         // Blame a part of the conflict that a patch set, else the first part.
         let parts: Vec<String> = r.at.split(" and ").filter_map(|x| Path::parse(x).ok()).map(|p| blame(&p)).collect();
-        let who = parts.iter().find(|w| w.starts_with("TalosConfigPatch")).or(parts.first()).cloned().unwrap_or_default();
+        let who =
+            parts.iter().find(|w| w.starts_with("TalosConfigPatch")).or(parts.first()).cloned().unwrap_or_default();
         problems.push(format!("{who}: spec.patch: Talos would refuse the rendered config: {} ({}); remove it from the patch or select other machines", r.message, r.at));
     }
     if !problems.is_empty() {

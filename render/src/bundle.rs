@@ -21,4 +21,5 @@ pub const CONTRACTS: &[(&str, &str)] = &[
 ];
 
 /// The Cilium chart's value keys and types (derived from its values.schema.json).
-pub const CILIUM_KEYS: (&str, &str) = ("rules/cilium/values.1.20.0.keys", include_str!("../../rules/cilium/values.1.20.0.keys"));
+pub const CILIUM_KEYS: (&str, &str) =
+    ("rules/cilium/values.1.20.0.keys", include_str!("../../rules/cilium/values.1.20.0.keys"));

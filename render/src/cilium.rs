@@ -24,8 +24,12 @@ pub const PINNED: [&str; 5] = [
 
 /// Derives `key type` lines from the chart's values.schema.json.
 pub fn derive_keys(schema_text: &str, chart: &str) -> Result<String, String> {
-    let schema: Value = serde_json::from_str(schema_text).map_err(|e| format!("line {}, column {}: not JSON: {e}", e.line(), e.column()))?;
-    let props = schema.get("properties").and_then(Value::as_object).ok_or("the schema has no top-level properties: is it Cilium's values.schema.json?")?;
+    let schema: Value = serde_json::from_str(schema_text)
+        .map_err(|e| format!("line {}, column {}: not JSON: {e}", e.line(), e.column()))?;
+    let props = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .ok_or("the schema has no top-level properties: is it Cilium's values.schema.json?")?;
     let mut out = std::collections::BTreeMap::new();
     for (k, v) in props {
         walk(&seg(k, true), v, &mut out);
@@ -40,7 +44,11 @@ pub fn derive_keys(schema_text: &str, chart: &str) -> Result<String, String> {
 }
 
 fn seg(k: &str, first: bool) -> String {
-    if crate::path::is_plain(k) { if first { k.to_string() } else { format!(".{k}") } } else { format!("[{}]", serde_json::to_string(k).unwrap()) }
+    if crate::path::is_plain(k) {
+        if first { k.to_string() } else { format!(".{k}") }
+    } else {
+        format!("[{}]", serde_json::to_string(k).unwrap())
+    }
 }
 
 fn type_of(v: &Value) -> String {
@@ -48,7 +56,11 @@ fn type_of(v: &Value) -> String {
         Some(Value::String(t)) if t == "object" && v.get("properties").is_none() => "any".into(),
         Some(Value::String(t)) => t.clone(),
         Some(Value::Array(ts)) => {
-            let mut names: Vec<String> = ts.iter().filter_map(Value::as_str).map(|t| if t == "object" { "any".into() } else { t.to_string() }).collect();
+            let mut names: Vec<String> = ts
+                .iter()
+                .filter_map(Value::as_str)
+                .map(|t| if t == "object" { "any".into() } else { t.to_string() })
+                .collect();
             names.sort();
             names.join("|")
         }
@@ -78,7 +90,10 @@ fn owned() -> Vec<(&'static str, &'static str)> {
         ("cgroup", "Talos mounts the cgroup hierarchy itself (autoMount off, hostRoot /sys/fs/cgroup)"),
         ("k8sServiceHost", "Cilium reaches the API server through KubePrism (localhost:7445) on every node"),
         ("k8sServicePort", "Cilium reaches the API server through KubePrism (localhost:7445) on every node"),
-        ("kubeProxyReplacement", "it follows the kube-proxy mode; switch it with `ichor cni kube-proxy replaced|enabled`"),
+        (
+            "kubeProxyReplacement",
+            "it follows the kube-proxy mode; switch it with `ichor cni kube-proxy replaced|enabled`",
+        ),
         ("tunnelProtocol", "chosen at install (--cni-tunnel vxlan|geneve) and kept by Ichor"),
     ]
 }
@@ -134,7 +149,9 @@ fn json_type(v: &Value) -> &'static str {
 
 fn type_ok(expected: &str, v: &Value) -> bool {
     let got = json_type(v);
-    expected.split('|').any(|t| t == got || t == "any" || (t == "number" && got == "integer") || (t == "object" && got == "object"))
+    expected
+        .split('|')
+        .any(|t| t == got || t == "any" || (t == "number" && got == "integer") || (t == "object" && got == "object"))
 }
 
 /// The one validation of the user's layer (webhook, UI, CLI and controller all call this).
@@ -143,10 +160,16 @@ pub fn validate(user: &Value, keys: &Inventory, kube_proxy_replaced: bool) -> Ve
     let mut out = vec![];
     let size = serde_json::to_string(user).map(|s| s.len()).unwrap_or(0);
     if size > MAX_VALUES_BYTES {
-        out.push(Refusal { key: "(values)".into(), message: format!("{size} bytes, over the {MAX_VALUES_BYTES}-byte limit: keep only the keys you change") });
+        out.push(Refusal {
+            key: "(values)".into(),
+            message: format!("{size} bytes, over the {MAX_VALUES_BYTES}-byte limit: keep only the keys you change"),
+        });
     }
     if !user.is_object() && !user.is_null() {
-        out.push(Refusal { key: "(values)".into(), message: format!("the values must be a mapping, found {}", json_type(user)) });
+        out.push(Refusal {
+            key: "(values)".into(),
+            message: format!("the values must be a mapping, found {}", json_type(user)),
+        });
         return out;
     }
     let mut ls = vec![];
@@ -162,21 +185,34 @@ pub fn validate(user: &Value, keys: &Inventory, kube_proxy_replaced: bool) -> Ve
             });
             continue;
         }
-        if let Some((k, why)) = owned().into_iter().find(|(k, _)| shown == *k || shown.starts_with(&format!("{k}.")) || shown.starts_with(&format!("{k}["))) {
-            out.push(Refusal { key: shown.clone(), message: format!("owned by Ichor ({k}): {why}; remove it from your values") });
+        if let Some((k, why)) = owned()
+            .into_iter()
+            .find(|(k, _)| shown == *k || shown.starts_with(&format!("{k}.")) || shown.starts_with(&format!("{k}[")))
+        {
+            out.push(Refusal {
+                key: shown.clone(),
+                message: format!("owned by Ichor ({k}): {why}; remove it from your values"),
+            });
             continue;
         }
         match keys.lookup(p) {
-            None => out.push(Refusal { key: shown.clone(), message: "not a key of the Cilium chart's values (check the spelling against the chart's values.yaml)".into() }),
-            Some(t) if !type_ok(t, v) && !v.is_null() => {
-                out.push(Refusal { key: shown.clone(), message: format!("the chart expects {t}, found {} {v}", json_type(v)) })
-            }
+            None => out.push(Refusal {
+                key: shown.clone(),
+                message: "not a key of the Cilium chart's values (check the spelling against the chart's values.yaml)"
+                    .into(),
+            }),
+            Some(t) if !type_ok(t, v) && !v.is_null() => out.push(Refusal {
+                key: shown.clone(),
+                message: format!("the chart expects {t}, found {} {v}", json_type(v)),
+            }),
             _ => {}
         }
     }
     let get = |path: &[&str]| path.iter().try_fold(user, |v, k| v.get(k));
     if !kube_proxy_replaced {
-        for (feature, what) in [(["gatewayAPI", "enabled"], "Gateway API"), (["ingressController", "enabled"], "the ingress controller")] {
+        for (feature, what) in
+            [(["gatewayAPI", "enabled"], "Gateway API"), (["ingressController", "enabled"], "the ingress controller")]
+        {
             if get(&feature) == Some(&Value::Bool(true)) {
                 out.push(Refusal {
                     key: feature.join("."),

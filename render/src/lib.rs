@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod bundle;
+pub mod cilium;
 pub mod classify;
 pub mod config;
 pub mod diff;
@@ -19,4 +20,3 @@ pub mod manifests;
 pub mod path;
 pub mod render;
 pub mod secrets;
-pub mod cilium;

@@ -655,25 +655,24 @@ fn filtered(docs: &[Value], contract: Contract, handed_over: bool, owns_proxy: b
             continue;
         }
         if kind.is_none() {
-            if handed_over {
-                if let Some(Value::Sequence(list)) = d.get_mut("cluster").and_then(|c| c.get_mut("inlineManifests")) {
-                    list.retain(|e| e.get("name").and_then(Value::as_str) != Some(CNI_INLINE_MANIFEST));
-                }
+            if handed_over
+                && let Some(Value::Sequence(list)) = d.get_mut("cluster").and_then(|c| c.get_mut("inlineManifests"))
+            {
+                list.retain(|e| e.get("name").and_then(Value::as_str) != Some(CNI_INLINE_MANIFEST));
             }
-            if owns_proxy {
-                if let Some(Value::Mapping(cluster)) = d.get_mut("cluster") {
-                    if v114 {
-                        cluster.remove("proxy");
-                    } else if let Some(Value::Mapping(proxy)) = cluster.get_mut("proxy") {
-                        proxy.remove("disabled");
-                    }
+            if owns_proxy && let Some(Value::Mapping(cluster)) = d.get_mut("cluster") {
+                if v114 {
+                    cluster.remove("proxy");
+                } else if let Some(Value::Mapping(proxy)) = cluster.get_mut("proxy") {
+                    proxy.remove("disabled");
                 }
             }
         }
-        if owns_proxy && kind.as_deref() == Some("KubeProxyConfig") {
-            if let Value::Mapping(m) = &mut d {
-                m.remove("enabled");
-            }
+        if owns_proxy
+            && kind.as_deref() == Some("KubeProxyConfig")
+            && let Value::Mapping(m) = &mut d
+        {
+            m.remove("enabled");
         }
         out.push(d);
     }

@@ -92,7 +92,7 @@ fn render_conforms_to_talos_generated_configs() {
         let cp_text = std::fs::read_to_string(format!("{shared}/{contract}/base-controlplane.yaml")).unwrap();
         let bundle = Bundle::from_config(&Config::parse(&cp_text).unwrap());
         for role in [Role::Controlplane, Role::Worker] {
-            let file = format!("{contract}/base-{}.yaml", role.name().replace("controlplane", "controlplane"));
+            let file = format!("{contract}/base-{}.yaml", role.name());
             let reference = Config::parse(&std::fs::read_to_string(format!("{shared}/{file}")).unwrap()).unwrap();
             let cluster = TalosCluster {
                 metadata: meta("base"),
@@ -278,7 +278,8 @@ fn crds_deserialize_are_structural_and_accept_the_examples() {
         let back: CustomResourceDefinition = serde_yaml::from_str(&text).expect("`ichor crds` output deserializes");
         assert_eq!(&back, crd);
         let version = &crd.spec.versions[0];
-        let schema = serde_json::to_value(version.schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap();
+        let schema =
+            serde_json::to_value(version.schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap()).unwrap();
         structural(&crd.spec.names.kind, &schema, &mut problems);
         schemas.insert(crd.spec.names.kind.clone(), schema);
     }
@@ -293,7 +294,8 @@ fn crds_deserialize_are_structural_and_accept_the_examples() {
                 let v: serde_json::Value = serde::Deserialize::deserialize(doc).unwrap();
                 let kind = v["kind"].as_str().unwrap().to_string();
                 let validator = jsonschema::validator_for(&schemas[&kind]).unwrap();
-                let errors: Vec<String> = validator.iter_errors(&v).map(|e| format!("{e} at {}", e.instance_path())).collect();
+                let errors: Vec<String> =
+                    validator.iter_errors(&v).map(|e| format!("{e} at {}", e.instance_path())).collect();
                 assert!(errors.is_empty(), "{contract}/{f} {kind}: {errors:?}");
                 checked += 1;
             }
@@ -301,9 +303,20 @@ fn crds_deserialize_are_structural_and_accept_the_examples() {
     }
     assert!(checked >= 14, "{checked}");
     // And a wrong version is refused by the schema, not only by Ichor.
-    let mut bad: serde_json::Value = serde_json::from_str(&serde_json::to_string(&serde_yaml::from_str::<serde_json::Value>(
-        &std::fs::read_to_string(format!("{}/../examples/clusters/lab-v1.14/cluster.yaml", env!("CARGO_MANIFEST_DIR"))).unwrap(),
-    ).unwrap()).unwrap()).unwrap();
+    let mut bad: serde_json::Value = serde_json::from_str(
+        &serde_json::to_string(
+            &serde_yaml::from_str::<serde_json::Value>(
+                &std::fs::read_to_string(format!(
+                    "{}/../examples/clusters/lab-v1.14/cluster.yaml",
+                    env!("CARGO_MANIFEST_DIR")
+                ))
+                .unwrap(),
+            )
+            .unwrap(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
     bad["spec"]["kubernetesVersion"] = serde_json::json!("1.36");
     assert!(!jsonschema::validator_for(&schemas["TalosCluster"]).unwrap().is_valid(&bad));
 }
@@ -323,7 +336,10 @@ mod cilium_values {
 
     #[test]
     fn valid_values_pass() {
-        assert_eq!(check(json!({"hubble": {"relay": {"enabled": true}}, "operator": {"replicas": 1}}), false), Vec::<String>::new());
+        assert_eq!(
+            check(json!({"hubble": {"relay": {"enabled": true}}, "operator": {"replicas": 1}}), false),
+            Vec::<String>::new()
+        );
         assert_eq!(check(json!({"gatewayAPI": {"enabled": true}}), true), Vec::<String>::new());
     }
 
@@ -341,10 +357,15 @@ mod cilium_values {
 
     #[test]
     fn ichor_owned_keys_are_refused() {
-        let r = check(json!({"kubeProxyReplacement": true, "k8sServiceHost": "10.0.0.1", "ipam": {"mode": "cluster-pool"}, "cgroup": {"hostRoot": "/x"}}), true);
+        let r = check(
+            json!({"kubeProxyReplacement": true, "k8sServiceHost": "10.0.0.1", "ipam": {"mode": "cluster-pool"}, "cgroup": {"hostRoot": "/x"}}),
+            true,
+        );
         assert_eq!(r.len(), 4, "{r:?}");
         assert!(r.iter().all(|x| x.contains("owned by Ichor")), "{r:?}");
-        assert!(r.iter().any(|x| x.starts_with("kubeProxyReplacement: owned by Ichor (kubeProxyReplacement): it follows the kube-proxy mode")));
+        assert!(r.iter().any(|x| x.starts_with(
+            "kubeProxyReplacement: owned by Ichor (kubeProxyReplacement): it follows the kube-proxy mode"
+        )));
     }
 
     #[test]
