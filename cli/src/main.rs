@@ -8,6 +8,7 @@
 mod cni_cmd;
 mod config_cmd;
 mod contract_cmd;
+mod plan_cmd;
 mod render_cmd;
 mod rules_cmd;
 
@@ -44,6 +45,20 @@ enum Command {
         contract: Option<String>,
         #[arg(long)]
         rules: Option<std::path::PathBuf>,
+    },
+    /// Plan one reconcile of an operation from an observed-state snapshot.
+    #[command(
+        after_help = "Examples:\n  ichor plan --state examples/states/upgrade-running.yaml\n  ichor plan --state snapshot.yaml --output json --explain"
+    )]
+    Plan {
+        /// The observed-state snapshot (YAML; its format is in the README).
+        #[arg(long)]
+        state: std::path::PathBuf,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+        /// Show each action's proof.
+        #[arg(long)]
+        explain: bool,
     },
     /// Print the CustomResourceDefinitions of Ichor's resources.
     Crds,
@@ -107,6 +122,7 @@ fn main() -> ExitCode {
             render_cmd::render_cmd(&manifests, &machine, contract.as_deref(), rules.as_ref())
         }
         Command::Crds => render_cmd::crds_cmd(),
+        Command::Plan { state, output, explain } => plan_cmd::run(&state, output, explain),
         Command::Cni(cmd) => cni_cmd::run(cmd),
     };
     match result {

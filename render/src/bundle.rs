@@ -9,7 +9,13 @@ pub const RULES: &[(&str, &str)] = &[
     ("rules/classify.rules", include_str!("../../rules/classify.rules")),
     ("rules/talos-accepts.rules", include_str!("../../rules/talos-accepts.rules")),
     ("rules/machine.rules", include_str!("../../rules/machine.rules")),
+    ("rules/backbone.rules", include_str!("../../rules/backbone.rules")),
+    ("rules/upgrade.rules", include_str!("../../rules/upgrade.rules")),
+    ("rules/switch.rules", include_str!("../../rules/switch.rules")),
 ];
+
+/// The handlebars templates of every message an operation's rules can raise.
+pub const MESSAGES: (&str, &str) = ("rules/messages.yaml", include_str!("../../rules/messages.yaml"));
 
 pub const FIELDMETA: (&str, &str) = ("rules/fieldmeta.yaml", include_str!("../../rules/fieldmeta.yaml"));
 

@@ -1,1 +1,10 @@
-//! runtime
+//! Ichor's runtime: the observed state, the facts the operation rules see, and the plan they
+//! derive, as typed actions an executor performs without choosing anything.
+//!
+//! Start at `state::ObservedState` (the snapshot), `facts::facts` (the one function from state
+//! to facts) and `plan::Planner` (evaluate, decode, check, explain). The executor that talks to
+//! Talos and Kubernetes is a later issue; `plan::Action` is its vocabulary.
+
+pub mod facts;
+pub mod plan;
+pub mod state;

@@ -1,0 +1,86 @@
+//! `ichor plan --state SNAPSHOT`: what the controller would do now for an operation, and why.
+//!
+//! Exit 0 when the operation runs or completes with nothing to report, 1 when it waits, pauses
+//! or warns (findings), 2 on a bad snapshot or contradictory rules.
+
+use crate::{Diagnosed, Output, Report};
+use anyhow::{Context, Result, anyhow};
+use runtime::plan::{Action, PlanError, Planner};
+use runtime::state::ObservedState;
+use serde_json::json;
+use std::path::Path;
+
+pub fn run(state: &Path, output: Output, explain: bool) -> Result<Report> {
+    let text = std::fs::read_to_string(state).with_context(|| format!("reading {}", state.display()))?;
+    let s = ObservedState::parse(&text).map_err(|errs| {
+        anyhow!(Diagnosed {
+            diagnostics: errs.iter().map(|e| format!("{}: error: {e}\n", state.display())).collect(),
+            summary: format!("{} is not a valid observed-state snapshot", state.display()),
+        })
+    })?;
+    let planner = Planner::embedded().map_err(|e| anyhow!("the rules do not load: {e}"))?;
+    let plan = match planner.plan_with(&s, explain) {
+        Ok(p) => p,
+        Err(PlanError::Contradiction { what, proofs }) => {
+            return Err(anyhow!(Diagnosed {
+                diagnostics: proofs.iter().enumerate().map(|(i, p)| format!("proof {}:\n{p}", i + 1)).collect(),
+                summary: format!("the rules contradict themselves: {what}; nothing is executed"),
+            }));
+        }
+        Err(e) => return Err(anyhow!("{e}")),
+    };
+    let findings = plan.actions.iter().any(|(a, _)| {
+        matches!(a, Action::Wait { .. } | Action::Pause { .. } | Action::Fail { .. } | Action::Warn { .. })
+    });
+    let stdout = match output {
+        Output::Json => {
+            let actions: Vec<serde_json::Value> = plan
+                .actions
+                .iter()
+                .map(|(a, proofs)| {
+                    let mut v = a.to_json();
+                    if explain {
+                        v["proofs"] = proofs.iter().map(|p| p.to_json()).collect();
+                    }
+                    v
+                })
+                .collect();
+            let v = json!({
+                "operation": plan.operation,
+                "kind": plan.kind,
+                "phase": plan.phase,
+                "confirmation": plan.confirmation,
+                "actions": actions,
+                "ciliumJobMode": plan.cilium_job_mode,
+            });
+            serde_json::to_string_pretty(&v)? + "\n"
+        }
+        Output::Text => {
+            let mut out =
+                format!("Operation {} ({}) on cluster {}: {}\n", plan.operation, plan.kind, s.cluster.name, plan.phase);
+            if let Some(c) = &plan.confirmation {
+                out += &format!("Confirmation: {c}\n");
+            }
+            if plan.actions.is_empty() {
+                out += "Nothing to do now.\n";
+            } else {
+                out += "Actions, in order:\n";
+                for (i, (a, proofs)) in plan.actions.iter().enumerate() {
+                    out += &format!("  {}. {a}\n", i + 1);
+                    if explain {
+                        for p in proofs {
+                            for line in p.to_string().lines() {
+                                out += &format!("       {line}\n");
+                            }
+                        }
+                    }
+                }
+            }
+            if let Some(m) = &plan.cilium_job_mode {
+                out += &format!("Cilium Jobs outside a switch render with kube-proxy mode {m}.\n");
+            }
+            out
+        }
+    };
+    Ok(Report { stdout, findings, ..Report::default() })
+}

@@ -1,0 +1,55 @@
+//! Plan benchmark: one reconcile of a Kubernetes upgrade on a 5,000-machine cluster and on a
+//! 4-machine cluster, fact building, evaluation (with provenance) and decoding included.
+//! Targets (issue 5): under 50 ms and under 2 ms. `cargo bench -p runtime`; under `cargo test`
+//! it runs once on a small cluster as a check.
+
+use runtime::plan::Planner;
+use runtime::state::ObservedState;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+fn time<R>(budget: Duration, mut f: impl FnMut() -> R) -> Duration {
+    let mut samples = vec![];
+    let start = Instant::now();
+    let min = if budget < Duration::from_millis(10) { 1 } else { 3 };
+    while samples.len() < min || (start.elapsed() < budget && samples.len() < 50) {
+        let t = Instant::now();
+        black_box(f());
+        samples.push(t.elapsed());
+    }
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// An upgrade in its kubelet stage: 3 control planes done, `workers` workers pending.
+fn cluster(workers: usize) -> ObservedState {
+    let mut text = String::from(
+        "now: \"2026-11-29T10:00:00Z\"\ncluster:\n  name: big\n  kubernetesVersion: v1.36.5\n  releaseSetKubernetes: v1.36.5\n  cni: {preset: cilium, kubeProxy: replaced, handover: disabled}\n  statusKubeProxy: replaced\nmachines:\n",
+    );
+    for i in 1..=3 {
+        text += &format!(
+            "  - {{name: cp{i}, role: controlplane, talosVersion: v1.14.3, kubeletVersion: v1.36.5, ready: true}}\n"
+        );
+    }
+    for i in 0..workers {
+        text += &format!(
+            "  - {{name: w{i:05}, role: worker, talosVersion: v1.14.3, kubeletVersion: v1.36.4, ready: true, pending: [{{path: KubeletConfig.image, class: reboot-required, appliedBy: kubernetes, new: \"ghcr.io/siderolabs/kubelet:v1.36.5\"}}]}}\n"
+        );
+    }
+    text += "operation:\n  name: upgrade\n  kind: kubernetes\n  targetKubernetes: v1.36.5\n  maxUnavailable: 10\n  phase: Running\n  done: [manifestsSynced]\n";
+    ObservedState::parse(&text).expect("bench snapshot parses")
+}
+
+fn main() {
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let budget = Duration::from_millis(if smoke { 1 } else { 2000 });
+    let planner = Planner::embedded().expect("rules load");
+    for (workers, target) in [(if smoke { 97 } else { 4997 }, "50 ms"), (1, "2 ms")] {
+        let s = cluster(workers);
+        let plan = planner.plan(&s).unwrap();
+        let starts = plan.actions.iter().filter(|(a, _)| matches!(a, runtime::plan::Action::Start { .. })).count();
+        assert_eq!(starts, 10.min(workers), "maxUnavailable workers start together");
+        let t = time(budget, || planner.plan(&s).unwrap());
+        println!("plan an upgrade step, {} machines: {:.2} ms (target < {target})", workers + 3, t.as_secs_f64() * 1e3);
+    }
+}

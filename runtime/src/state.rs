@@ -1,0 +1,303 @@
+//! The observed state: what the controller sees at one reconcile, as one plain value.
+//!
+//! Start at `ObservedState`. It is the input of `ichor plan --state SNAPSHOT.yaml` and what the
+//! controller would dump; the README documents the format with a full example. Times are RFC
+//! 3339 UTC (`2026-11-29T10:00:00Z`). `ObservedState::parse` checks what the rules cannot:
+//! the YAML itself, required fields, a machine listed twice, a clock in the future of `now`,
+//! versions that do not parse, an operation kind the rules do not know.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObservedState {
+    /// The reconcile's clock.
+    pub now: String,
+    pub cluster: Cluster,
+    pub machines: Vec<Machine>,
+    #[serde(default)]
+    pub workload: Workload,
+    /// The operation being reconciled.
+    pub operation: Operation,
+    /// Other operations of the cluster (for the lock).
+    #[serde(default)]
+    pub other_operations: Vec<OtherOperation>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cluster {
+    pub name: String,
+    pub kubernetes_version: String,
+    /// The release set's Kubernetes (ADR 0113): the only target an upgrade may have.
+    pub release_set_kubernetes: String,
+    pub cni: Cni,
+    /// `status.cni.kubeProxy`, when a switch has set it.
+    #[serde(default)]
+    pub status_kube_proxy: Option<String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cni {
+    pub preset: String,
+    pub kube_proxy: String,
+    pub handover: String,
+    /// The CNIHandover condition is True.
+    #[serde(default)]
+    pub handover_done: bool,
+    /// Where Cilium's values live before the hand-over: the TalosConfigPatch carrying the
+    /// inline-manifest entry.
+    #[serde(default)]
+    pub bootstrap_patch: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Machine {
+    pub name: String,
+    pub role: String,
+    pub talos_version: String,
+    pub kubelet_version: String,
+    pub ready: bool,
+    /// The hold annotation is set.
+    #[serde(default)]
+    pub hold: bool,
+    /// The controller runs on this node (it goes last among kubelets).
+    #[serde(default)]
+    pub runs_controller: bool,
+    /// Paths where the node differs from its render, with their classes.
+    #[serde(default)]
+    pub pending: Vec<PendingPath>,
+    /// Control-plane static pods by component: image and readiness.
+    #[serde(default)]
+    pub static_pods: BTreeMap<String, StaticPod>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PendingPath {
+    pub path: String,
+    pub class: String,
+    #[serde(default)]
+    pub applied_by: Option<String>,
+    #[serde(default)]
+    pub restarts: Vec<String>,
+    /// The render's value (an image, for the pre-pull).
+    #[serde(default)]
+    pub new: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StaticPod {
+    pub image: String,
+    pub ready: bool,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Workload {
+    /// cilium-config's kube-proxy-replacement (`true`/`false`); absent when there is no cilium-config.
+    #[serde(default)]
+    pub cilium_kube_proxy_replacement: Option<String>,
+    #[serde(default)]
+    pub cilium_daemon_set: Option<DaemonSet>,
+    #[serde(default)]
+    pub kube_proxy_daemon_set: Option<DaemonSet>,
+    /// Names of kube-system ConfigMaps named kube-proxy or kube-proxy-<checksum>.
+    #[serde(default)]
+    pub kube_proxy_config_maps: Vec<String>,
+    /// The kubernetes Service's cluster IP answered from the controller.
+    #[serde(default)]
+    pub kubernetes_service_answers: bool,
+    /// APIs requested that the target release removes: `{api, removedIn}`.
+    #[serde(default)]
+    pub removed_apis_in_use: Vec<RemovedApi>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DaemonSet {
+    pub desired: i64,
+    pub updated: i64,
+    pub ready: i64,
+    pub generation: i64,
+    pub observed_generation: i64,
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RemovedApi {
+    pub api: String,
+    pub removed_in: String,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Operation {
+    pub name: String,
+    pub kind: String,
+    #[serde(default)]
+    pub target_kubernetes: Option<String>,
+    #[serde(default)]
+    pub target_kube_proxy: Option<String>,
+    #[serde(default = "one")]
+    pub max_unavailable: i64,
+    /// The phase held in status: Pending (not started), Running, Paused, Completed.
+    pub phase: String,
+    /// Why it paused, when it did.
+    #[serde(default)]
+    pub paused_reason: Option<String>,
+    /// Per-machine progress held in status (the resume markers).
+    #[serde(default)]
+    pub machines: BTreeMap<String, MachineProgress>,
+    /// Wait clocks held in status, by reason (AwaitingCNIChange, VerifyingNewSide).
+    #[serde(default)]
+    pub waiting_since: BTreeMap<String, String>,
+    /// Steps done once for the whole cluster (manifestsSynced, kubeProxyDeleted, ...).
+    #[serde(default)]
+    pub done: Vec<String>,
+}
+
+fn one() -> i64 {
+    1
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineProgress {
+    /// Applying, Done or Failed.
+    pub phase: String,
+    /// The stage it was applied in (upgrade) or `switch`.
+    #[serde(default)]
+    pub stage: Option<String>,
+    pub started_at: String,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OtherOperation {
+    pub name: String,
+    pub kind: String,
+    pub phase: String,
+}
+
+/// A snapshot problem, naming the field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateError {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for StateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Seconds since 1970 of an RFC 3339 UTC time (`YYYY-MM-DDTHH:MM:SSZ`).
+pub fn epoch(s: &str) -> Option<i64> {
+    let b = s.as_bytes();
+    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' || b[19] != b'Z'
+    {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| s[r].parse::<i64>().ok();
+    let (y, mo, d, h, mi, se) = (n(0..4)?, n(5..7)?, n(8..10)?, n(11..13)?, n(14..16)?, n(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + h * 3600 + mi * 60 + se)
+}
+
+/// The operation kinds the rules know.
+pub const KINDS: [&str; 2] = ["kubernetes", "cni"];
+
+fn version_ok(v: &str) -> bool {
+    engine::value::parse_version(v).is_some()
+}
+
+impl ObservedState {
+    /// Parses and checks a snapshot; every problem names its field.
+    pub fn parse(text: &str) -> Result<ObservedState, Vec<StateError>> {
+        let s: ObservedState = serde_yaml::from_str(text).map_err(|e| {
+            let at = e.location().map(|l| format!("line {}, column {}", l.line(), l.column())).unwrap_or_default();
+            let msg = e.to_string();
+            vec![StateError { field: at, message: msg.split(" at line ").next().unwrap_or(&msg).to_string() }]
+        })?;
+        let mut errors = vec![];
+        let mut err = |field: String, message: String| errors.push(StateError { field, message });
+        let now = epoch(&s.now);
+        if now.is_none() {
+            err("now".into(), format!("{:?} is not an RFC 3339 UTC time (YYYY-MM-DDTHH:MM:SSZ)", s.now));
+        }
+        let mut clock = |field: String, t: &str| match (epoch(t), now) {
+            (None, _) => err(field, format!("{t:?} is not an RFC 3339 UTC time (YYYY-MM-DDTHH:MM:SSZ)")),
+            (Some(x), Some(n)) if x > n => err(
+                field,
+                format!("{t} is in the future of now ({}): a clock cannot start later than the reconcile", s.now),
+            ),
+            _ => {}
+        };
+        for (m, p) in &s.operation.machines {
+            clock(format!("operation.machines.{m}.startedAt"), &p.started_at);
+        }
+        for (r, t) in &s.operation.waiting_since {
+            clock(format!("operation.waitingSince.{r}"), t);
+        }
+        let mut err = |field: String, message: String| errors.push(StateError { field, message });
+        if !KINDS.contains(&s.operation.kind.as_str()) {
+            err(
+                "operation.kind".into(),
+                format!("{:?} is not an operation kind the rules know ({})", s.operation.kind, KINDS.join(", ")),
+            );
+        }
+        for (field, v) in [
+            ("cluster.kubernetesVersion", &s.cluster.kubernetes_version),
+            ("cluster.releaseSetKubernetes", &s.cluster.release_set_kubernetes),
+        ] {
+            if !version_ok(v) {
+                err(field.into(), format!("{v:?} is not a version (vX.Y.Z)"));
+            }
+        }
+        if let Some(t) = &s.operation.target_kubernetes {
+            if !version_ok(t) {
+                err("operation.targetKubernetes".into(), format!("{t:?} is not a version (vX.Y.Z)"));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, m) in s.machines.iter().enumerate() {
+            if !seen.insert(m.name.clone()) {
+                err(format!("machines[{i}].name"), format!("machine {:?} is listed twice", m.name));
+            }
+            for (f, v) in [("talosVersion", &m.talos_version), ("kubeletVersion", &m.kubelet_version)] {
+                if !version_ok(v) {
+                    err(format!("machines[{i}].{f}"), format!("{v:?} is not a version (vX.Y.Z)"));
+                }
+            }
+            if m.role != "controlplane" && m.role != "worker" {
+                err(format!("machines[{i}].role"), format!("{:?} is not controlplane or worker", m.role));
+            }
+        }
+        for m in s.operation.machines.keys() {
+            if !s.machines.iter().any(|x| &x.name == m) {
+                err(format!("operation.machines.{m}"), "progress for a machine the snapshot does not list".into());
+            }
+        }
+        if errors.is_empty() { Ok(s) } else { Err(errors) }
+    }
+}
