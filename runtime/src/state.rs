@@ -274,10 +274,10 @@ impl ObservedState {
                 err(field.into(), format!("{v:?} is not a version (vX.Y.Z)"));
             }
         }
-        if let Some(t) = &s.operation.target_kubernetes {
-            if !version_ok(t) {
-                err("operation.targetKubernetes".into(), format!("{t:?} is not a version (vX.Y.Z)"));
-            }
+        if let Some(t) = &s.operation.target_kubernetes
+            && !version_ok(t)
+        {
+            err("operation.targetKubernetes".into(), format!("{t:?} is not a version (vX.Y.Z)"));
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, m) in s.machines.iter().enumerate() {
