@@ -337,15 +337,12 @@ impl Planner {
         for r in rows("act_sync_manifests") {
             push(Action::SyncManifests { via: text(&db, r[0]) }, proof("act_sync_manifests", &r));
         }
+        // In the order the rules give (their first column), then by name.
         let mut deletes = rows("act_delete");
-        // The DaemonSet first, then what it uses.
-        let kind_order = |k: &str| {
-            ["DaemonSet", "ServiceAccount", "ClusterRoleBinding", "ConfigMap"].iter().position(|x| *x == k).unwrap_or(9)
-        };
-        deletes.sort_by_key(|r| (kind_order(&text(&db, r[1])), text(&db, r[2])));
+        deletes.sort_by_key(|r| (num(&db, r[0]), text(&db, r[3])));
         for r in deletes {
             push(
-                Action::Delete { via: text(&db, r[0]), kind: text(&db, r[1]), name: text(&db, r[2]) },
+                Action::Delete { via: text(&db, r[1]), kind: text(&db, r[2]), name: text(&db, r[3]) },
                 proof("act_delete", &r),
             );
         }
