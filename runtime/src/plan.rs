@@ -59,6 +59,9 @@ impl fmt::Display for Action {
             Action::SyncManifests { via } => {
                 write!(f, "server-side-apply the bootstrap manifests (field manager talos) through {via}")
             }
+            Action::Delete { via, kind, name } if kind == "ClusterRoleBinding" => {
+                write!(f, "delete {kind} {name} (cluster-scoped) through {via}'s admin kubeconfig")
+            }
             Action::Delete { via, kind, name } => {
                 write!(f, "delete {kind} kube-system/{name} through {via}'s admin kubeconfig")
             }
@@ -91,7 +94,8 @@ impl Action {
             Action::Uncordon { machine } => json!({"action": "uncordon", "machine": machine}),
             Action::SyncManifests { via } => json!({"action": "syncManifests", "via": via, "fieldManager": "talos"}),
             Action::Delete { via, kind, name } => {
-                json!({"action": "delete", "via": via, "kind": kind, "namespace": "kube-system", "name": name})
+                let ns = if kind == "ClusterRoleBinding" { Json::Null } else { json!("kube-system") };
+                json!({"action": "delete", "via": via, "kind": kind, "namespace": ns, "name": name})
             }
             Action::RestoreKubeProxy { via } => json!({"action": "restoreKubeProxy", "via": via}),
             Action::CiliumJob { mode } => json!({"action": "ciliumJob", "kubeProxy": mode}),
