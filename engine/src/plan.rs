@@ -168,26 +168,33 @@ impl Builder<'_> {
         id
     }
 
-    /// The index of an atom with `key` variables first, then `rest`; returns its id and the
-    /// variable held in each of its columns.
-    fn atom_index(&mut self, rel: RelId, args: &[Arg], key: &[usize], rest: &[usize]) -> (usize, Vec<usize>) {
+    /// An atom's argument layout: constant columns (interned), equalities between columns of
+    /// a repeated variable, and each distinct variable with its first column, in column order.
+    fn layout(&mut self, args: &[Arg]) -> (Vec<(usize, u32)>, Vec<(usize, usize)>, Vec<(usize, usize)>) {
         let mut consts = vec![];
         let mut eqs = vec![];
-        let mut first_col: HashMap<usize, usize> = HashMap::new();
+        let mut firsts: Vec<(usize, usize)> = vec![];
         for (i, a) in args.iter().enumerate() {
             match a {
                 Arg::Const(c) => consts.push((i, self.lit(c))),
-                Arg::Var(v) => match first_col.get(v) {
-                    Some(&j) => eqs.push((j, i)),
-                    None => {
-                        first_col.insert(*v, i);
-                    }
+                Arg::Var(v) => match firsts.iter().find(|(x, _)| x == v) {
+                    Some(&(_, j)) => eqs.push((j, i)),
+                    None => firsts.push((*v, i)),
                 },
                 Arg::Wild => {}
             }
         }
+        (consts, eqs, firsts)
+    }
+
+    /// The index of an atom with `key` variables first, then `rest`; returns its id and the
+    /// variable held in each of its columns.
+    fn atom_index(&mut self, rel: RelId, args: &[Arg], key: &[usize], rest: &[usize]) -> (usize, Vec<usize>) {
+        let (consts, eqs, firsts) = self.layout(args);
+        let col_of =
+            |v: &usize| firsts.iter().find(|(x, _)| x == v).map(|&(_, c)| c).expect("the variable is in the atom");
         let vars: Vec<usize> = key.iter().chain(rest).copied().collect();
-        let cols = vars.iter().map(|v| first_col[v]).collect();
+        let cols = vars.iter().map(col_of).collect();
         let id = self.index(IndexSpec { rel, cols, key_len: key.len(), consts, eqs });
         (id, vars)
     }
@@ -218,25 +225,9 @@ impl Builder<'_> {
                 Op::Contains(self.expr(pattern), self.expr(subject))
             }
             Lit::Atom { rel, args, negated: true, .. } => {
-                let mut consts = vec![];
-                let mut eqs = vec![];
-                let mut cols = vec![];
-                let mut vars = vec![];
-                let mut first_col: HashMap<usize, usize> = HashMap::new();
-                for (i, a) in args.iter().enumerate() {
-                    match a {
-                        Arg::Const(c) => consts.push((i, self.lit(c))),
-                        Arg::Var(v) => match first_col.get(v) {
-                            Some(&j) => eqs.push((j, i)),
-                            None => {
-                                first_col.insert(*v, i);
-                                cols.push(i);
-                                vars.push(*v);
-                            }
-                        },
-                        Arg::Wild => {}
-                    }
-                }
+                let (consts, eqs, firsts) = self.layout(args);
+                let cols: Vec<usize> = firsts.iter().map(|&(_, c)| c).collect();
+                let vars: Vec<usize> = firsts.iter().map(|&(v, _)| v).collect();
                 let key_len = cols.len();
                 self.width = self.width.max(key_len);
                 let index = self.neg_indexes.len();

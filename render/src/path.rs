@@ -122,23 +122,9 @@ fn parse_segments(text: &str, wildcards: bool) -> Result<Vec<PSeg>, String> {
     while i < chars.len() {
         match chars[i] {
             '.' if !first => {
-                i += 1;
-                let start = i;
-                while i < chars.len() && !matches!(chars[i], '.' | '[' | ']' | '"') && !chars[i].is_whitespace() {
-                    i += 1;
-                }
-                let name: String = chars[start..i].iter().collect();
-                if name.is_empty() {
-                    return err(start, "expected a field name after `.`");
-                }
-                out.push(match name.as_str() {
-                    "*" if wildcards => PSeg::AnyField,
-                    "**" if wildcards => PSeg::AnyDepth,
-                    n if n.contains('*') => {
-                        return err(start, "`*` stands alone as a segment (`*`, `**` or `[*]`)");
-                    }
-                    _ => PSeg::Field(name),
-                });
+                let (seg, next) = name_segment(&chars, i + 1, wildcards, "expected a field name after `.`")?;
+                out.push(seg);
+                i = next;
             }
             '[' => {
                 if first {
@@ -184,28 +170,36 @@ fn parse_segments(text: &str, wildcards: bool) -> Result<Vec<PSeg>, String> {
                 }
             }
             c if first => {
-                let start = i;
-                while i < chars.len() && !matches!(chars[i], '.' | '[' | ']' | '"') && !chars[i].is_whitespace() {
-                    i += 1;
-                }
-                let name: String = chars[start..i].iter().collect();
-                if name.is_empty() {
-                    return err(start, &format!("unexpected {c:?}: a path starts with a field or document kind"));
-                }
-                out.push(match name.as_str() {
-                    "*" if wildcards => PSeg::AnyField,
-                    "**" if wildcards => PSeg::AnyDepth,
-                    n if n.contains('*') => {
-                        return err(start, "`*` stands alone as a segment (`*`, `**` or `[*]`)");
-                    }
-                    _ => PSeg::Field(name),
-                });
+                let what = format!("unexpected {c:?}: a path starts with a field or document kind");
+                let (seg, next) = name_segment(&chars, i, wildcards, &what)?;
+                out.push(seg);
+                i = next;
             }
             c => return err(i, &format!("unexpected {c:?}: expected `.` or `[`")),
         }
         first = false;
     }
     Ok(out)
+}
+
+/// A field name (or `*`, `**` in patterns) starting at `start`; returns the segment and where
+/// scanning stopped. `empty` is the message when there is no name there.
+fn name_segment(chars: &[char], start: usize, wildcards: bool, empty: &str) -> Result<(PSeg, usize), String> {
+    let mut i = start;
+    while i < chars.len() && !matches!(chars[i], '.' | '[' | ']' | '"') && !chars[i].is_whitespace() {
+        i += 1;
+    }
+    let name: String = chars[start..i].iter().collect();
+    let seg = match name.as_str() {
+        "" => return Err(format!("column {}: {empty}", start + 1)),
+        "*" if wildcards => PSeg::AnyField,
+        "**" if wildcards => PSeg::AnyDepth,
+        n if n.contains('*') => {
+            return Err(format!("column {}: `*` stands alone as a segment (`*`, `**` or `[*]`)", start + 1));
+        }
+        _ => PSeg::Field(name),
+    };
+    Ok((seg, i))
 }
 
 /// A field-metadata pattern, compiled to an anchored regex over displayed paths.
