@@ -126,6 +126,9 @@ pub struct PlanError {
     pub message: String,
 }
 
+/// Constant columns, equal column pairs, and (variable, first column) in column order.
+type Layout = (Vec<(usize, u32)>, Vec<(usize, usize)>, Vec<(usize, usize)>);
+
 struct Builder<'p> {
     program: &'p Program,
     base: Interner,
@@ -170,7 +173,7 @@ impl Builder<'_> {
 
     /// An atom's argument layout: constant columns (interned), equalities between columns of
     /// a repeated variable, and each distinct variable with its first column, in column order.
-    fn layout(&mut self, args: &[Arg]) -> (Vec<(usize, u32)>, Vec<(usize, usize)>, Vec<(usize, usize)>) {
+    fn layout(&mut self, args: &[Arg]) -> Layout {
         let mut consts = vec![];
         let mut eqs = vec![];
         let mut firsts: Vec<(usize, usize)> = vec![];
