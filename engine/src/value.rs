@@ -51,46 +51,57 @@ impl FxHasher {
 pub type FxBuild = std::hash::BuildHasherDefault<FxHasher>;
 pub type FxHashMap<K, V> = HashMap<K, V, FxBuild>;
 
-/// Interned value table. Ids are dense from 0.
+/// Interned value table. Ids are dense from 0. Symbols and numbers have their own maps so
+/// that a symbol is looked up by `&str` without allocating.
 #[derive(Clone, Debug, Default)]
 pub struct Interner {
     values: Vec<Const>,
-    ids: FxHashMap<Const, u32>,
+    syms: FxHashMap<std::rc::Rc<str>, u32>,
+    nums: FxHashMap<i64, u32>,
 }
 
 impl Interner {
     pub fn intern(&mut self, c: Const) -> u32 {
-        if let Some(&id) = self.ids.get(&c) {
-            return id;
+        match c {
+            Const::Sym(s) => self.intern_sym(&s),
+            Const::Num(n) => self.intern_num(n),
         }
-        let id = self.values.len() as u32;
-        self.values.push(c.clone());
-        self.ids.insert(c, id);
-        id
     }
 
     /// Interns by reference: clones the value only when it is new.
     pub fn intern_ref(&mut self, c: &Const) -> u32 {
-        if let Some(&id) = self.ids.get(c) {
-            return id;
+        match c {
+            Const::Sym(s) => self.intern_sym(s),
+            Const::Num(n) => self.intern_num(*n),
         }
-        self.intern(c.clone())
     }
 
     pub fn intern_num(&mut self, n: i64) -> u32 {
-        self.intern(Const::Num(n))
+        if let Some(&id) = self.nums.get(&n) {
+            return id;
+        }
+        let id = self.values.len() as u32;
+        self.values.push(Const::Num(n));
+        self.nums.insert(n, id);
+        id
     }
 
     pub fn intern_sym(&mut self, s: &str) -> u32 {
-        if let Some(&id) = self.ids.get(&Const::Sym(s.to_string())) {
+        if let Some(&id) = self.syms.get(s) {
             return id;
         }
-        self.intern(Const::Sym(s.to_string()))
+        let id = self.values.len() as u32;
+        self.values.push(Const::Sym(s.to_string()));
+        self.syms.insert(std::rc::Rc::from(s), id);
+        id
     }
 
     /// The id of a value if it was ever interned (a lookup that cannot grow the table).
     pub fn get(&self, c: &Const) -> Option<u32> {
-        self.ids.get(c).copied()
+        match c {
+            Const::Sym(s) => self.syms.get(s.as_str()).copied(),
+            Const::Num(n) => self.nums.get(n).copied(),
+        }
     }
 
     pub fn value(&self, id: u32) -> &Const {

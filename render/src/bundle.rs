@@ -14,6 +14,10 @@ pub const RULES: &[(&str, &str)] = &[
     ("rules/switch.rules", include_str!("../../rules/switch.rules")),
 ];
 
+/// The files the classifier evaluates (the first three of `RULES`): classification, Talos's
+/// acceptance, and the machine's condition. Operations add the rest.
+pub const CLASSIFY_RULES: usize = 3;
+
 /// The handlebars templates of every message an operation's rules can raise.
 pub const MESSAGES: (&str, &str) = ("rules/messages.yaml", include_str!("../../rules/messages.yaml"));
 

@@ -40,6 +40,23 @@ const HOST_RELATIONS: &[(&str, usize)] = &[
     ("machine_ready", 3),
 ];
 
+/// Interned ids of small non-negative numbers, so that hot loops skip the interner's hashing.
+#[derive(Default)]
+struct SmallNums(Vec<Option<u32>>);
+
+impl SmallNums {
+    fn get(&mut self, b: &mut engine::FactBuilder, n: i64) -> u32 {
+        let Ok(i) = usize::try_from(n) else { return b.num(n) };
+        if i >= 4096 {
+            return b.num(n);
+        }
+        if self.0.len() <= i {
+            self.0.resize(i + 1, None);
+        }
+        *self.0[i].get_or_insert_with(|| b.num(n))
+    }
+}
+
 /// The texts a classifier is built from, each with the file name shown in messages.
 #[derive(Clone, Debug)]
 pub struct RuleSet {
@@ -54,7 +71,7 @@ impl RuleSet {
         let own = |(a, b): &(&str, &str)| (a.to_string(), b.to_string());
         RuleSet {
             fieldmeta: own(&crate::bundle::FIELDMETA),
-            rules: crate::bundle::RULES.iter().map(own).collect(),
+            rules: crate::bundle::RULES[..crate::bundle::CLASSIFY_RULES].iter().map(own).collect(),
             contracts: crate::bundle::CONTRACTS.iter().map(own).collect(),
         }
     }
@@ -303,6 +320,8 @@ impl Classifier {
                 b.push(r_entry, &row);
             }
         }
+        // Entry numbers and specificities are small: interned once each.
+        let mut nums = SmallNums::default();
         // Each path is interned once; its id finds its change again when decoding.
         let mut by_id: engine::value::FxHashMap<u32, usize> = Default::default();
         let mut sensitive = Vec::with_capacity(changes.len());
@@ -317,7 +336,7 @@ impl Classifier {
             let mut secret = false;
             for (e, spec) in data.matcher.candidates(&s) {
                 secret |= self.meta.entries[e].sensitive;
-                let row = [id, b.num(e as i64), b.num(spec)];
+                let row = [id, nums.get(&mut b, e as i64), nums.get(&mut b, spec)];
                 b.push(r_cand, &row);
             }
             sensitive.push(secret);

@@ -212,23 +212,28 @@ impl FieldMeta {
         if errors.is_empty() { Ok(FieldMeta { entries }) } else { Err(errors) }
     }
 
-    /// The regex set of one contract: every pattern of every entry that holds there.
+    /// The regex sets of one contract: every pattern of every entry that holds there, grouped
+    /// by the pattern's first segment so that a path runs only against its root's patterns
+    /// (and those whose root is a wildcard).
     pub fn matcher(&self, contract: Contract) -> Matcher {
-        let mut regexes = vec![];
-        let mut owners = vec![];
-        let mut specs = vec![];
+        let mut groups: BTreeMap<String, Vec<(String, (usize, i64))>> = BTreeMap::new();
         for (e, entry) in self.entries.iter().enumerate() {
             if !entry.holds_at(contract) {
                 continue;
             }
-            for (p, pat) in entry.patterns.iter().enumerate() {
-                regexes.push(pat.regex.clone());
-                owners.push((e, p));
-                specs.push(pat.specificity);
+            for pat in &entry.patterns {
+                let root = pat.text.split(['.', '[']).next().unwrap_or_default();
+                let key = if root.contains('*') { String::new() } else { root.to_string() };
+                groups.entry(key).or_default().push((pat.regex.clone(), (e, pat.specificity)));
             }
         }
-        let set = RegexSet::new(&regexes).expect("patterns compiled one by one at load");
-        Matcher { contract, set, owners, specs }
+        let build = |list: &[(String, (usize, i64))]| Group {
+            set: RegexSet::new(list.iter().map(|x| &x.0)).expect("patterns compiled one by one at load"),
+            owners: list.iter().map(|x| x.1).collect(),
+        };
+        let wild = build(groups.get("").map(Vec::as_slice).unwrap_or(&[]));
+        let by_root = groups.iter().filter(|(k, _)| !k.is_empty()).map(|(k, v)| (k.clone(), build(v))).collect();
+        Matcher { contract, by_root, wild }
     }
 
     /// Checks the metadata against each contract's inventory: ambiguities (errors) and the
@@ -335,26 +340,33 @@ fn parse_range(s: &str, known: &[Contract]) -> Result<(Option<Contract>, Option<
 #[derive(Clone, Debug)]
 pub struct Matcher {
     pub contract: Contract,
+    by_root: BTreeMap<String, Group>,
+    wild: Group,
+}
+
+/// One regex set and, per regex, its (entry, specificity).
+#[derive(Clone, Debug)]
+struct Group {
     set: RegexSet,
-    /// Per regex of the set: (entry, pattern) and the pattern's specificity.
-    owners: Vec<(usize, usize)>,
-    specs: Vec<i64>,
+    owners: Vec<(usize, i64)>,
 }
 
 impl Matcher {
     /// `(entry, specificity)` for every entry with a pattern matching the displayed path; the
-    /// best specificity per entry.
+    /// best specificity per entry, in entry order.
     pub fn candidates(&self, path: &str) -> Vec<(usize, i64)> {
-        // Regexes are grouped by entry in `owners`, so one entry's matches are adjacent.
+        let root = path.split(['.', '[']).next().unwrap_or_default();
         let mut out: Vec<(usize, i64)> = Vec::new();
-        for i in self.set.matches(path).into_iter() {
-            let e = self.owners[i].0;
-            let spec = self.specs[i];
-            match out.last_mut() {
-                Some(last) if last.0 == e => last.1 = last.1.max(spec),
-                _ => out.push((e, spec)),
+        for g in self.by_root.get(root).into_iter().chain(std::iter::once(&self.wild)) {
+            for i in g.set.matches(path).into_iter() {
+                let (e, spec) = g.owners[i];
+                match out.iter_mut().find(|x| x.0 == e) {
+                    Some(x) => x.1 = x.1.max(spec),
+                    None => out.push((e, spec)),
+                }
             }
         }
+        out.sort_unstable();
         out
     }
 }
