@@ -216,7 +216,7 @@ impl FieldMeta {
     /// by the pattern's first segment so that a path runs only against its root's patterns
     /// (and those whose root is a wildcard).
     pub fn matcher(&self, contract: Contract) -> Matcher {
-        let mut groups: BTreeMap<String, Vec<(String, (usize, i64))>> = BTreeMap::new();
+        let mut groups: BTreeMap<String, Vec<Compiled>> = BTreeMap::new();
         for (e, entry) in self.entries.iter().enumerate() {
             if !entry.holds_at(contract) {
                 continue;
@@ -227,7 +227,7 @@ impl FieldMeta {
                 groups.entry(key).or_default().push((pat.regex.clone(), (e, pat.specificity)));
             }
         }
-        let build = |list: &[(String, (usize, i64))]| Group {
+        let build = |list: &[Compiled]| Group {
             set: RegexSet::new(list.iter().map(|x| &x.0)).expect("patterns compiled one by one at load"),
             owners: list.iter().map(|x| x.1).collect(),
         };
@@ -343,6 +343,9 @@ pub struct Matcher {
     by_root: BTreeMap<String, Group>,
     wild: Group,
 }
+
+/// A pattern's regex with its (entry, specificity).
+type Compiled = (String, (usize, i64));
 
 /// One regex set and, per regex, its (entry, specificity).
 #[derive(Clone, Debug)]
