@@ -242,6 +242,25 @@ fn merge(base: &mut Value, top: &Value) {
     }
 }
 
+/// A short hash of layered values (canonical JSON: object keys sorted), naming the Job that
+/// applies them: the same values give the same Job, so creating it again changes nothing.
+pub fn values_hash(values: &Value) -> String {
+    use sha2::{Digest, Sha256};
+    let canonical = serde_json::to_string(&canonical(values)).unwrap_or_default();
+    Sha256::digest(canonical.as_bytes()).iter().take(5).map(|b| format!("{b:02x}")).collect()
+}
+
+fn canonical(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let sorted: std::collections::BTreeMap<&String, Value> = m.iter().map(|(k, x)| (k, canonical(x))).collect();
+            serde_json::to_value(sorted).unwrap_or(Value::Null)
+        }
+        Value::Array(a) => Value::Array(a.iter().map(canonical).collect()),
+        other => other.clone(),
+    }
+}
+
 /// Ichor's defaults, then the user's layer, then the keys Ichor owns (applied last).
 pub fn layered(user: &Value, kube_proxy_replaced: bool, tunnel: &str) -> Value {
     // Defaults: agents restart when cilium-config changes, which the kube-proxy switch relies on.

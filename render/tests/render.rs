@@ -396,6 +396,19 @@ mod cilium_values {
     }
 
     #[test]
+    fn job_name_hash_follows_the_values_not_their_key_order() {
+        use render::cilium::values_hash;
+        let a = layered(&json!({"hubble": {"enabled": true, "relay": {"enabled": true}}}), true, "vxlan");
+        let b = layered(&json!({"hubble": {"relay": {"enabled": true}, "enabled": true}}), true, "vxlan");
+        assert_eq!(values_hash(&a), values_hash(&b));
+        assert_ne!(
+            values_hash(&a),
+            values_hash(&layered(&json!({"hubble": {"enabled": true, "relay": {"enabled": true}}}), false, "vxlan"))
+        );
+        assert_eq!(values_hash(&a).len(), 10);
+    }
+
+    #[test]
     fn owned_keys_win_over_the_user_and_defaults_lose_to_it() {
         let v = layered(&json!({"rollOutCiliumPods": false, "kubeProxyReplacement": false}), true, "geneve");
         assert_eq!(v["rollOutCiliumPods"], json!(false), "the user's layer overrides a default");

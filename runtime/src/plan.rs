@@ -17,23 +17,71 @@ use std::fmt;
 /// What an executor does; each is complete enough to perform without choosing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
-    Pause { message: String },
-    Fail { machine: String, message: String },
-    SetStatus { field: String, value: String },
-    Start { machine: String, stage: String },
-    PullImage { machine: String, namespace: String, image: String },
-    Cordon { machine: String },
-    Drain { machine: String },
-    Apply { machine: String, paths: Vec<String> },
-    Done { machine: String },
-    Uncordon { machine: String },
-    SyncManifests { via: String },
-    Delete { via: String, kind: String, name: String },
-    RestoreKubeProxy { via: String },
-    CiliumJob { mode: String },
-    StepDone { step: String },
-    Wait { reason: String, message: String, since: Option<String>, limit_minutes: i64 },
-    Warn { message: String },
+    Pause {
+        message: String,
+    },
+    Fail {
+        machine: String,
+        message: String,
+    },
+    SetStatus {
+        field: String,
+        value: String,
+    },
+    Start {
+        machine: String,
+        stage: String,
+    },
+    PullImage {
+        machine: String,
+        namespace: String,
+        image: String,
+    },
+    Cordon {
+        machine: String,
+    },
+    Drain {
+        machine: String,
+    },
+    Apply {
+        machine: String,
+        paths: Vec<String>,
+    },
+    Done {
+        machine: String,
+    },
+    Uncordon {
+        machine: String,
+    },
+    SyncManifests {
+        via: String,
+    },
+    Delete {
+        via: String,
+        kind: String,
+        name: String,
+    },
+    RestoreKubeProxy {
+        via: String,
+    },
+    /// The Job is named by the hash of the values it applies, so re-creating it is a no-op.
+    CiliumJob {
+        mode: String,
+        name: String,
+        values: Json,
+    },
+    StepDone {
+        step: String,
+    },
+    Wait {
+        reason: String,
+        message: String,
+        since: Option<String>,
+        limit_minutes: i64,
+    },
+    Warn {
+        message: String,
+    },
     Complete,
 }
 
@@ -68,7 +116,9 @@ impl fmt::Display for Action {
             Action::RestoreKubeProxy { via } => {
                 write!(f, "restore the kube-proxy objects from Talos's rendered manifests through {via}")
             }
-            Action::CiliumJob { mode } => write!(f, "run the Cilium Helm Job with --kube-proxy={mode}"),
+            Action::CiliumJob { mode, name, .. } => {
+                write!(f, "run the Cilium Helm Job {name} with --kube-proxy={mode}")
+            }
             Action::StepDone { step } => write!(f, "record step {step} as done"),
             Action::Wait { message, .. } => write!(f, "wait: {message}"),
             Action::Warn { message } => write!(f, "warn: {message}"),
@@ -98,7 +148,9 @@ impl Action {
                 json!({"action": "delete", "via": via, "kind": kind, "namespace": ns, "name": name})
             }
             Action::RestoreKubeProxy { via } => json!({"action": "restoreKubeProxy", "via": via}),
-            Action::CiliumJob { mode } => json!({"action": "ciliumJob", "kubeProxy": mode}),
+            Action::CiliumJob { mode, name, values } => {
+                json!({"action": "ciliumJob", "name": name, "kubeProxy": mode, "values": values})
+            }
             Action::StepDone { step } => json!({"action": "stepDone", "step": step}),
             Action::Wait { reason, message, since, limit_minutes } => {
                 json!({"action": "wait", "reason": reason, "message": message, "since": since, "limitMinutes": limit_minutes})
@@ -354,7 +406,14 @@ impl Planner {
             push(Action::RestoreKubeProxy { via: text(&db, r[0]) }, proof("act_restore_kube_proxy", &r));
         }
         for r in rows("act_cilium_job") {
-            push(Action::CiliumJob { mode: text(&db, r[0]) }, proof("act_cilium_job", &r));
+            let mode = text(&db, r[0]);
+            let values = render::cilium::layered(
+                s.cluster.cilium_values.as_ref().unwrap_or(&Json::Null),
+                mode == "replaced",
+                s.cluster.cilium_tunnel.as_deref().unwrap_or("vxlan"),
+            );
+            let name = format!("ichor-cni-{}", render::cilium::values_hash(&values));
+            push(Action::CiliumJob { mode, name, values }, proof("act_cilium_job", &r));
         }
         for r in rows("act_step_done") {
             push(Action::StepDone { step: text(&db, r[0]) }, proof("act_step_done", &r));
@@ -375,6 +434,12 @@ impl Planner {
         if !rows("act_complete").is_empty() {
             push(Action::Complete, proof("act_complete", &[]));
         }
+        // The order of action kinds is the rules' (`action_order`); within a kind, as decoded.
+        let rank: HashMap<String, i64> =
+            rows("action_order").iter().map(|r| (text(&db, r[0]), num(&db, r[1]))).collect();
+        actions.sort_by_key(|(a, _)| {
+            rank.get(a.to_json()["action"].as_str().unwrap_or_default()).copied().unwrap_or(i64::MAX)
+        });
         if let Err(e) = self.contradictions(&actions, s) {
             // Contradicting actions are always reported with their proofs.
             return if explain { Err(e) } else { self.plan_with(s, true) };

@@ -38,6 +38,12 @@ pub struct Cluster {
     pub status_kube_proxy: Option<String>,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    /// The user's layer of Cilium values (spec.cni.cilium.values).
+    #[serde(default)]
+    pub cilium_values: Option<serde_json::Value>,
+    /// spec.cni.cilium.tunnelProtocol.
+    #[serde(default)]
+    pub cilium_tunnel: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
