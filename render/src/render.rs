@@ -160,6 +160,11 @@ fn installer_image(c: &TalosClusterSpec, contract: Contract) -> String {
     }
 }
 
+/// `cluster.etcd` of a control plane (both forms keep etcd's CA in the v1alpha1 document).
+fn etcd_ca(b: &Bundle) -> Value {
+    map(vec![("ca", map(vec![("crt", s(&b.certs.etcd.crt)), ("key", s(&b.certs.etcd.key))]))])
+}
+
 /// Base documents, legacy v1alpha1 form (contract up to v1.13).
 fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
     let c = &i.cluster.spec;
@@ -252,8 +257,7 @@ fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
         ]),
     ));
     if cp {
-        cluster
-            .push(("etcd", map(vec![("ca", map(vec![("crt", s(&b.certs.etcd.crt)), ("key", s(&b.certs.etcd.key))]))])));
+        cluster.push(("etcd", etcd_ca(b)));
     }
     let v1 = map(vec![
         ("version", s("v1alpha1")),
@@ -275,8 +279,7 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
     let name = i.cluster.metadata.name.clone().unwrap_or_default();
     let mut v1_cluster = vec![("token", s(&b.secrets.bootstraptoken))];
     if cp {
-        v1_cluster
-            .push(("etcd", map(vec![("ca", map(vec![("crt", s(&b.certs.etcd.crt)), ("key", s(&b.certs.etcd.key))]))])));
+        v1_cluster.push(("etcd", etcd_ca(b)));
     }
     let v1 = map(vec![
         ("version", s("v1alpha1")),
