@@ -62,26 +62,27 @@ impl From<&Scalar> for Const {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum File {
-    Many { cases: Vec<Case> },
-    One(Case),
-}
-
-/// Parses a test file; the error carries serde_yaml's line and column.
+/// Parses a test file (YAML anchors and `<<` merge keys allowed, so cases can share facts);
+/// the error names the case and the problem.
 pub fn parse(text: &str) -> Result<Vec<Case>, String> {
-    match serde_yaml::from_str::<File>(text) {
-        Ok(File::Many { cases }) => Ok(cases),
-        Ok(File::One(case)) => Ok(vec![case]),
-        Err(e) => {
-            // Untagged enums hide the real error: retry as one case for a precise message.
-            let detail = serde_yaml::from_str::<Case>(text).err().unwrap_or(e);
-            Err(match detail.location() {
-                Some(l) => format!("{}:{}: {detail}", l.line(), l.column()),
-                None => detail.to_string(),
-            })
+    let mut value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| match e.location() {
+        Some(l) => format!("{}:{}: {e}", l.line(), l.column()),
+        None => e.to_string(),
+    })?;
+    value.apply_merge().map_err(|e| e.to_string())?;
+    let many = value.get("cases").cloned();
+    match many {
+        Some(list) => {
+            let serde_yaml::Value::Sequence(items) = list else {
+                return Err("`cases` must be a list of cases".into());
+            };
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, item)| serde_yaml::from_value::<Case>(item).map_err(|e| format!("cases[{i}]: {e}")))
+                .collect()
         }
+        None => serde_yaml::from_value::<Case>(value).map(|c| vec![c]).map_err(|e| e.to_string()),
     }
 }
 
