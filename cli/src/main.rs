@@ -61,6 +61,7 @@ enum Command {
         explain: bool,
     },
     /// Print the CustomResourceDefinitions of Ichor's resources.
+    #[command(after_help = "Example:\n  ichor crds | kubectl apply --server-side -f -")]
     Crds,
     /// Cilium: values validation and layering.
     #[command(subcommand)]
