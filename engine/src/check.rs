@@ -448,6 +448,7 @@ impl Checker<'_> {
         let Some(body) = self.body(&r.body, &mut scope, rule_id, false, &head_names) else {
             return;
         };
+        // Problems are recorded as diagnostics; the returned head types serve aggregates only.
         let _ = self.finish_rule(head, head_args, body, scope, r.span, r.doc.clone(), None, None, AggKind::Count);
     }
 

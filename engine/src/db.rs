@@ -54,26 +54,11 @@ impl RelData {
         }
         None
     }
-
-    /// Rows whose first `prefix.len()` values equal `prefix`.
-    pub fn with_prefix<'a>(&'a self, prefix: &'a [u32]) -> impl Iterator<Item = usize> + 'a {
-        let k = prefix.len();
-        let (mut lo, mut hi) = (0, self.len());
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if &self.row(mid)[..k] < prefix {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        (lo..self.len()).take_while(move |&i| &self.row(i)[..k] == prefix)
-    }
 }
 
 impl RelData {
-    /// Like `with_prefix`, owning its prefix.
-    pub fn with_prefix_owned(&self, prefix: Vec<u32>) -> impl Iterator<Item = usize> + '_ {
+    /// Rows whose first `prefix.len()` values equal `prefix` (binary search, then a scan).
+    pub fn with_prefix(&self, prefix: Vec<u32>) -> impl Iterator<Item = usize> + '_ {
         let k = prefix.len();
         let (mut lo, mut hi) = (0, self.len());
         while lo < hi {

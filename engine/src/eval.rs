@@ -486,9 +486,8 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             opts,
         };
         let mut total = 0usize;
-        for (s, stratum) in plan.strata.iter().enumerate() {
+        for s in 0..plan.strata.len() {
             ev.stratum(s, &mut initial, &mut total)?;
-            let _ = stratum;
         }
         let rounds = ev.height;
         let interner = ev.ctx.interner.into_inner();

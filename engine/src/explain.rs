@@ -374,7 +374,7 @@ fn candidates<'a>(db: &'a Database, rel: RelId, args: &[Arg], env: &Env) -> Box<
             None => break,
         }
     }
-    if prefix.is_empty() { Box::new(0..data.len()) } else { Box::new(data.with_prefix_owned(prefix)) }
+    if prefix.is_empty() { Box::new(0..data.len()) } else { Box::new(data.with_prefix(prefix)) }
 }
 
 /// The rows of an aggregate's auxiliary relation that belong to the correlated values in `env`.
@@ -526,7 +526,7 @@ pub fn fmt_lit(program: &Program, rule: &Rule, lit: &Lit, env: &Env) -> String {
         }
     };
     match lit {
-        Lit::Atom { rel, args, negated, .. } => {
+        Lit::Atom { rel, args, .. } => {
             let a: Vec<String> = args
                 .iter()
                 .map(|a| match a {
@@ -535,7 +535,6 @@ pub fn fmt_lit(program: &Program, rule: &Rule, lit: &Lit, env: &Env) -> String {
                     Arg::Wild => "_".into(),
                 })
                 .collect();
-            let _ = negated;
             format!("{}({})", program.relations[*rel].name, a.join(", "))
         }
         Lit::Cmp { lhs, op, rhs, .. } => {

@@ -102,7 +102,7 @@ impl Parser {
             Tok::Directive(d) => {
                 let span = self.bump().span;
                 match d.as_str() {
-                    "decl" => self.decl(span, doc),
+                    "decl" => self.decl(doc),
                     "input" | "output" => {
                         let mut names = vec![self.relation_name()?];
                         while *self.peek() == Tok::Comma {
@@ -162,9 +162,8 @@ impl Parser {
         }
     }
 
-    fn decl(&mut self, span: Span, doc: Option<String>) -> PResult<Item> {
+    fn decl(&mut self, doc: Option<String>) -> PResult<Item> {
         let (name, name_span) = self.relation_name()?;
-        let _ = span;
         self.expect(Tok::LParen, "`(` after the relation name")?;
         let mut columns = vec![];
         if *self.peek() != Tok::RParen {

@@ -102,8 +102,7 @@ pub struct CaseResult {
     pub failures: Vec<Failure>,
 }
 
-fn tuples(engine: &Engine, rel: &str, list: &[Vec<Scalar>]) -> BTreeSet<Vec<Const>> {
-    let _ = (engine, rel);
+fn tuples(list: &[Vec<Scalar>]) -> BTreeSet<Vec<Const>> {
     list.iter().map(|t| t.iter().map(Const::from).collect()).collect()
 }
 
@@ -154,7 +153,7 @@ pub fn run(engine: &Engine, case: &Case) -> CaseResult {
             ts.iter().map(|t| Database::format_tuple(&engine.program, r, t)).collect()
         };
         if let Some(list) = &expect.contains {
-            let want = tuples(engine, rel, list);
+            let want = tuples(list);
             let missing: BTreeSet<_> = want.difference(&derived).cloned().collect();
             if !missing.is_empty() {
                 failures.push(Failure {
@@ -167,7 +166,7 @@ pub fn run(engine: &Engine, case: &Case) -> CaseResult {
             }
         }
         if let Some(list) = &expect.excludes {
-            let unwanted = tuples(engine, rel, list);
+            let unwanted = tuples(list);
             let present: BTreeSet<_> = unwanted.intersection(&derived).cloned().collect();
             if !present.is_empty() {
                 failures.push(Failure {
@@ -180,7 +179,7 @@ pub fn run(engine: &Engine, case: &Case) -> CaseResult {
             }
         }
         if let Some(list) = &expect.equals {
-            let want = tuples(engine, rel, list);
+            let want = tuples(list);
             if want != derived {
                 failures.push(Failure {
                     relation: rel.clone(),

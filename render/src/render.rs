@@ -141,11 +141,6 @@ fn audit_policy() -> Value {
     ])
 }
 
-fn host(endpoint: &str) -> &str {
-    let rest = endpoint.trim_start_matches("https://");
-    rest.split([':', '/']).next().unwrap_or(rest)
-}
-
 fn installer_image(c: &TalosClusterSpec, contract: Contract) -> String {
     if let Some(i) = &c.install_image {
         return i.clone();
@@ -381,7 +376,6 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
     if !cp {
         return docs;
     }
-    let _ = host(&c.endpoint);
     docs.extend([
         doc(
             "KubeAggregatorCAConfig",
@@ -685,7 +679,6 @@ fn filtered(docs: &[Value], contract: Contract, handed_over: bool, owns_proxy: b
 /// Renders one machine's config at the cluster's contract.
 pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderError>> {
     let mut errors = vec![];
-    let cluster_obj = object_name("TalosCluster", &i.cluster.metadata);
     let v114 = contract >= Contract { major: 1, minor: 14 };
     let cp = i.machine.spec.role == Role::Controlplane;
     let mut docs = if v114 { base_documents(i, contract) } else { base_legacy(i, contract) };
@@ -774,7 +767,6 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
         }
     }
     if !errors.is_empty() {
-        let _ = cluster_obj;
         return Err(errors);
     }
     let text = docs.iter().map(|d| serde_yaml::to_string(d).unwrap_or_default()).collect::<Vec<_>>().join("---\n");
