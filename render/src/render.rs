@@ -160,14 +160,33 @@ fn etcd_ca(b: &Bundle) -> Value {
     map(vec![("ca", map(vec![("crt", s(&b.certs.etcd.crt)), ("key", s(&b.certs.etcd.key))]))])
 }
 
+/// What both base forms read from the inputs.
+struct Common<'a> {
+    c: &'a TalosClusterSpec,
+    b: &'a Bundle,
+    cp: bool,
+    v: &'a String,
+    net: ClusterNetwork,
+    name: String,
+}
+
+impl<'a> Common<'a> {
+    fn of(i: &'a Inputs) -> Common<'a> {
+        let c = &i.cluster.spec;
+        Common {
+            c,
+            b: i.secrets,
+            cp: i.machine.spec.role == Role::Controlplane,
+            v: &c.kubernetes_version,
+            net: c.network.clone().unwrap_or_default(),
+            name: i.cluster.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
 /// Base documents, legacy v1alpha1 form (contract up to v1.13).
 fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
-    let c = &i.cluster.spec;
-    let b = i.secrets;
-    let cp = i.machine.spec.role == Role::Controlplane;
-    let v = &c.kubernetes_version;
-    let net = c.network.clone().unwrap_or_default();
-    let name = i.cluster.metadata.name.clone().unwrap_or_default();
+    let Common { c, b, cp, v, net, name } = Common::of(i);
     let mut machine = vec![
         ("type", s(i.machine.spec.role.name())),
         ("token", s(&b.trustdinfo.token)),
@@ -266,12 +285,7 @@ fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
 
 /// Base documents, multi-document form (contract v1.14 on).
 fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
-    let c = &i.cluster.spec;
-    let b = i.secrets;
-    let cp = i.machine.spec.role == Role::Controlplane;
-    let v = &c.kubernetes_version;
-    let net = c.network.clone().unwrap_or_default();
-    let name = i.cluster.metadata.name.clone().unwrap_or_default();
+    let Common { c, b, cp, v, net, name } = Common::of(i);
     let mut v1_cluster = vec![("token", s(&b.secrets.bootstraptoken))];
     if cp {
         v1_cluster.push(("etcd", etcd_ca(b)));
