@@ -200,7 +200,7 @@ fn best_pattern(c: &Classifier, e: usize, path: &str) -> String {
     let en = &c.meta.entries[e];
     en.patterns
         .iter()
-        .filter(|p| regex::Regex::new(&p.regex).is_ok_and(|r| r.is_match(path)))
+        .filter(|p| p.compiled.is_match(path))
         .max_by_key(|p| p.specificity)
         .map(|p| p.text.clone())
         .unwrap_or_default()

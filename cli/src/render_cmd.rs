@@ -16,19 +16,7 @@ use std::path::{Path as FsPath, PathBuf};
 
 /// Every `*.yaml`/`*.yml` file under `dir`, sorted, with its text.
 pub fn read_manifests(dir: &FsPath, c: &Classifier) -> Result<Manifests> {
-    let mut files = vec![];
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).with_context(|| format!("reading manifests directory {}", d.display()))? {
-            let p = e?.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "yaml" || x == "yml") {
-                files.push(p);
-            }
-        }
-    }
-    files.sort();
+    let files = crate::rules_cmd::files_under(dir, &["yaml", "yml"])?;
     let mut texts = vec![];
     for f in files {
         let text = std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;

@@ -61,23 +61,31 @@ pub fn run(cmd: RulesCommand) -> Result<Report> {
     }
 }
 
-/// Every `.rules` file under `dir`, sorted, as paths the loader can read.
-pub fn rule_files(dir: &Path) -> Result<Vec<String>> {
+/// Every file under `dir` (recursively) whose extension is one of `exts`, sorted.
+pub fn files_under(dir: &Path, exts: &[&str]) -> Result<Vec<std::path::PathBuf>> {
     let mut out = vec![];
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).with_context(|| format!("reading rules directory {}", d.display()))?;
+        let entries = std::fs::read_dir(&d).with_context(|| format!("reading directory {}", d.display()))?;
         for e in entries {
             let p = e?.path();
             if p.is_dir() {
                 stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rules") {
-                let p = p.strip_prefix(".").unwrap_or(&p);
-                out.push(p.to_string_lossy().into_owned());
+            } else if p.extension().is_some_and(|x| exts.iter().any(|e| x == *e)) {
+                out.push(p);
             }
         }
     }
     out.sort();
+    Ok(out)
+}
+
+/// Every `.rules` file under `dir`, sorted, as paths the loader can read.
+pub fn rule_files(dir: &Path) -> Result<Vec<String>> {
+    let out: Vec<String> = files_under(dir, &["rules"])?
+        .iter()
+        .map(|p| p.strip_prefix(".").unwrap_or(p).to_string_lossy().into_owned())
+        .collect();
     if out.is_empty() {
         bail!("no .rules file under {}: point --rules at the rules directory", dir.display());
     }

@@ -207,6 +207,8 @@ fn name_segment(chars: &[char], start: usize, wildcards: bool, empty: &str) -> R
 pub struct Pattern {
     pub text: String,
     pub regex: String,
+    /// `regex`, compiled once when the pattern is made.
+    pub compiled: regex::Regex,
     /// Higher is more specific: 10 per literal segment, 1 per single wildcard, 0 per `**`.
     pub specificity: i64,
 }
@@ -263,7 +265,8 @@ impl Pattern {
             }
         }
         re.push('$');
-        Ok(Pattern { text: text.to_string(), regex: re, specificity: spec })
+        let compiled = regex::Regex::new(&re).map_err(|e| format!("the pattern compiles to a bad regex: {e}"))?;
+        Ok(Pattern { text: text.to_string(), regex: re, compiled, specificity: spec })
     }
 }
 
@@ -272,7 +275,7 @@ mod tests {
     use super::*;
 
     fn matches(pattern: &str, path: &str) -> bool {
-        regex::Regex::new(&Pattern::new(pattern).unwrap().regex).unwrap().is_match(path)
+        Pattern::new(pattern).unwrap().compiled.is_match(path)
     }
 
     #[test]
