@@ -77,9 +77,20 @@ impl<const W: usize, M> PartialOrd for Tup<W, M> {
     }
 }
 impl<const W: usize, M> Ord for Tup<W, M> {
+    #[inline(always)]
     fn cmp(&self, other: &Self) -> Ordering {
-        self.row.cmp(&other.row)
+        match W {
+            2 | 4 => packed(&self.row).cmp(&packed(&other.row)),
+            _ => self.row.cmp(&other.row),
+        }
     }
+}
+
+/// A row of at most four values as one integer that orders like the row (lexicographically):
+/// one comparison instead of a loop, where sorting spends its time.
+#[inline(always)]
+fn packed(row: &[u32]) -> u128 {
+    row.iter().take(4).fold(0u128, |acc, &v| (acc << 32) | u128::from(v)) << (32 * (4 - row.len().min(4)))
 }
 
 /// Options of one evaluation.
@@ -140,6 +151,16 @@ impl FactBuilder {
         self.interner.intern_sym(s)
     }
 
+    /// `sym` for a string the host owns: moved into the table, never copied.
+    pub fn sym_owned(&mut self, s: String) -> u32 {
+        self.interner.intern_sym_owned(s)
+    }
+
+    /// Room for `n` more symbols.
+    pub fn reserve_syms(&mut self, n: usize) {
+        self.interner.reserve_syms(n);
+    }
+
     pub fn num(&mut self, n: i64) -> u32 {
         self.interner.intern_num(n)
     }
@@ -178,15 +199,29 @@ pub fn evaluate_built(
     facts: FactBuilder,
     opts: EvalOptions,
 ) -> Result<Database, EvalError> {
+    evaluate_built_for(program, plan, facts, opts, None)
+}
+
+/// Evaluates only what the relations `wanted` depend on (`Program::upstream`); every other
+/// relation stays empty in the result. `None` evaluates everything.
+pub fn evaluate_built_for(
+    program: &Program,
+    plan: &Plan,
+    facts: FactBuilder,
+    opts: EvalOptions,
+    wanted: Option<&[RelId]>,
+) -> Result<Database, EvalError> {
+    let needed = wanted.map(|w| program.upstream(w));
+    let needed = needed.as_deref();
     match (plan.width, opts.provenance) {
-        (2, false) => Eval::<2, ()>::run(program, plan, facts, opts),
-        (2, true) => Eval::<2, Prov>::run(program, plan, facts, opts),
-        (4, false) => Eval::<4, ()>::run(program, plan, facts, opts),
-        (4, true) => Eval::<4, Prov>::run(program, plan, facts, opts),
-        (8, false) => Eval::<8, ()>::run(program, plan, facts, opts),
-        (8, true) => Eval::<8, Prov>::run(program, plan, facts, opts),
-        (_, false) => Eval::<16, ()>::run(program, plan, facts, opts),
-        (_, true) => Eval::<16, Prov>::run(program, plan, facts, opts),
+        (2, false) => Eval::<2, ()>::run(program, plan, facts, opts, needed),
+        (2, true) => Eval::<2, Prov>::run(program, plan, facts, opts, needed),
+        (4, false) => Eval::<4, ()>::run(program, plan, facts, opts, needed),
+        (4, true) => Eval::<4, Prov>::run(program, plan, facts, opts, needed),
+        (8, false) => Eval::<8, ()>::run(program, plan, facts, opts, needed),
+        (8, true) => Eval::<8, Prov>::run(program, plan, facts, opts, needed),
+        (_, false) => Eval::<16, ()>::run(program, plan, facts, opts, needed),
+        (_, true) => Eval::<16, Prov>::run(program, plan, facts, opts, needed),
     }
 }
 
@@ -265,6 +300,16 @@ impl<const W: usize, M: Meta> Input<W, M> {
         matches!(self, Input::Dynamic(_))
     }
 
+    /// How many rows, recent and stable.
+    fn len(&self) -> usize {
+        match self {
+            Input::Static(v) => v.len(),
+            Input::Dynamic(var) => {
+                var.recent.borrow().len() + var.stable.borrow().iter().map(|r| r.len()).sum::<usize>()
+            }
+        }
+    }
+
     /// Calls `f(recent, stable batches)`; a static input is all stable.
     fn with<R>(&self, f: impl FnOnce(&[Tup<W, M>], &[&[Tup<W, M>]]) -> R) -> R {
         match self {
@@ -279,14 +324,46 @@ impl<const W: usize, M: Meta> Input<W, M> {
     }
 }
 
-/// An aggregate's values by correlated key, sorted by key.
-type AggTable<const W: usize> = Vec<([u32; W], u32)>;
+/// Values by key, for lookups from inside a join (negations, aggregates). A one-column key
+/// indexes a dense table directly (ids are dense from 0); wider keys, or ids too sparse for
+/// a table, are found by binary search.
+#[derive(Clone, Debug)]
+enum Keyed<const W: usize> {
+    /// `table[id]` is the value plus one; 0 means absent.
+    Dense(Vec<u32>),
+    Sorted(Vec<([u32; W], u32)>),
+}
+
+impl<const W: usize> Keyed<W> {
+    /// From pairs sorted by key, keys unique, of `key_len` columns.
+    fn new(pairs: Vec<([u32; W], u32)>, key_len: usize) -> Keyed<W> {
+        let max = pairs.iter().map(|(k, _)| k[0]).max().unwrap_or(0) as usize;
+        if key_len != 1 || max > 16 * pairs.len() + 4096 {
+            return Keyed::Sorted(pairs);
+        }
+        let mut table = vec![0u32; max + 1];
+        for (k, v) in pairs {
+            table[k[0] as usize] = v + 1;
+        }
+        Keyed::Dense(table)
+    }
+
+    #[inline]
+    fn get(&self, key: &[u32; W]) -> Option<u32> {
+        match self {
+            Keyed::Dense(t) => t.get(key[0] as usize).and_then(|&v| v.checked_sub(1)),
+            Keyed::Sorted(p) => p.binary_search_by(|(k, _)| k.cmp(key)).ok().map(|i| p[i].1),
+        }
+    }
+}
+
+type AggTable<const W: usize> = Keyed<W>;
 
 struct Ctx<'a, const W: usize> {
     program: &'a Program,
     plan: &'a Plan,
     interner: RefCell<Interner>,
-    neg: Vec<Option<Rc<Vec<[u32; W]>>>>,
+    neg: Vec<Option<Rc<Keyed<W>>>>,
     /// Per aggregate: (correlated key, value), sorted by key (built from the sorted aux relation).
     aggs: Vec<Option<AggTable<W>>>,
     dyn_regex: RefCell<HashMap<u32, Result<Regex, String>>>,
@@ -415,8 +492,8 @@ impl<const W: usize> Ctx<'_, W> {
                 for (i, v) in vars.iter().enumerate() {
                     key[i] = env[*v];
                 }
-                let rows = self.neg[*index].as_ref().expect("negation index built before its stratum");
-                rows.binary_search(&key).is_err()
+                let keys = self.neg[*index].as_ref().expect("negation index built before its stratum");
+                keys.get(&key).is_none()
             }
             Op::Agg { agg, corr, result, bound } => {
                 let mut key = [0u32; W];
@@ -424,9 +501,9 @@ impl<const W: usize> Ctx<'_, W> {
                     key[i] = env[*v];
                 }
                 let table = self.aggs[*agg].as_ref().expect("aggregate computed before its stratum");
-                let value = match table.binary_search_by(|(k, _)| k.cmp(&key)) {
-                    Ok(i) => table[i].1,
-                    Err(_) => match self.plan.aggs[*agg].kind {
+                let value = match table.get(&key) {
+                    Some(v) => v,
+                    None => match self.plan.aggs[*agg].kind {
                         AggKind::Count | AggKind::Sum => self.zero,
                         AggKind::Min | AggKind::Max => return Ok(false),
                     },
@@ -451,7 +528,13 @@ struct Eval<'a, const W: usize, M: Meta> {
 }
 
 impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
-    fn run(program: &'a Program, plan: &'a Plan, facts: FactBuilder, opts: EvalOptions) -> Result<Database, EvalError> {
+    fn run(
+        program: &'a Program,
+        plan: &'a Plan,
+        facts: FactBuilder,
+        opts: EvalOptions,
+        needed: Option<&[bool]>,
+    ) -> Result<Database, EvalError> {
         let FactBuilder { mut interner, rows: fact_rows, counts, arity } = facts;
         let zero = interner.intern_num(0);
         let nrels = program.relations.len();
@@ -487,7 +570,16 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         };
         let mut total = 0usize;
         for s in 0..plan.strata.len() {
+            if needed.is_some_and(|n| plan.strata[s].rels.iter().all(|&r| !n[r])) {
+                continue;
+            }
+            let t0 = std::time::Instant::now();
             ev.stratum(s, &mut initial, &mut total)?;
+            if std::env::var_os("ICHOR_PROF").is_some() {
+                let names: Vec<&str> =
+                    plan.strata[s].rels.iter().map(|&r| program.relations[r].name.as_str()).collect();
+                eprintln!("W{W} stratum {s} {:?}: {:?}", names, t0.elapsed());
+            }
         }
         let rounds = ev.height;
         let interner = ev.ctx.interner.into_inner();
@@ -528,7 +620,9 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
 
     /// Projects a finished relation into an index (filters, permutation, sort, dedup).
     fn project(&self, spec: &crate::plan::IndexSpec, rows: &[Tup<W, M>]) -> Vec<Tup<W, M>> {
-        sorted(rows.iter().filter_map(|t| project_row(spec, t)).collect()).elements
+        let mut out = Vec::with_capacity(rows.len());
+        out.extend(rows.iter().filter_map(|t| project_row(spec, t)));
+        sorted(out).elements
     }
 
     fn static_index(&mut self, idx: usize) -> Rc<Vec<Tup<W, M>>> {
@@ -556,7 +650,8 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                                 rows.iter().filter_map(|t| project_row(spec, t)).map(|t| t.row).collect();
                             keys.sort_unstable();
                             keys.dedup();
-                            self.ctx.neg[*index] = Some(Rc::new(keys));
+                            let pairs = keys.into_iter().map(|k| (k, 0)).collect();
+                            self.ctx.neg[*index] = Some(Rc::new(Keyed::new(pairs, spec.cols.len())));
                         }
                         Op::Agg { agg, .. } if self.ctx.aggs[*agg].is_none() => {
                             let table = self.aggregate(*agg, plan.rules[r].rule)?;
@@ -614,7 +709,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             out.push((key, v));
             i = j;
         }
-        Ok(out)
+        Ok(Keyed::new(out, a.corr_len))
     }
 
     fn stratum(&mut self, s: usize, initial: &mut [Vec<Tup<W, M>>], total: &mut usize) -> Result<(), EvalError> {
@@ -833,7 +928,9 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         let last = i + 1 == rp.steps.len();
         let rule = rp.rule;
         let meta = M::new(rule as u32, height);
-        let mut results: Vec<Tup<W, M>> = vec![];
+        // Most steps produce about as many rows as their left input: room for that up front.
+        let left_len = if i == 0 { inputs[0].len() } else { outs[i - 1].as_ref().unwrap_or(&inputs[i - 1]).len() };
+        let mut results: Vec<Tup<W, M>> = Vec::with_capacity(left_len);
         let held: &[usize] = match &step.source {
             Source::Scan(_, held) => held,
             Source::Unit => &[],
@@ -917,8 +1014,8 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
 
 /// Sorts and deduplicates rows (unstable sort: duplicates in one batch come from the same
 /// round, so whichever is kept is a valid derivation).
-fn sorted<T: Ord>(mut rows: Vec<T>) -> Relation<T> {
-    rows.sort_unstable();
+fn sorted<const W: usize, M: Copy>(mut rows: Vec<Tup<W, M>>) -> Relation<Tup<W, M>> {
+    crate::sort::sort_rows(&mut rows, |t| &t.row);
     rows.dedup();
     Relation { elements: rows }
 }

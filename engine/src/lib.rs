@@ -25,6 +25,7 @@ pub mod plan;
 pub mod program;
 pub mod reference;
 pub mod ruletest;
+pub mod sort;
 pub mod value;
 
 pub use db::Database;
@@ -60,6 +61,17 @@ impl Engine {
     /// Evaluates on facts made with `fact_builder`.
     pub fn evaluate_built(&self, facts: FactBuilder, opts: EvalOptions) -> Result<Database, EvalError> {
         eval::evaluate_built(&self.program, &self.plan, facts, opts)
+    }
+
+    /// `evaluate_built` restricted to what the relations `wanted` depend on; the others stay
+    /// empty. A host that reads a few relations of a larger program skips the rest.
+    pub fn evaluate_built_for(
+        &self,
+        facts: FactBuilder,
+        opts: EvalOptions,
+        wanted: &[RelId],
+    ) -> Result<Database, EvalError> {
+        eval::evaluate_built_for(&self.program, &self.plan, facts, opts, Some(wanted))
     }
 
     /// An empty fact set shaped for this program.

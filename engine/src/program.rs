@@ -187,6 +187,28 @@ impl Program {
         self.rules.iter().filter(move |r| r.head == rel)
     }
 
+    /// Which relations `wanted` depend on (themselves included): every relation read, positively,
+    /// negated or through an aggregate, by a rule of a relation in the set, transitively.
+    pub fn upstream(&self, wanted: &[RelId]) -> Vec<bool> {
+        let mut needed = vec![false; self.relations.len()];
+        let mut todo: Vec<RelId> = wanted.to_vec();
+        while let Some(rel) = todo.pop() {
+            if std::mem::replace(&mut needed[rel], true) {
+                continue;
+            }
+            for rule in self.rules_for(rel) {
+                for lit in &rule.body {
+                    match lit {
+                        Lit::Atom { rel, .. } => todo.push(*rel),
+                        Lit::Agg { agg, .. } => todo.push(agg.aux),
+                        Lit::Cmp { .. } | Lit::Pred { .. } | Lit::Bind { .. } => {}
+                    }
+                }
+            }
+        }
+        needed
+    }
+
     pub fn outputs(&self) -> impl Iterator<Item = RelId> + '_ {
         (0..self.relations.len()).filter(|&r| self.relations[r].output)
     }

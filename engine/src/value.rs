@@ -17,10 +17,17 @@ pub struct FxHasher(u64);
 impl std::hash::Hasher for FxHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(b));
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.add(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut tail = 0u64;
+            for (i, &b) in rest.iter().enumerate() {
+                tail |= u64::from(b) << (8 * i);
+            }
+            self.add(tail);
         }
     }
     #[inline]
@@ -37,7 +44,9 @@ impl std::hash::Hasher for FxHasher {
     }
     #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        // Multiplication only carries entropy upward; hash tables take the low bits for the
+        // bucket, so bring the well-mixed high bits down (as rustc-hash 2 does).
+        self.0.rotate_left(26)
     }
 }
 
@@ -51,19 +60,33 @@ impl FxHasher {
 pub type FxBuild = std::hash::BuildHasherDefault<FxHasher>;
 pub type FxHashMap<K, V> = HashMap<K, V, FxBuild>;
 
-/// Interned value table. Ids are dense from 0. Symbols and numbers have their own maps so
-/// that a symbol is looked up by `&str` without allocating.
+/// Interned value table. Ids are dense from 0. Symbols are found by hash in a table of ids
+/// (each symbol's text is stored once, in `values`); numbers have their own map.
 #[derive(Clone, Debug, Default)]
 pub struct Interner {
     values: Vec<Const>,
-    syms: FxHashMap<std::rc::Rc<str>, u32>,
+    syms: hashbrown::HashTable<u32>,
     nums: FxHashMap<i64, u32>,
+}
+
+fn hash_str(s: &str) -> u64 {
+    use std::hash::Hasher;
+    let mut h = FxHasher::default();
+    h.write(s.as_bytes());
+    h.finish()
+}
+
+fn sym_at(values: &[Const], id: u32) -> &str {
+    match &values[id as usize] {
+        Const::Sym(s) => s,
+        Const::Num(_) => "",
+    }
 }
 
 impl Interner {
     pub fn intern(&mut self, c: Const) -> u32 {
         match c {
-            Const::Sym(s) => self.intern_sym(&s),
+            Const::Sym(s) => self.intern_sym_owned(s),
             Const::Num(n) => self.intern_num(n),
         }
     }
@@ -87,19 +110,37 @@ impl Interner {
     }
 
     pub fn intern_sym(&mut self, s: &str) -> u32 {
-        if let Some(&id) = self.syms.get(s) {
+        self.intern_sym_with(s, str::to_string)
+    }
+
+    /// Interns a symbol the caller owns: moved into the table when new, never copied.
+    pub fn intern_sym_owned(&mut self, s: String) -> u32 {
+        self.intern_sym_with(s, |s| s)
+    }
+
+    fn intern_sym_with<S: AsRef<str>>(&mut self, s: S, own: impl FnOnce(S) -> String) -> u32 {
+        let hash = hash_str(s.as_ref());
+        let Interner { values, syms, .. } = self;
+        if let Some(&id) = syms.find(hash, |&id| sym_at(values, id) == s.as_ref()) {
             return id;
         }
-        let id = self.values.len() as u32;
-        self.values.push(Const::Sym(s.to_string()));
-        self.syms.insert(std::rc::Rc::from(s), id);
+        let id = values.len() as u32;
+        values.push(Const::Sym(own(s)));
+        syms.insert_unique(hash, id, |&id| hash_str(sym_at(values, id)));
         id
+    }
+
+    /// Room for `n` more symbols without rehashing.
+    pub fn reserve_syms(&mut self, n: usize) {
+        let Interner { values, syms, .. } = self;
+        values.reserve(n);
+        syms.reserve(n, |&id| hash_str(sym_at(values, id)));
     }
 
     /// The id of a value if it was ever interned (a lookup that cannot grow the table).
     pub fn get(&self, c: &Const) -> Option<u32> {
         match c {
-            Const::Sym(s) => self.syms.get(s.as_str()).copied(),
+            Const::Sym(s) => self.syms.find(hash_str(s), |&id| sym_at(&self.values, id) == s).copied(),
             Const::Num(n) => self.nums.get(n).copied(),
         }
     }
