@@ -184,7 +184,7 @@ pub fn read_config(path: &FsPath) -> Result<Config> {
     })
 }
 
-fn rule_json(c: &Classifier, entry: Option<usize>, path: &str) -> Json {
+fn rule_json(c: &Classifier, entry: Option<usize>, path: &Path) -> Json {
     match entry {
         None => Json::Null,
         Some(e) => {
@@ -196,11 +196,11 @@ fn rule_json(c: &Classifier, entry: Option<usize>, path: &str) -> Json {
 }
 
 /// The entry's most specific pattern that matches the path (for display).
-fn best_pattern(c: &Classifier, e: usize, path: &str) -> String {
+fn best_pattern(c: &Classifier, e: usize, path: &Path) -> String {
     let en = &c.meta.entries[e];
     en.patterns
         .iter()
-        .filter(|p| p.compiled.is_match(path))
+        .filter(|p| p.matches(path))
         .max_by_key(|p| p.specificity)
         .map(|p| p.text.clone())
         .unwrap_or_default()
@@ -228,7 +228,7 @@ fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -
                 "class": k.class,
                 "restarts": c.restarts(k),
                 "appliedBy": c.applied_by(k),
-                "rule": rule_json(&c, k.entry(), &shown),
+                "rule": rule_json(&c, k.entry(), &change.path),
                 "why": why,
                 "sensitive": k.sensitive,
                 "decidedBy": decided.map(|r| json!({"file": r.file, "line": r.line, "doc": r.doc})),
@@ -245,7 +245,7 @@ fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -
                         "  rule:       {}:{} (pattern {})\n",
                         c.fieldmeta_file,
                         en.line,
-                        best_pattern(&c, e, &shown)
+                        best_pattern(&c, e, &change.path)
                     );
                     s += &format!("  source:     {}\n", en.source);
                 }
@@ -399,7 +399,7 @@ fn change_json(c: &Classifier, contract: Contract, ch: &diff::Change, k: &Classi
         "class": k.class,
         "restarts": c.restarts(k),
         "appliedBy": c.applied_by(k),
-        "rule": rule_json(c, k.entry(), &p),
+        "rule": rule_json(c, k.entry(), &ch.path),
         "why": c.why(contract, k),
         "old": value_json(&ch.old, k.sensitive),
         "new": value_json(&ch.new, k.sensitive),
@@ -430,7 +430,12 @@ fn change_text(c: &Classifier, contract: Contract, ch: &diff::Change, k: &Classi
     s += &format!("      {} -> {}\n", show(&ch.old), show(&ch.new));
     s += &format!("      {}\n", c.why(contract, k));
     if let Some(e) = k.entry() {
-        s += &format!("      rule: {}:{} ({})\n", c.fieldmeta_file, c.meta.entries[e].line, best_pattern(c, e, &p));
+        s += &format!(
+            "      rule: {}:{} ({})\n",
+            c.fieldmeta_file,
+            c.meta.entries[e].line,
+            best_pattern(c, e, &ch.path)
+        );
     }
     s
 }

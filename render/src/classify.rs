@@ -255,7 +255,7 @@ impl Classifier {
         let Some(d) = self.contracts.get(&contract) else {
             return false;
         };
-        d.matcher.candidates(&path.to_string()).iter().any(|&(e, _)| self.meta.entries[e].sensitive)
+        d.matcher.candidates(path).iter().any(|&(e, _)| self.meta.entries[e].sensitive)
     }
 
     /// The contract a config is written for, and why: the oldest contract from v1.13 on whose
@@ -308,6 +308,7 @@ impl Classifier {
         machine: Option<&MachineContext>,
         provenance: bool,
     ) -> Result<Outcome, engine::EvalError> {
+        let tstart = std::time::Instant::now();
         let data = &self.contracts[&contract];
         let p = &self.engine.program;
         let rel = |name: &str| p.relation(name).unwrap_or_else(|| panic!("the classification rules declare `{name}`"));
@@ -323,18 +324,23 @@ impl Classifier {
         // Entry numbers and specificities are small: interned once each.
         let mut nums = SmallNums::default();
         // Each path is interned once; its id finds its change again when decoding.
-        let mut by_id: engine::value::FxHashMap<u32, usize> = Default::default();
+        let mut by_id: Vec<usize> = vec![];
         let mut sensitive = Vec::with_capacity(changes.len());
+        let (mut cands, mut scratch) = (vec![], (vec![], vec![]));
+        b.reserve_syms(changes.len());
         for (i, ch) in changes.iter().enumerate() {
-            let s = ch.path.to_string();
-            let id = b.sym(&s);
-            by_id.insert(id, i);
+            let id = b.sym_owned(ch.path.text());
+            if by_id.len() <= id as usize {
+                by_id.resize(id as usize + 1, usize::MAX);
+            }
+            by_id[id as usize] = i;
             b.push(r_change, &[id]);
             if data.inventory.contains(&ch.path) {
                 b.push(r_exists, &[id]);
             }
             let mut secret = false;
-            for (e, spec) in data.matcher.candidates(&s) {
+            data.matcher.candidates_into(&ch.path, &mut cands, &mut scratch);
+            for &(e, spec) in &cands {
                 secret |= self.meta.entries[e].sensitive;
                 let row = [id, nums.get(&mut b, e as i64), nums.get(&mut b, spec)];
                 b.push(r_cand, &row);
@@ -385,13 +391,22 @@ impl Classifier {
                 b.push(rel("inputs_unchanged"), &[]);
             }
         }
-        let db = self.engine.evaluate_built(b, EvalOptions { provenance, ..EvalOptions::default() })?;
+        // Only what the answers read is evaluated: the machine's rules only with its context.
+        let mut wanted = vec![rel("class_of"), rel("verdict"), rel("rejected")];
+        if machine.is_some() {
+            wanted.extend([rel("machine_ready"), rel("reboot_path")]);
+        }
+        let t0 = std::time::Instant::now();
+        let db = self.engine.evaluate_built_for(b, EvalOptions { provenance, ..EvalOptions::default() }, &wanted)?;
+        if std::env::var_os("ICHOR_PROF").is_some() {
+            eprintln!("eval {:?} since start {:?}", t0.elapsed(), tstart.elapsed());
+        }
         let mut out: Vec<Classified> = sensitive
             .iter()
             .map(|&s| Classified { class: "reboot-required", reason: Reason::Default, sensitive: s })
             .collect();
         for row in db.rels[rel("class_of")].iter() {
-            let Some(&i) = by_id.get(&row[0]) else {
+            let Some(&i) = by_id.get(row[0] as usize).filter(|&&i| i != usize::MAX) else {
                 continue;
             };
             let class = match db.value(row[1]) {

@@ -1,15 +1,15 @@
 //! Field metadata (`rules/fieldmeta.yaml`): loading, validation, and path matching.
 //!
 //! Start at `FieldMeta::parse` (every problem at once, each with its line), then
-//! `FieldMeta::matcher` (one `RegexSet` per contract, built once) and `Matcher::candidates`
+//! `FieldMeta::matcher` (one trie of patterns per contract, built once) and `Matcher::candidates`
 //! (the entries whose patterns match a path, run once per path). Choosing among candidates
 //! is the classification rules' job (`rules/classify.rules`), not this module's.
 //! `FieldMeta::check_inventories` finds ambiguities (two entries of equal specificity and
 //! different classes for one path) and coverage (paths no entry decides).
 
 use crate::inventory::Inventory;
-use crate::path::{Path, Pattern};
-use regex::RegexSet;
+use crate::path::{PatSeg, Path, Pattern, Seg, canonical_index};
+use engine::value::FxHashMap;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -212,28 +212,10 @@ impl FieldMeta {
         if errors.is_empty() { Ok(FieldMeta { entries }) } else { Err(errors) }
     }
 
-    /// The regex sets of one contract: every pattern of every entry that holds there, grouped
-    /// by the pattern's first segment so that a path runs only against its root's patterns
-    /// (and those whose root is a wildcard).
+    /// The matcher of one contract: every pattern of every entry that holds there.
     pub fn matcher(&self, contract: Contract) -> Matcher {
-        let mut groups: BTreeMap<String, Vec<Compiled>> = BTreeMap::new();
-        for (e, entry) in self.entries.iter().enumerate() {
-            if !entry.holds_at(contract) {
-                continue;
-            }
-            for pat in &entry.patterns {
-                let root = pat.text.split(['.', '[']).next().unwrap_or_default();
-                let key = if root.contains('*') { String::new() } else { root.to_string() };
-                groups.entry(key).or_default().push((pat.regex.clone(), (e, pat.specificity)));
-            }
-        }
-        let build = |list: &[Compiled]| Group {
-            set: RegexSet::new(list.iter().map(|x| &x.0)).expect("patterns compiled one by one at load"),
-            owners: list.iter().map(|x| x.1).collect(),
-        };
-        let wild = build(groups.get("").map(Vec::as_slice).unwrap_or(&[]));
-        let by_root = groups.iter().filter(|(k, _)| !k.is_empty()).map(|(k, v)| (k.clone(), build(v))).collect();
-        Matcher { contract, by_root, wild }
+        let holding = self.entries.iter().enumerate().filter(|(_, e)| e.holds_at(contract));
+        Matcher::new(contract, holding.flat_map(|(i, e)| e.patterns.iter().map(move |p| (i, p))))
     }
 
     /// Checks the metadata against each contract's inventory: ambiguities (errors) and the
@@ -254,9 +236,8 @@ impl FieldMeta {
                 let Ok(path) = Path::parse(&sample) else {
                     continue;
                 };
-                let shown = path.to_string();
                 cov.total += 1;
-                let cands = m.candidates(&shown);
+                let cands = m.candidates(&path);
                 let classed: Vec<(usize, i64)> =
                     cands.iter().copied().filter(|&(e, _)| self.entries[e].class.is_some()).collect();
                 let Some(best) = classed.iter().map(|x| x.1).max() else {
@@ -336,33 +317,122 @@ fn parse_range(s: &str, known: &[Contract]) -> Result<(Option<Contract>, Option<
     Ok((a, b))
 }
 
-/// The compiled patterns of one contract.
+/// The patterns of one contract as one trie over segments, walked once per path: every
+/// pattern that matches is found in a single pass, whatever the number of patterns.
 #[derive(Clone, Debug)]
 pub struct Matcher {
     pub contract: Contract,
-    by_root: BTreeMap<String, Group>,
-    wild: Group,
+    nodes: Vec<Node>,
 }
 
-/// A pattern's regex with its (entry, specificity).
-type Compiled = (String, (usize, i64));
-
-/// One regex set and, per regex, its (entry, specificity).
-#[derive(Clone, Debug)]
-struct Group {
-    set: RegexSet,
-    owners: Vec<(usize, i64)>,
+/// A trie node: the patterns that end here, and where each next pattern segment leads.
+#[derive(Clone, Debug, Default)]
+struct Node {
+    members: FxHashMap<String, usize>,
+    /// Bracket literals by text (document names), and those that are list indexes by number.
+    names: FxHashMap<String, usize>,
+    indexes: FxHashMap<usize, usize>,
+    any_member: Option<usize>,
+    any_bracket: Option<usize>,
+    /// The node after a `**`: it is active here too (no segment), and stays active on any segment.
+    any_depth: Option<usize>,
+    /// Reached through `**`: consumes any segment and stays.
+    loops: bool,
+    /// (entry, specificity) of the patterns that end here.
+    accept: Vec<(usize, i64)>,
 }
 
 impl Matcher {
-    /// `(entry, specificity)` for every entry with a pattern matching the displayed path; the
-    /// best specificity per entry, in entry order.
-    pub fn candidates(&self, path: &str) -> Vec<(usize, i64)> {
-        let root = path.split(['.', '[']).next().unwrap_or_default();
-        let mut out: Vec<(usize, i64)> = Vec::new();
-        for g in self.by_root.get(root).into_iter().chain(std::iter::once(&self.wild)) {
-            for i in g.set.matches(path).into_iter() {
-                let (e, spec) = g.owners[i];
+    fn new<'a>(contract: Contract, patterns: impl Iterator<Item = (usize, &'a Pattern)>) -> Matcher {
+        let mut nodes = vec![Node::default()];
+        for (e, pat) in patterns {
+            let mut at = 0;
+            for seg in &pat.segs {
+                let fresh = nodes.len();
+                let n = &mut nodes[at];
+                let slot = match seg {
+                    PatSeg::Member(m) => n.members.entry(m.clone()).or_insert(fresh),
+                    PatSeg::Bracket(b) => {
+                        let next = *n.names.entry(b.clone()).or_insert(fresh);
+                        if let Some(i) = canonical_index(b) {
+                            n.indexes.insert(i, next);
+                        }
+                        n.names.get_mut(b).expect("just inserted")
+                    }
+                    PatSeg::AnyMember => n.any_member.get_or_insert(fresh),
+                    PatSeg::AnyBracket => n.any_bracket.get_or_insert(fresh),
+                    PatSeg::AnyDepth => n.any_depth.get_or_insert(fresh),
+                };
+                let next = *slot;
+                if next == fresh {
+                    nodes.push(Node { loops: matches!(seg, PatSeg::AnyDepth), ..Node::default() });
+                }
+                at = next;
+            }
+            nodes[at].accept.push((e, pat.specificity));
+        }
+        Matcher { contract, nodes }
+    }
+
+    /// Adds `n` and what its `**` reaches without consuming a segment.
+    fn enter(&self, mut n: usize, set: &mut Vec<usize>) {
+        loop {
+            if set.contains(&n) {
+                return;
+            }
+            set.push(n);
+            match self.nodes[n].any_depth {
+                Some(d) => n = d,
+                None => return,
+            }
+        }
+    }
+
+    /// `(entry, specificity)` for every entry with a pattern matching the path; the best
+    /// specificity per entry, in entry order.
+    pub fn candidates(&self, path: &Path) -> Vec<(usize, i64)> {
+        let mut out = vec![];
+        self.candidates_into(path, &mut out, &mut (vec![], vec![]));
+        out
+    }
+
+    /// `candidates` into `out` (cleared first), with scratch space reused across paths.
+    pub fn candidates_into(&self, path: &Path, out: &mut Vec<(usize, i64)>, scratch: &mut (Vec<usize>, Vec<usize>)) {
+        out.clear();
+        let (set, next) = scratch;
+        set.clear();
+        self.enter(0, set);
+        for seg in &path.segs {
+            next.clear();
+            for &n in set.iter() {
+                let node = &self.nodes[n];
+                if node.loops {
+                    self.enter(n, next);
+                }
+                let lit = match seg {
+                    Seg::Field(f) | Seg::Key(f) if !node.members.is_empty() => node.members.get(f.as_str()),
+                    Seg::Name(x) if !node.names.is_empty() => node.names.get(x.as_str()),
+                    Seg::Index(i) if !node.indexes.is_empty() => node.indexes.get(i),
+                    _ => None,
+                };
+                if let Some(&c) = lit {
+                    self.enter(c, next);
+                }
+                let any = match seg {
+                    Seg::Field(_) | Seg::Key(_) => node.any_member,
+                    Seg::Index(_) | Seg::Name(_) => node.any_bracket,
+                };
+                if let Some(c) = any {
+                    self.enter(c, next);
+                }
+            }
+            std::mem::swap(set, next);
+            if set.is_empty() {
+                return;
+            }
+        }
+        for &n in set.iter() {
+            for &(e, spec) in &self.nodes[n].accept {
                 match out.iter_mut().find(|x| x.0 == e) {
                     Some(x) => x.1 = x.1.max(spec),
                     None => out.push((e, spec)),
@@ -370,6 +440,5 @@ impl Matcher {
             }
         }
         out.sort_unstable();
-        out
     }
 }

@@ -9,6 +9,7 @@
 //! into a segment trie; `Inventory::contains` answers for a concrete path.
 
 use crate::path::{Path, Seg};
+use engine::value::FxHashMap;
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
 
@@ -166,7 +167,7 @@ fn walk(
 
 #[derive(Clone, Debug, Default)]
 struct Node {
-    fields: BTreeMap<String, Node>,
+    fields: FxHashMap<String, Node>,
     any_field: Option<Box<Node>>,
     any_bracket: Option<Box<Node>>,
     ty: Option<String>,
@@ -240,7 +241,9 @@ impl Inventory {
             if n.ty.is_some() && !prefix.is_empty() {
                 out.push(prefix.to_string());
             }
-            for (k, c) in &n.fields {
+            let mut fields: Vec<(&String, &Node)> = n.fields.iter().collect();
+            fields.sort_by(|a, b| a.0.cmp(b.0));
+            for (k, c) in fields {
                 let p = if prefix.is_empty() {
                     k.clone()
                 } else if k.starts_with('[') {

@@ -85,18 +85,67 @@ fn quote(s: &str) -> String {
 
 impl fmt::Display for Path {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut buf = String::new();
+        self.write_to(&mut buf);
+        f.write_str(&buf)
+    }
+}
+
+impl Path {
+    /// Appends the displayed path to `out` (what `Display` shows; the fast path for hosts that
+    /// render many paths).
+    pub fn write_to(&self, out: &mut String) {
         for (i, s) in self.segs.iter().enumerate() {
             match s {
-                Seg::Field(n) if i == 0 => f.write_str(n)?,
-                Seg::Field(n) => write!(f, ".{n}")?,
-                Seg::Key(k) => write!(f, "[{}]", quote(k))?,
-                Seg::Index(n) => write!(f, "[{n}]")?,
-                Seg::Name(n) if is_plain(n) => write!(f, "[{n}]")?,
-                Seg::Name(n) => write!(f, "[{}]", quote(n))?,
+                Seg::Field(n) => {
+                    if i > 0 {
+                        out.push('.');
+                    }
+                    out.push_str(n);
+                }
+                Seg::Index(n) => {
+                    out.push('[');
+                    push_number(out, *n);
+                    out.push(']');
+                }
+                Seg::Name(n) if is_plain(n) => {
+                    out.push('[');
+                    out.push_str(n);
+                    out.push(']');
+                }
+                Seg::Key(k) | Seg::Name(k) => {
+                    out.push('[');
+                    out.push_str(&quote(k));
+                    out.push(']');
+                }
             }
         }
-        Ok(())
     }
+
+    /// The displayed path, allocated once.
+    pub fn text(&self) -> String {
+        let len = self.segs.iter().map(|s| match s {
+            Seg::Field(n) | Seg::Key(n) | Seg::Name(n) => n.len() + 4,
+            Seg::Index(_) => 6,
+        });
+        let mut out = String::with_capacity(len.sum());
+        self.write_to(&mut out);
+        out
+    }
+}
+
+fn push_number(out: &mut String, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&digits[i..]).expect("ASCII digits"));
 }
 
 /// A parsed segment, wildcards included.
@@ -202,71 +251,83 @@ fn name_segment(chars: &[char], start: usize, wildcards: bool, empty: &str) -> R
     Ok((seg, i))
 }
 
-/// A field-metadata pattern, compiled to an anchored regex over displayed paths.
+/// One segment of a pattern.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PatSeg {
+    /// A field or map key with this name (`.name` or `["name"]`).
+    Member(String),
+    /// A list index or document name (`[0]`, `[eth0]`).
+    Bracket(String),
+    /// `*`: any one field or map key.
+    AnyMember,
+    /// `[*]`: any one list index or document name.
+    AnyBracket,
+    /// `**`: any number of segments, none included.
+    AnyDepth,
+}
+
+impl PatSeg {
+    /// Whether this single-segment pattern matches `seg` (`AnyDepth` is handled by the caller).
+    pub fn matches(&self, seg: &Seg) -> bool {
+        match (self, seg) {
+            (PatSeg::Member(m), Seg::Field(f) | Seg::Key(f)) => m == f,
+            (PatSeg::Bracket(b), Seg::Name(n)) => b == n,
+            (PatSeg::Bracket(b), Seg::Index(i)) => canonical_index(b) == Some(*i),
+            (PatSeg::AnyMember, Seg::Field(_) | Seg::Key(_)) => true,
+            (PatSeg::AnyBracket, Seg::Index(_) | Seg::Name(_)) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The index a bracket literal names, when it is written as Talos shows indexes (`[7]`, not `[07]`).
+pub fn canonical_index(b: &str) -> Option<usize> {
+    let n: usize = b.parse().ok()?;
+    (n.to_string() == b).then_some(n)
+}
+
+/// A field-metadata pattern: segments matched against a path's segments.
 #[derive(Clone, Debug)]
 pub struct Pattern {
     pub text: String,
-    pub regex: String,
-    /// `regex`, compiled once when the pattern is made.
-    pub compiled: regex::Regex,
+    pub segs: Vec<PatSeg>,
     /// Higher is more specific: 10 per literal segment, 1 per single wildcard, 0 per `**`.
     pub specificity: i64,
 }
 
-const FIELD: &str = r#"[^.\[\]"\s]+"#;
-const QUOTED: &str = r#""(?:[^"\\]|\\.)*""#;
-
 impl Pattern {
     pub fn new(text: &str) -> Result<Pattern, String> {
-        let segs = parse_segments(text, true)?;
-        let any_field = format!(r"(?:\.{FIELD}|\[{QUOTED}\])");
-        let any_bracket = format!(r#"\[(?:[^\]"]*|{QUOTED})\]"#);
-        let any_seg = format!(r"(?:\.{FIELD}|\[(?:[^\]\x22]*|{QUOTED})\])");
-        let mut re = String::from("^");
-        let mut spec = 0;
-        for (i, s) in segs.iter().enumerate() {
-            let first = i == 0;
-            match s {
-                PSeg::Field(f) => {
-                    spec += 10;
-                    if !first {
-                        re.push_str(r"\.");
-                    }
-                    re.push_str(&regex::escape(f));
-                }
-                PSeg::Key(k) => {
-                    spec += 10;
-                    re.push_str(&regex::escape(&format!("[{}]", quote(k))));
-                }
-                PSeg::Bracket(b) => {
-                    spec += 10;
-                    let shown = if is_plain(b) { b.clone() } else { quote(b) };
-                    re.push_str(&regex::escape(&format!("[{shown}]")));
-                }
-                PSeg::AnyField => {
-                    spec += 1;
-                    if first {
-                        re.push_str(FIELD);
-                    } else {
-                        re.push_str(&any_field);
-                    }
-                }
-                PSeg::AnyBracket => {
-                    spec += 1;
-                    re.push_str(&any_bracket);
-                }
-                PSeg::AnyDepth => {
-                    if first {
-                        re.push_str(&format!("(?:{FIELD}{any_seg}*)?"));
-                    } else {
-                        re.push_str(&format!("{any_seg}*"));
-                    }
-                }
+        let segs: Vec<PatSeg> = parse_segments(text, true)?
+            .into_iter()
+            .map(|s| match s {
+                PSeg::Field(f) | PSeg::Key(f) => PatSeg::Member(f),
+                PSeg::Bracket(b) => PatSeg::Bracket(b),
+                PSeg::AnyField => PatSeg::AnyMember,
+                PSeg::AnyBracket => PatSeg::AnyBracket,
+                PSeg::AnyDepth => PatSeg::AnyDepth,
+            })
+            .collect();
+        let specificity = segs
+            .iter()
+            .map(|s| match s {
+                PatSeg::Member(_) | PatSeg::Bracket(_) => 10,
+                PatSeg::AnyMember | PatSeg::AnyBracket => 1,
+                PatSeg::AnyDepth => 0,
+            })
+            .sum();
+        Ok(Pattern { text: text.to_string(), segs, specificity })
+    }
+
+    /// Whether the pattern matches the whole path.
+    pub fn matches(&self, path: &Path) -> bool {
+        fn rec(p: &[PatSeg], s: &[Seg]) -> bool {
+            match p.split_first() {
+                None => s.is_empty(),
+                Some((PatSeg::AnyDepth, rest)) => (0..=s.len()).any(|k| rec(rest, &s[k..])),
+                Some((first, rest)) => s.split_first().is_some_and(|(h, t)| first.matches(h) && rec(rest, t)),
             }
         }
-        re.push('$');
-        let compiled = regex::Regex::new(&re).map_err(|e| format!("the pattern compiles to a bad regex: {e}"))?;
-        Ok(Pattern { text: text.to_string(), regex: re, compiled, specificity: spec })
+        rec(&self.segs, &path.segs)
     }
 }
 
@@ -275,7 +336,7 @@ mod tests {
     use super::*;
 
     fn matches(pattern: &str, path: &str) -> bool {
-        Pattern::new(pattern).unwrap().compiled.is_match(path)
+        Pattern::new(pattern).unwrap().matches(&Path::parse(path).unwrap())
     }
 
     #[test]

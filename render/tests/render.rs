@@ -64,6 +64,83 @@ fn shipped_fieldmeta_loads_and_covers_every_contract() {
     }
 }
 
+/// The contract's pattern trie finds exactly the patterns that match one by one
+/// (`Pattern::matches`), on every inventory path of the three contracts (wildcards replaced by
+/// sample segments) and on seeded random paths built from the patterns' own segments.
+#[test]
+fn pattern_trie_agrees_with_matching_one_by_one() {
+    use render::path::{Path, Seg};
+    let meta = FieldMeta::parse(&fieldmeta_text(), &contracts()).unwrap();
+    let one_by_one = |c: Contract, p: &Path| {
+        let mut out: Vec<(usize, i64)> = vec![];
+        for (e, en) in meta.entries.iter().enumerate().filter(|(_, en)| en.holds_at(c)) {
+            if let Some(s) = en.patterns.iter().filter(|pat| pat.matches(p)).map(|pat| pat.specificity).max() {
+                out.push((e, s));
+            }
+        }
+        out
+    };
+    // Segments seen in patterns and inventories, plus some no pattern names.
+    let mut words: Vec<String> = vec!["x".into(), "zz".into(), "a.b/c".into()];
+    let mut roots: Vec<String> = vec!["NotAKind".into()];
+    let mut paths: Vec<Path> = vec![];
+    for c in contracts() {
+        for pat in inventory(&c.to_string()).patterns() {
+            for (a, b) in [("[0]", ".x"), ("[eth0]", "[\"a.b/c\"]"), ("[3]", ".zz")] {
+                if let Ok(p) = Path::parse(&pat.replace("[*]", a).replace(".*", b)) {
+                    if let Some(Seg::Field(r)) = p.segs.first() {
+                        roots.push(r.clone());
+                    }
+                    for s in &p.segs {
+                        if let Seg::Field(f) | Seg::Name(f) = s {
+                            words.push(f.clone());
+                        }
+                    }
+                    paths.push(p);
+                }
+            }
+        }
+    }
+    for v in [&mut words, &mut roots] {
+        v.sort();
+        v.dedup();
+    }
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    for _ in 0..20_000 {
+        let mut p = Path::root(&roots[next(roots.len())]);
+        for i in 0..next(6) {
+            p.segs.push(match next(5) {
+                0 => Seg::Index(next(4)),
+                1 if i == 0 => Seg::Name(words[next(words.len())].clone()),
+                2 => Seg::Key(words[next(words.len())].clone()),
+                _ => Seg::Field(words[next(words.len())].clone()),
+            });
+        }
+        paths.push(p);
+    }
+    let mut matched = 0;
+    for c in contracts() {
+        let m = meta.matcher(c);
+        for p in &paths {
+            let want = one_by_one(c, p);
+            assert_eq!(m.candidates(p), want, "{c} {p}");
+            matched += usize::from(!want.is_empty());
+        }
+    }
+    // Most paths match some pattern, and many random ones match none: both sides are tested.
+    assert!(
+        matched > paths.len() * 3 / 2 && matched < paths.len() * 3,
+        "{matched} of {} checks matched",
+        paths.len() * 3
+    );
+}
+
 use render::api::*;
 use render::render::{Inputs, render};
 use render::secrets::Bundle;
