@@ -324,35 +324,68 @@ impl<const W: usize, M: Meta> Input<W, M> {
     }
 }
 
-/// Values by key, for lookups from inside a join (negations, aggregates). A one-column key
-/// indexes a dense table directly (ids are dense from 0); wider keys, or ids too sparse for
-/// a table, are found by binary search.
+/// Values by key, for lookups from inside a join (negations, aggregates): the pairs sorted by
+/// key, and, since ids are dense from 0, a bitmap of the first column's ids with a rank per
+/// word that leads straight to the run of pairs sharing it (a few memory reads, where a binary
+/// search over all pairs takes `log2 n` unpredictable steps). Sparse ids keep binary search.
 #[derive(Clone, Debug)]
-enum Keyed<const W: usize> {
-    /// `table[id]` is the value plus one; 0 means absent.
-    Dense(Vec<u32>),
-    Sorted(Vec<([u32; W], u32)>),
+struct Keyed<const W: usize> {
+    pairs: Vec<([u32; W], u32)>,
+    /// Empty when the keys are searched instead.
+    bits: Vec<u64>,
+    /// Set bits before each word of `bits`.
+    rank: Vec<u32>,
+    /// Per distinct first column, in order: where its run starts; then `pairs.len()`.
+    starts: Vec<u32>,
 }
 
 impl<const W: usize> Keyed<W> {
     /// From pairs sorted by key, keys unique, of `key_len` columns.
     fn new(pairs: Vec<([u32; W], u32)>, key_len: usize) -> Keyed<W> {
-        let max = pairs.iter().map(|(k, _)| k[0]).max().unwrap_or(0) as usize;
-        if key_len != 1 || max > 16 * pairs.len() + 4096 {
-            return Keyed::Sorted(pairs);
+        let mut k = Keyed { pairs, bits: vec![], rank: vec![], starts: vec![] };
+        let words = k.pairs.last().map_or(0, |(key, _)| key[0] as usize / 64 + 1);
+        if key_len == 0 || words > 4 * k.pairs.len() + 1024 {
+            return k;
         }
-        let mut table = vec![0u32; max + 1];
-        for (k, v) in pairs {
-            table[k[0] as usize] = v + 1;
+        k.bits = vec![0u64; words];
+        for (i, (key, _)) in k.pairs.iter().enumerate() {
+            let id = key[0] as usize;
+            if i == 0 || k.pairs[i - 1].0[0] != key[0] {
+                k.bits[id / 64] |= 1 << (id % 64);
+                k.starts.push(i as u32);
+            }
         }
-        Keyed::Dense(table)
+        k.starts.push(k.pairs.len() as u32);
+        let mut seen = 0u32;
+        k.rank = k
+            .bits
+            .iter()
+            .map(|w| {
+                let before = seen;
+                seen += w.count_ones();
+                before
+            })
+            .collect();
+        k
     }
 
     #[inline]
     fn get(&self, key: &[u32; W]) -> Option<u32> {
-        match self {
-            Keyed::Dense(t) => t.get(key[0] as usize).and_then(|&v| v.checked_sub(1)),
-            Keyed::Sorted(p) => p.binary_search_by(|(k, _)| k.cmp(key)).ok().map(|i| p[i].1),
+        let run = if self.bits.is_empty() {
+            &self.pairs[..]
+        } else {
+            let id = key[0] as usize;
+            let word = *self.bits.get(id / 64)?;
+            let bit = 1u64 << (id % 64);
+            if word & bit == 0 {
+                return None;
+            }
+            let nth = (self.rank[id / 64] + (word & (bit - 1)).count_ones()) as usize;
+            &self.pairs[self.starts[nth] as usize..self.starts[nth + 1] as usize]
+        };
+        match run {
+            [(k, v)] => (k == key).then_some(*v),
+            _ => run.binary_search_by(|(k, _)| k.cmp(key)).ok().map(|i| run[i].1),
         }
     }
 }
@@ -400,7 +433,18 @@ impl<const W: usize> Ctx<'_, W> {
         }
     }
 
+    /// The value of an expression; variables and constants inline, the rest out of line.
+    #[inline(always)]
     fn value(&self, e: &CExpr, env: &[u32; MAX_VARS]) -> Result<u32, ValueError> {
+        match e {
+            CExpr::Var(v) => Ok(env[*v]),
+            CExpr::Lit(id) => Ok(*id),
+            _ => self.computed(e, env),
+        }
+    }
+
+    #[inline(never)]
+    fn computed(&self, e: &CExpr, env: &[u32; MAX_VARS]) -> Result<u32, ValueError> {
         match e {
             CExpr::Var(v) => Ok(env[*v]),
             CExpr::Lit(id) => Ok(*id),
@@ -573,13 +617,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             if needed.is_some_and(|n| plan.strata[s].rels.iter().all(|&r| !n[r])) {
                 continue;
             }
-            let t0 = std::time::Instant::now();
             ev.stratum(s, &mut initial, &mut total)?;
-            if std::env::var_os("ICHOR_PROF").is_some() {
-                let names: Vec<&str> =
-                    plan.strata[s].rels.iter().map(|&r| program.relations[r].name.as_str()).collect();
-                eprintln!("W{W} stratum {s} {:?}: {:?}", names, t0.elapsed());
-            }
         }
         let rounds = ev.height;
         let interner = ev.ctx.interner.into_inner();
@@ -629,9 +667,30 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         if let Some(v) = self.static_index.get(&idx) {
             return v.clone();
         }
-        let spec = &self.ctx.plan.indexes[idx];
+        let plan = self.ctx.plan;
+        let spec = &plan.indexes[idx];
+        // The same rows under another key length are the same index.
+        let same = |o: &crate::plan::IndexSpec| {
+            o.rel == spec.rel && o.cols == spec.cols && o.consts == spec.consts && o.eqs == spec.eqs
+        };
+        if let Some(v) = self.static_index.iter().find(|(i, _)| same(&plan.indexes[**i])).map(|(_, v)| v.clone()) {
+            self.static_index.insert(idx, v.clone());
+            return v;
+        }
         let rows = self.done[spec.rel].clone().unwrap_or_default();
-        let v = Rc::new(self.project(spec, &rows));
+        let filtered = !spec.consts.is_empty() || !spec.eqs.is_empty();
+        let prefix = spec.cols.iter().enumerate().all(|(i, &c)| i == c);
+        let v = if prefix && !filtered && spec.cols.len() == self.ctx.program.relations[spec.rel].arity() {
+            // The relation itself, already sorted.
+            rows
+        } else if prefix {
+            // A filtered prefix of sorted rows is sorted: duplicates are adjacent.
+            let mut out: Vec<Tup<W, M>> = rows.iter().filter_map(|t| project_row(spec, t)).collect();
+            out.dedup();
+            Rc::new(out)
+        } else {
+            Rc::new(self.project(spec, &rows))
+        };
         self.static_index.insert(idx, v.clone());
         v
     }
@@ -648,7 +707,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                             let rows = self.done[spec.rel].clone().unwrap_or_default();
                             let mut keys: Vec<[u32; W]> =
                                 rows.iter().filter_map(|t| project_row(spec, t)).map(|t| t.row).collect();
-                            keys.sort_unstable();
+                            crate::sort::sort_rows(&mut keys, |k| k);
                             keys.dedup();
                             let pairs = keys.into_iter().map(|k| (k, 0)).collect();
                             self.ctx.neg[*index] = Some(Rc::new(Keyed::new(pairs, spec.cols.len())));
@@ -671,41 +730,53 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         let mut out = vec![];
         let mut i = 0;
         let mut env = [0u32; MAX_VARS];
+        let overflow = |s: i64, x: i64| {
+            self.ctx.fail(rule, format!("integer overflow in {} over {s} + {x}", a.kind.name()));
+            Err(self.ctx.error.borrow().clone().expect("just failed"))
+        };
         while i < rows.len() {
             let key_row = rows[i].row;
             let mut j = i;
-            let mut acc: Option<i64> = None;
-            while j < rows.len() && rows[j].row[..a.corr_len] == key_row[..a.corr_len] {
-                let x = match &a.target {
-                    None => 1,
+            // The value so far, and its id when it is one of the rows' own values (min, max).
+            let mut acc: Option<(i64, Option<u32>)> = None;
+            while j < rows.len() && key_cmp(&rows[j].row, &key_row, a.corr_len) == Ordering::Equal {
+                let (x, id) = match &a.target {
+                    None => (1, None),
+                    Some(CExpr::Var(c)) => {
+                        let id = rows[j].row[*c];
+                        (self.ctx.interner.borrow().num(id), Some(id))
+                    }
                     Some(t) => {
                         env[..W].copy_from_slice(&rows[j].row);
                         match self.ctx.num(t, &env) {
-                            Ok(x) => x,
+                            Ok(x) => (x, None),
                             Err(e) => {
                                 self.ctx.fail(rule, e.to_string());
-                                return Err(self.ctx.error.borrow().clone().unwrap());
+                                return Err(self.ctx.error.borrow().clone().expect("just failed"));
                             }
                         }
                     }
                 };
                 acc = Some(match (a.kind, acc) {
-                    (_, None) => x,
-                    (AggKind::Count | AggKind::Sum, Some(s)) => match s.checked_add(x) {
-                        Some(v) => v,
-                        None => {
-                            self.ctx.fail(rule, format!("integer overflow in {} over {s} + {x}", a.kind.name()));
-                            return Err(self.ctx.error.borrow().clone().unwrap());
-                        }
+                    (AggKind::Count | AggKind::Sum, None) => (x, None),
+                    (_, None) => (x, id),
+                    (AggKind::Count | AggKind::Sum, Some((s, _))) => match s.checked_add(x) {
+                        Some(v) => (v, None),
+                        None => return overflow(s, x),
                     },
-                    (AggKind::Min, Some(m)) => m.min(x),
-                    (AggKind::Max, Some(m)) => m.max(x),
+                    (AggKind::Min, Some(m)) if x < m.0 => (x, id),
+                    (AggKind::Max, Some(m)) if x > m.0 => (x, id),
+                    (_, Some(m)) => m,
                 });
                 j += 1;
             }
             let mut key = [0u32; W];
             key[..a.corr_len].copy_from_slice(&key_row[..a.corr_len]);
-            let v = self.ctx.interner.borrow_mut().intern_num(acc.unwrap_or(0));
+            let v = match acc {
+                Some((_, Some(id))) => id,
+                Some((n, None)) => self.ctx.interner.borrow_mut().intern_num(n),
+                None => self.ctx.interner.borrow_mut().intern_num(0),
+            };
             out.push((key, v));
             i = j;
         }

@@ -155,7 +155,18 @@ impl Builder<'_> {
         match e {
             Expr::Var(v) => CExpr::Var(*v),
             Expr::Const(c) => CExpr::Lit(self.lit(c)),
-            Expr::Arith(op, a, b) => CExpr::Arith(*op, Box::new(self.expr(a)), Box::new(self.expr(b))),
+            Expr::Arith(op, a, b) => {
+                let (a, b) = (self.expr(a), self.expr(b));
+                // Constant operands (`-1` is `0 - 1`) are computed once, here; an error (division
+                // by zero, overflow) is left to evaluation, which reports it with the rule.
+                if let (CExpr::Lit(x), CExpr::Lit(y)) = (&a, &b)
+                    && let (Const::Num(x), Const::Num(y)) = (self.base.value(*x).clone(), self.base.value(*y).clone())
+                    && let Ok(n) = crate::value::arith(*op, x, y)
+                {
+                    return CExpr::Lit(self.base.intern_num(n));
+                }
+                CExpr::Arith(*op, Box::new(a), Box::new(b))
+            }
             Expr::Call(f, args) => CExpr::Call(*f, args.iter().map(|a| self.expr(a)).collect()),
         }
     }

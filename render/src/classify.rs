@@ -308,7 +308,6 @@ impl Classifier {
         machine: Option<&MachineContext>,
         provenance: bool,
     ) -> Result<Outcome, engine::EvalError> {
-        let tstart = std::time::Instant::now();
         let data = &self.contracts[&contract];
         let p = &self.engine.program;
         let rel = |name: &str| p.relation(name).unwrap_or_else(|| panic!("the classification rules declare `{name}`"));
@@ -396,11 +395,7 @@ impl Classifier {
         if machine.is_some() {
             wanted.extend([rel("machine_ready"), rel("reboot_path")]);
         }
-        let t0 = std::time::Instant::now();
         let db = self.engine.evaluate_built_for(b, EvalOptions { provenance, ..EvalOptions::default() }, &wanted)?;
-        if std::env::var_os("ICHOR_PROF").is_some() {
-            eprintln!("eval {:?} since start {:?}", t0.elapsed(), tstart.elapsed());
-        }
         let mut out: Vec<Classified> = sensitive
             .iter()
             .map(|&s| Classified { class: "reboot-required", reason: Reason::Default, sensitive: s })
