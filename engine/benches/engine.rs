@@ -87,7 +87,7 @@ impl Rng {
 }
 
 const CLASSIFY: &str = r#"
-/// `path` matched `pattern` (computed in Rust by a regex set, once per path).
+/// `path` matched `pattern` (computed in Rust by the host, once per path).
 .decl matches(path: symbol, pattern: symbol)
 .input matches
 /// A pattern's specificity (higher wins) and its class.

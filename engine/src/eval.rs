@@ -156,6 +156,11 @@ impl FactBuilder {
         self.interner.intern_sym_owned(s)
     }
 
+    /// Room for `n` more facts of `rel`.
+    pub fn reserve(&mut self, rel: RelId, n: usize) {
+        self.rows[rel].reserve(n * self.arity[rel]);
+    }
+
     /// Room for `n` more symbols.
     pub fn reserve_syms(&mut self, n: usize) {
         self.interner.reserve_syms(n);
@@ -481,6 +486,7 @@ impl<const W: usize> Ctx<'_, W> {
         true
     }
 
+    #[inline(always)]
     fn op(&self, op: &Op, env: &mut [u32; MAX_VARS]) -> Result<bool, ValueError> {
         Ok(match op {
             Op::Cmp(a, cmp, b) => {
@@ -1031,8 +1037,22 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             results.push(Tup { row, meta });
         };
         if i == 0 {
+            // A one-step rule whose head has no variable makes the same tuple from every row:
+            // the first is enough, unless a later row could still raise an error.
+            let simple = |e: &CExpr| matches!(e, CExpr::Var(_) | CExpr::Lit(_));
+            let ground = last
+                && rp.head_exprs.iter().all(|e| matches!(e, CExpr::Lit(_)))
+                && step.ops.iter().all(|op| match op {
+                    Op::Neg { .. } | Op::Agg { .. } => true,
+                    Op::Match(Ok(_), subject) => simple(subject),
+                    Op::Cmp(a, _, b) => simple(a) && simple(b),
+                    _ => false,
+                });
             let mut each = |rows: &[Tup<W, M>]| {
                 for t in rows {
+                    if ground && !results.is_empty() {
+                        return;
+                    }
                     for (k, v) in held.iter().enumerate() {
                         env[*v] = t.row[k];
                     }
