@@ -4,7 +4,7 @@
 //! program compiled once) and `Classifier::classify` (changed paths, and optionally the
 //! desired config, in; a class per path, the verdict and Talos's refusals out). Matching
 //! paths against field-metadata patterns happens here, once per path, with the contract's
-//! regex set; which entry wins, the default, the verdict and the refusals are decided by
+//! pattern trie; which entry wins, the default, the verdict and the refusals are decided by
 //! `rules/classify.rules` and `rules/talos-accepts.rules`.
 
 use crate::config::Config;
@@ -327,6 +327,9 @@ impl Classifier {
         let mut sensitive = Vec::with_capacity(changes.len());
         let (mut cands, mut scratch) = (vec![], (vec![], vec![]));
         b.reserve_syms(changes.len());
+        b.reserve(r_change, changes.len());
+        b.reserve(r_exists, changes.len());
+        b.reserve(r_cand, changes.len() + changes.len() / 4);
         for (i, ch) in changes.iter().enumerate() {
             let id = b.sym_owned(ch.path.text());
             if by_id.len() <= id as usize {
