@@ -742,10 +742,8 @@ impl Checker<'_> {
         let mut edges: Vec<Vec<(RelId, bool, Span)>> = vec![vec![]; n];
         for rule in &self.rules {
             for lit in &rule.body {
-                match lit {
-                    Lit::Atom { rel, negated, span, .. } => edges[rule.head].push((*rel, *negated, *span)),
-                    Lit::Agg { agg, span } => edges[rule.head].push((agg.aux, true, *span)),
-                    _ => {}
+                if let Some((rel, negative)) = lit.reads() {
+                    edges[rule.head].push((rel, negative, lit.span()));
                 }
             }
         }

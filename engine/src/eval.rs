@@ -77,20 +77,9 @@ impl<const W: usize, M> PartialOrd for Tup<W, M> {
     }
 }
 impl<const W: usize, M> Ord for Tup<W, M> {
-    #[inline(always)]
     fn cmp(&self, other: &Self) -> Ordering {
-        match W {
-            2 | 4 => packed(&self.row).cmp(&packed(&other.row)),
-            _ => self.row.cmp(&other.row),
-        }
+        self.row.cmp(&other.row)
     }
-}
-
-/// A row of at most four values as one integer that orders like the row (lexicographically):
-/// one comparison instead of a loop, where sorting spends its time.
-#[inline(always)]
-fn packed(row: &[u32]) -> u128 {
-    row.iter().take(4).fold(0u128, |acc, &v| (acc << 32) | u128::from(v)) << (32 * (4 - row.len().min(4)))
 }
 
 /// Options of one evaluation.
@@ -207,17 +196,29 @@ pub fn evaluate_built(
     evaluate_built_for(program, plan, facts, opts, None)
 }
 
-/// Evaluates only what the relations `wanted` depend on (`Program::upstream`); every other
-/// relation stays empty in the result. `None` evaluates everything.
+/// The relations an evaluation computes for a host that reads only some of them: those the
+/// read ones depend on (`Program::upstream`). Made once, when the rules load.
+#[derive(Clone, Debug)]
+pub struct Demand {
+    needed: Vec<bool>,
+}
+
+impl Demand {
+    pub fn new(program: &Program, wanted: &[RelId]) -> Demand {
+        Demand { needed: program.upstream(wanted) }
+    }
+}
+
+/// Evaluates only what `demand` needs (everything with `None`); every other relation stays
+/// empty in the result.
 pub fn evaluate_built_for(
     program: &Program,
     plan: &Plan,
     facts: FactBuilder,
     opts: EvalOptions,
-    wanted: Option<&[RelId]>,
+    demand: Option<&Demand>,
 ) -> Result<Database, EvalError> {
-    let needed = wanted.map(|w| program.upstream(w));
-    let needed = needed.as_deref();
+    let needed = demand.map(|d| &d.needed[..]);
     match (plan.width, opts.provenance) {
         (2, false) => Eval::<2, ()>::run(program, plan, facts, opts, needed),
         (2, true) => Eval::<2, Prov>::run(program, plan, facts, opts, needed),
@@ -395,15 +396,13 @@ impl<const W: usize> Keyed<W> {
     }
 }
 
-type AggTable<const W: usize> = Keyed<W>;
-
 struct Ctx<'a, const W: usize> {
     program: &'a Program,
     plan: &'a Plan,
     interner: RefCell<Interner>,
     neg: Vec<Option<Rc<Keyed<W>>>>,
-    /// Per aggregate: (correlated key, value), sorted by key (built from the sorted aux relation).
-    aggs: Vec<Option<AggTable<W>>>,
+    /// Per aggregate: its value by correlated key (built from the sorted aux relation).
+    aggs: Vec<Option<Keyed<W>>>,
     dyn_regex: RefCell<HashMap<u32, Result<Regex, String>>>,
     error: RefCell<Option<EvalError>>,
     zero: u32,
@@ -662,11 +661,17 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         }
     }
 
-    /// Projects a finished relation into an index (filters, permutation, sort, dedup).
+    /// Projects a finished relation into an index (filters, permutation, sort, dedup). Rows
+    /// projected to a prefix of their columns stay sorted: only duplicates, adjacent, go.
     fn project(&self, spec: &crate::plan::IndexSpec, rows: &[Tup<W, M>]) -> Vec<Tup<W, M>> {
         let mut out = Vec::with_capacity(rows.len());
         out.extend(rows.iter().filter_map(|t| project_row(spec, t)));
-        sorted(out).elements
+        if spec.cols.iter().enumerate().all(|(i, &c)| i == c) {
+            out.dedup();
+            out
+        } else {
+            sorted(out).elements
+        }
     }
 
     fn static_index(&mut self, idx: usize) -> Rc<Vec<Tup<W, M>>> {
@@ -684,19 +689,11 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             return v;
         }
         let rows = self.done[spec.rel].clone().unwrap_or_default();
-        let filtered = !spec.consts.is_empty() || !spec.eqs.is_empty();
-        let prefix = spec.cols.iter().enumerate().all(|(i, &c)| i == c);
-        let v = if prefix && !filtered && spec.cols.len() == self.ctx.program.relations[spec.rel].arity() {
-            // The relation itself, already sorted.
-            rows
-        } else if prefix {
-            // A filtered prefix of sorted rows is sorted: duplicates are adjacent.
-            let mut out: Vec<Tup<W, M>> = rows.iter().filter_map(|t| project_row(spec, t)).collect();
-            out.dedup();
-            Rc::new(out)
-        } else {
-            Rc::new(self.project(spec, &rows))
-        };
+        let identity = spec.consts.is_empty()
+            && spec.eqs.is_empty()
+            && spec.cols.iter().copied().eq(0..self.ctx.program.relations[spec.rel].arity());
+        // The relation itself is its own index: shared, not copied.
+        let v = if identity { rows } else { Rc::new(self.project(spec, &rows)) };
         self.static_index.insert(idx, v.clone());
         v
     }
@@ -730,7 +727,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         Ok(())
     }
 
-    fn aggregate(&self, agg: usize, rule: usize) -> Result<AggTable<W>, EvalError> {
+    fn aggregate(&self, agg: usize, rule: usize) -> Result<Keyed<W>, EvalError> {
         let a = &self.ctx.plan.aggs[agg];
         let rows = self.done[a.aux].clone().unwrap_or_default();
         let mut out = vec![];
@@ -1037,22 +1034,8 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             results.push(Tup { row, meta });
         };
         if i == 0 {
-            // A one-step rule whose head has no variable makes the same tuple from every row:
-            // the first is enough, unless a later row could still raise an error.
-            let simple = |e: &CExpr| matches!(e, CExpr::Var(_) | CExpr::Lit(_));
-            let ground = last
-                && rp.head_exprs.iter().all(|e| matches!(e, CExpr::Lit(_)))
-                && step.ops.iter().all(|op| match op {
-                    Op::Neg { .. } | Op::Agg { .. } => true,
-                    Op::Match(Ok(_), subject) => simple(subject),
-                    Op::Cmp(a, _, b) => simple(a) && simple(b),
-                    _ => false,
-                });
             let mut each = |rows: &[Tup<W, M>]| {
                 for t in rows {
-                    if ground && !results.is_empty() {
-                        return;
-                    }
                     for (k, v) in held.iter().enumerate() {
                         env[*v] = t.row[k];
                     }

@@ -30,7 +30,7 @@ pub mod value;
 
 pub use db::Database;
 pub use diag::{Diagnostic, Severity, SourceMap, Span};
-pub use eval::{EvalError, EvalOptions, FactBuilder, Facts};
+pub use eval::{Demand, EvalError, EvalOptions, FactBuilder, Facts};
 pub use loader::{Loaded, MemSources, Sources, load, load_str};
 pub use plan::{Plan, PlanError};
 pub use program::{Const, Program, RelId};
@@ -63,15 +63,20 @@ impl Engine {
         eval::evaluate_built(&self.program, &self.plan, facts, opts)
     }
 
-    /// `evaluate_built` restricted to what the relations `wanted` depend on; the others stay
-    /// empty. A host that reads a few relations of a larger program skips the rest.
+    /// What to evaluate for a host that reads only the relations `wanted`; make it once.
+    pub fn demand(&self, wanted: &[RelId]) -> Demand {
+        Demand::new(&self.program, wanted)
+    }
+
+    /// `evaluate_built` restricted to `demand`; the other relations stay empty. A host that
+    /// reads a few relations of a larger program skips the rest.
     pub fn evaluate_built_for(
         &self,
         facts: FactBuilder,
         opts: EvalOptions,
-        wanted: &[RelId],
+        demand: &Demand,
     ) -> Result<Database, EvalError> {
-        eval::evaluate_built_for(&self.program, &self.plan, facts, opts, Some(wanted))
+        eval::evaluate_built_for(&self.program, &self.plan, facts, opts, Some(demand))
     }
 
     /// An empty fact set shaped for this program.

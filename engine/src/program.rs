@@ -136,6 +136,16 @@ pub enum Lit {
 }
 
 impl Lit {
+    /// The relation this literal reads, and whether through negation or an aggregate (which
+    /// must then be complete before the rule runs): the edges of the dependency graph.
+    pub fn reads(&self) -> Option<(RelId, bool)> {
+        match self {
+            Lit::Atom { rel, negated, .. } => Some((*rel, *negated)),
+            Lit::Agg { agg, .. } => Some((agg.aux, true)),
+            Lit::Cmp { .. } | Lit::Pred { .. } | Lit::Bind { .. } => None,
+        }
+    }
+
     pub fn span(&self) -> Span {
         match self {
             Lit::Atom { span, .. }
@@ -197,13 +207,7 @@ impl Program {
                 continue;
             }
             for rule in self.rules_for(rel) {
-                for lit in &rule.body {
-                    match lit {
-                        Lit::Atom { rel, .. } => todo.push(*rel),
-                        Lit::Agg { agg, .. } => todo.push(agg.aux),
-                        Lit::Cmp { .. } | Lit::Pred { .. } | Lit::Bind { .. } => {}
-                    }
-                }
+                todo.extend(rule.body.iter().filter_map(|l| l.reads()).map(|(r, _)| r));
             }
         }
         needed

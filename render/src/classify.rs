@@ -12,7 +12,7 @@ use crate::diff::Change;
 use crate::fieldmeta::{Contract, FieldMeta, Matcher, MetaError};
 use crate::inventory::Inventory;
 use crate::path::Path;
-use engine::{Const, Database, Engine, EvalOptions, MemSources};
+use engine::{Const, Database, Demand, Engine, EvalOptions, MemSources, RelId};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
@@ -101,6 +101,10 @@ pub struct Classifier {
     pub fieldmeta_file: String,
     pub contracts: BTreeMap<Contract, ContractData>,
     pub engine: Engine,
+    /// What a classification reads (the classes, the verdict, Talos's refusals), and that plus
+    /// the machine's condition: only the rules these need run.
+    changes_demand: Demand,
+    machine_demand: Demand,
 }
 
 /// Why a path has its class.
@@ -232,7 +236,12 @@ impl Classifier {
         for (c, inventory) in inventories {
             contracts.insert(c, ContractData { matcher: meta.matcher(c), inventory });
         }
-        Ok(Classifier { meta, fieldmeta_file: meta_file.clone(), contracts, engine })
+        let p = &engine.program;
+        let rels = |names: &[&str]| -> Vec<RelId> { names.iter().filter_map(|n| p.relation(n)).collect() };
+        let read = ["class_of", "verdict", "rejected"];
+        let changes_demand = engine.demand(&rels(&read));
+        let machine_demand = engine.demand(&rels(&[&read[..], &["machine_ready", "reboot_path"]].concat()));
+        Ok(Classifier { meta, fieldmeta_file: meta_file.clone(), contracts, engine, changes_demand, machine_demand })
     }
 
     pub fn known(&self) -> Vec<Contract> {
@@ -394,11 +403,8 @@ impl Classifier {
             }
         }
         // Only what the answers read is evaluated: the machine's rules only with its context.
-        let mut wanted = vec![rel("class_of"), rel("verdict"), rel("rejected")];
-        if machine.is_some() {
-            wanted.extend([rel("machine_ready"), rel("reboot_path")]);
-        }
-        let db = self.engine.evaluate_built_for(b, EvalOptions { provenance, ..EvalOptions::default() }, &wanted)?;
+        let demand = if machine.is_some() { &self.machine_demand } else { &self.changes_demand };
+        let db = self.engine.evaluate_built_for(b, EvalOptions { provenance, ..EvalOptions::default() }, demand)?;
         let mut out: Vec<Classified> = sensitive
             .iter()
             .map(|&s| Classified { class: "reboot-required", reason: Reason::Default, sensitive: s })

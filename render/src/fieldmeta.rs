@@ -350,20 +350,17 @@ impl Matcher {
             for seg in &pat.segs {
                 let fresh = nodes.len();
                 let n = &mut nodes[at];
-                let slot = match seg {
+                let next = *match seg {
                     PatSeg::Member(m) => n.members.entry(m.clone()).or_insert(fresh),
-                    PatSeg::Bracket(b) => {
-                        let next = *n.names.entry(b.clone()).or_insert(fresh);
-                        if let Some(i) = canonical_index(b) {
-                            n.indexes.insert(i, next);
-                        }
-                        n.names.get_mut(b).expect("just inserted")
-                    }
+                    // A bracket literal is a document name, and also a list index when it is one.
+                    PatSeg::Bracket(b) => match canonical_index(b) {
+                        Some(i) => n.names.entry(b.clone()).or_insert(*n.indexes.entry(i).or_insert(fresh)),
+                        None => n.names.entry(b.clone()).or_insert(fresh),
+                    },
                     PatSeg::AnyMember => n.any_member.get_or_insert(fresh),
                     PatSeg::AnyBracket => n.any_bracket.get_or_insert(fresh),
                     PatSeg::AnyDepth => n.any_depth.get_or_insert(fresh),
                 };
-                let next = *slot;
                 if next == fresh {
                     nodes.push(Node { loops: matches!(seg, PatSeg::AnyDepth), ..Node::default() });
                 }

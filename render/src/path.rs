@@ -85,41 +85,15 @@ fn quote(s: &str) -> String {
 
 impl fmt::Display for Path {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut buf = String::new();
-        self.write_to(&mut buf);
-        f.write_str(&buf)
+        self.render(f)
     }
 }
 
 impl Path {
-    /// Appends the displayed path to `out` (what `Display` shows; the fast path for hosts that
-    /// render many paths).
+    /// Appends the displayed path to `out`: `Display` without the formatting machinery, for
+    /// hosts that render many paths.
     pub fn write_to(&self, out: &mut String) {
-        for (i, s) in self.segs.iter().enumerate() {
-            match s {
-                Seg::Field(n) => {
-                    if i > 0 {
-                        out.push('.');
-                    }
-                    out.push_str(n);
-                }
-                Seg::Index(n) => {
-                    out.push('[');
-                    push_number(out, *n);
-                    out.push(']');
-                }
-                Seg::Name(n) if is_plain(n) => {
-                    out.push('[');
-                    out.push_str(n);
-                    out.push(']');
-                }
-                Seg::Key(k) | Seg::Name(k) => {
-                    out.push('[');
-                    out.push_str(&quote(k));
-                    out.push(']');
-                }
-            }
-        }
+        self.render(out).expect("writing to a String cannot fail");
     }
 
     /// The displayed path, allocated once.
@@ -132,9 +106,39 @@ impl Path {
         self.write_to(&mut out);
         out
     }
+
+    /// The one place that knows how a path is written.
+    fn render(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        for (i, s) in self.segs.iter().enumerate() {
+            match s {
+                Seg::Field(n) if i == 0 => out.write_str(n)?,
+                Seg::Field(n) => {
+                    out.write_char('.')?;
+                    out.write_str(n)?;
+                }
+                Seg::Index(n) => {
+                    out.write_char('[')?;
+                    write_number(out, *n)?;
+                    out.write_char(']')?;
+                }
+                Seg::Name(n) if is_plain(n) => {
+                    out.write_char('[')?;
+                    out.write_str(n)?;
+                    out.write_char(']')?;
+                }
+                Seg::Key(k) | Seg::Name(k) => {
+                    out.write_char('[')?;
+                    out.write_str(&quote(k))?;
+                    out.write_char(']')?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
-fn push_number(out: &mut String, mut n: usize) {
+/// A number's digits, without the formatting machinery.
+fn write_number(out: &mut impl fmt::Write, mut n: usize) -> fmt::Result {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
@@ -145,7 +149,7 @@ fn push_number(out: &mut String, mut n: usize) {
             break;
         }
     }
-    out.push_str(std::str::from_utf8(&digits[i..]).expect("ASCII digits"));
+    out.write_str(std::str::from_utf8(&digits[i..]).expect("ASCII digits"))
 }
 
 /// A parsed segment, wildcards included.
