@@ -12,7 +12,7 @@
 
 use crate::ast::{AggKind, CmpOp};
 use crate::db::{Database, INPUT, RelData};
-use crate::plan::{CExpr, MAX_VARS, Op, Plan, Source};
+use crate::plan::{CExpr, MAX_VARS, Op, Plan, Source, Step};
 use crate::program::{Const, Program, RelId};
 use crate::value::{self, Interner, ValueError};
 use datafrog::{Iteration, Relation, Variable};
@@ -961,6 +961,25 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         }
         for &r in &sp.rules {
             let rp = &plan.rules[r];
+            // A rule that copies an index as it is (one scan, no filter, the head its columns in
+            // order, as an aggregate's body often is) takes the index's rows directly. With
+            // provenance each row must name this rule, so it runs like any other.
+            if let [Step { source: Source::Scan(idx, held), ops, .. }] = &rp.steps[..]
+                && ops.is_empty()
+                && !self.opts.provenance
+                && rp
+                    .head_exprs
+                    .iter()
+                    .map(|e| match e {
+                        CExpr::Var(v) => Some(*v),
+                        _ => None,
+                    })
+                    .eq(held.iter().map(|&v| Some(v)))
+            {
+                let index = self.static_index(*idx);
+                rows.get_mut(&rp.head).expect("head in its stratum").extend_from_slice(&index);
+                continue;
+            }
             let mut inputs = vec![];
             for step in &rp.steps {
                 inputs.push(match &step.source {
