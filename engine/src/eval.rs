@@ -396,11 +396,70 @@ impl<const W: usize> Keyed<W> {
     }
 }
 
+/// The keys a negation must not find: one-column keys as a bitmap of their ids (one pass
+/// over the relation, no sort), wider keys sorted and found through `Keyed`.
+#[derive(Clone, Debug)]
+enum NegKeys<const W: usize> {
+    Ids(Vec<u64>),
+    Rows(Keyed<W>),
+}
+
+/// Sets the bit of each id.
+fn bitmap(ids: impl Iterator<Item = u32>) -> Vec<u64> {
+    let mut bits: Vec<u64> = vec![];
+    for id in ids {
+        let id = id as usize;
+        if bits.len() <= id / 64 {
+            bits.resize(id / 64 + 1, 0);
+        }
+        bits[id / 64] |= 1 << (id % 64);
+    }
+    bits
+}
+
+/// The ids whose bit is set, in order.
+fn ids(bits: &[u64]) -> impl Iterator<Item = u32> + '_ {
+    bits.iter().enumerate().flat_map(|(w, &word)| {
+        let mut rest = word;
+        std::iter::from_fn(move || {
+            (rest != 0).then(|| {
+                let b = rest.trailing_zeros();
+                rest &= rest - 1;
+                (w * 64) as u32 + b
+            })
+        })
+    })
+}
+
+impl<const W: usize> NegKeys<W> {
+    fn new<M: Copy>(spec: &crate::plan::IndexSpec, rows: &[Tup<W, M>]) -> NegKeys<W> {
+        let keys = rows.iter().filter_map(|t| project_row(spec, t)).map(|t| t.row);
+        if spec.cols.len() == 1 {
+            return NegKeys::Ids(bitmap(keys.map(|k| k[0])));
+        }
+        let mut keys: Vec<[u32; W]> = keys.collect();
+        crate::sort::sort_rows(&mut keys, |k| k);
+        keys.dedup();
+        NegKeys::Rows(Keyed::new(keys.into_iter().map(|k| (k, 0)).collect(), spec.cols.len()))
+    }
+
+    #[inline]
+    fn contains(&self, key: &[u32; W]) -> bool {
+        match self {
+            NegKeys::Ids(bits) => {
+                let id = key[0] as usize;
+                bits.get(id / 64).is_some_and(|w| w & (1 << (id % 64)) != 0)
+            }
+            NegKeys::Rows(k) => k.get(key).is_some(),
+        }
+    }
+}
+
 struct Ctx<'a, const W: usize> {
     program: &'a Program,
     plan: &'a Plan,
     interner: RefCell<Interner>,
-    neg: Vec<Option<Rc<Keyed<W>>>>,
+    neg: Vec<Option<Rc<NegKeys<W>>>>,
     /// Per aggregate: its value by correlated key (built from the sorted aux relation).
     aggs: Vec<Option<Keyed<W>>>,
     dyn_regex: RefCell<HashMap<u32, Result<Regex, String>>>,
@@ -542,7 +601,7 @@ impl<const W: usize> Ctx<'_, W> {
                     key[i] = env[*v];
                 }
                 let keys = self.neg[*index].as_ref().expect("negation index built before its stratum");
-                keys.get(&key).is_none()
+                !keys.contains(&key)
             }
             Op::Agg { agg, corr, result, bound } => {
                 let mut key = [0u32; W];
@@ -664,6 +723,16 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
     /// Projects a finished relation into an index (filters, permutation, sort, dedup). Rows
     /// projected to a prefix of their columns stay sorted: only duplicates, adjacent, go.
     fn project(&self, spec: &crate::plan::IndexSpec, rows: &[Tup<W, M>]) -> Vec<Tup<W, M>> {
+        if spec.cols.is_empty() {
+            // No column kept: one empty row if any row passes the filters.
+            return rows.iter().find_map(|t| project_row(spec, t)).into_iter().collect();
+        }
+        if spec.cols.len() == 1 {
+            // One column: the ids seen, as a bitmap read back in order, are sorted and unique.
+            // (An index row's provenance is never read: only derived tuples carry theirs.)
+            let bits = bitmap(rows.iter().filter_map(|t| project_row(spec, t)).map(|t| t.row[0]));
+            return ids(&bits).map(|id| Self::tup(&[id], M::default())).collect();
+        }
         let mut out = Vec::with_capacity(rows.len());
         out.extend(rows.iter().filter_map(|t| project_row(spec, t)));
         if spec.cols.iter().enumerate().all(|(i, &c)| i == c) {
@@ -708,12 +777,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                         Op::Neg { index, .. } if self.ctx.neg[*index].is_none() => {
                             let spec = &plan.neg_indexes[*index];
                             let rows = self.done[spec.rel].clone().unwrap_or_default();
-                            let mut keys: Vec<[u32; W]> =
-                                rows.iter().filter_map(|t| project_row(spec, t)).map(|t| t.row).collect();
-                            crate::sort::sort_rows(&mut keys, |k| k);
-                            keys.dedup();
-                            let pairs = keys.into_iter().map(|k| (k, 0)).collect();
-                            self.ctx.neg[*index] = Some(Rc::new(Keyed::new(pairs, spec.cols.len())));
+                            self.ctx.neg[*index] = Some(Rc::new(NegKeys::new(spec, &rows)));
                         }
                         Op::Agg { agg, .. } if self.ctx.aggs[*agg].is_none() => {
                             let table = self.aggregate(*agg, plan.rules[r].rule)?;
