@@ -17,6 +17,11 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+/// The allocator the `ichor` binary ships with (cli/src/main.rs), so that what is measured is
+/// what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Median wall time of `f`, repeated until `budget` is spent (at least 3, at most 15 runs).
 fn time<R>(budget: Duration, mut f: impl FnMut() -> R) -> Duration {
     let mut samples = vec![];

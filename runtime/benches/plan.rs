@@ -8,6 +8,11 @@ use runtime::state::ObservedState;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+/// The allocator the `ichor` binary ships with (cli/src/main.rs), so that what is measured is
+/// what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn time<R>(budget: Duration, mut f: impl FnMut() -> R) -> Duration {
     let mut samples = vec![];
     let start = Instant::now();
