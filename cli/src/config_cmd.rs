@@ -297,6 +297,9 @@ fn verdict_sentence(c: &Classifier, o: &Outcome) -> String {
             let tail = if ops > 0 { format!(" ({ops} of them only through their operation)") } else { String::new() };
             format!("Needs a reboot: {} of {n} changed path(s) cannot be applied live{tail}.", count("reboot-required"))
         }
+        "Unsupported" if count("unsupported") == 0 => {
+            format!("Talos would refuse this configuration ({} refusal(s) below).", o.rejected.len())
+        }
         "Unsupported" => format!(
             "{} of {n} changed path(s) do not exist at contract {}: Talos would refuse this configuration.",
             count("unsupported"),
