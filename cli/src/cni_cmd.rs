@@ -2,7 +2,7 @@
 //!
 //! The validation is `render::cilium::validate`, the one function every caller uses.
 
-use crate::{Diagnosed, Output, Report};
+use crate::{Diagnosed, Output, Report, disk};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Subcommand;
 use render::api::KubeProxyMode;
@@ -63,7 +63,7 @@ pub enum SchemaCommand {
 }
 
 fn keys() -> Result<Inventory> {
-    Inventory::parse(render::bundle::CILIUM_KEYS.1).map_err(|e| anyhow!("{}: {e}", render::bundle::CILIUM_KEYS.0))
+    Inventory::parse(render::embedded::CILIUM_KEYS.1).map_err(|e| anyhow!("{}: {e}", render::embedded::CILIUM_KEYS.0))
 }
 
 fn refusals(rs: &[cilium::Refusal]) -> String {
@@ -105,8 +105,8 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
             }
         }
         CniCommand::Values(ValuesCommand::Render { manifests, cluster, kube_proxy, output }) => {
-            let c = crate::config_cmd::classifier(None)?;
-            let m = crate::render_cmd::read_manifests(&manifests, &c)?;
+            let c = disk::classifier(None)?;
+            let m = disk::read_manifests(&manifests, &c)?;
             let tc = match &cluster {
                 Some(n) => m
                     .clusters

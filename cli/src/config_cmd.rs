@@ -4,14 +4,14 @@
 //! sensitive paths are shown as `<redacted>` in every output: the change list, the unified
 //! diff, explanations and errors.
 
-use crate::{Diagnosed, Output, Report};
-use anyhow::{Context, Result, anyhow, bail};
+use crate::{Output, Report, disk};
+use anyhow::{Context, Result};
 use clap::Subcommand;
-use render::classify::{Classified, Classifier, MachineContext, Outcome, Reason, RuleSet};
-use render::config::{Config, MAX_CONFIG_BYTES};
+use render::classify::{Classified, Classifier, MachineContext, Outcome, Reason};
+use render::config::Config;
 use render::diff::{self, REDACTED};
-use render::fieldmeta::Contract;
 use render::path::Path;
+use render::vocab::{Class, Contract, Verdict};
 use serde_json::{Value as Json, json};
 use std::path::{Path as FsPath, PathBuf};
 
@@ -60,57 +60,17 @@ pub enum ConfigCommand {
     },
 }
 
-/// The rule set from `dir`, or the embedded one.
-pub fn ruleset(dir: Option<&FsPath>) -> Result<RuleSet> {
-    let Some(dir) = dir else {
-        return Ok(RuleSet::embedded());
-    };
-    let read = |p: PathBuf| -> Result<(String, String)> {
-        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        Ok((p.to_string_lossy().into_owned(), text))
-    };
-    let fieldmeta = read(dir.join("fieldmeta.yaml"))?;
-    let mut rules = vec![];
-    for f in crate::rules_cmd::rule_files(dir)? {
-        let text = std::fs::read_to_string(&f).with_context(|| format!("reading {f}"))?;
-        rules.push((f, text));
-    }
-    let mut contracts = vec![];
-    let cdir = dir.join("contracts");
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(&cdir)
-        .with_context(|| format!("reading {}", cdir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "paths"))
-        .collect();
-    entries.sort();
-    for p in entries {
-        let name = p.file_stem().unwrap_or_default().to_string_lossy().into_owned();
-        contracts.push((name, read(p)?.1));
-    }
-    Ok(RuleSet { fieldmeta, rules, contracts })
-}
-
-pub fn classifier(dir: Option<&FsPath>) -> Result<Classifier> {
-    let set = ruleset(dir)?;
-    Classifier::new(&set).map_err(|e| {
-        anyhow!(Diagnosed {
-            diagnostics: e.problems.iter().map(|p| format!("{p}\n")).collect(),
-            summary: "the rules do not load; fix them and run `ichor rules check`".into(),
-        })
-    })
-}
-
 pub fn run(cmd: ConfigCommand) -> Result<Report> {
     match cmd {
         ConfigCommand::Explain { path, contract, output, rules } => explain(&path, &contract, output, rules.as_deref()),
         ConfigCommand::Diff { from, to, manifests, machine, node_config, contract, output, rules } => {
-            let c = classifier(rules.as_deref())?;
+            let c = disk::classifier(rules.as_deref())?;
             if let (Some(dir), Some(machine), Some(node)) = (manifests, machine, node_config) {
                 return machine_diff(&c, &dir, &machine, &node, contract.as_deref(), output);
             }
             let (from, to) = (from.expect("clap requires --from"), to.expect("clap requires --to"));
-            let old = read_config(&from)?;
-            let new = read_config(&to)?;
+            let old = disk::read_config(&from)?;
+            let new = disk::read_config(&to)?;
             let (from_name, to_name) = (from.to_string_lossy(), to.to_string_lossy());
             diff_report(&c, (&old, &from_name), (&new, &to_name), contract.as_deref(), output, None)
         }
@@ -126,27 +86,11 @@ fn machine_diff(
     contract: Option<&str>,
     output: Output,
 ) -> Result<Report> {
-    let m = crate::render_cmd::read_manifests(dir, c)?;
-    let rendered = crate::render_cmd::render_machine(&m, machine, contract, c)?;
-    let mch = m.machine(machine).map_err(|e| anyhow!("--machine: {e}"))?;
-    let cluster = m.cluster_of(mch);
-    let running = read_config(node)?;
-    let recorded = mch.status.as_ref().and_then(|s| s.applied_inputs_hash.clone());
-    let ctx = MachineContext {
-        role: mch.spec.role.name().to_string(),
-        consent: cluster
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(render::api::CONFIRM_KUBE_PROXY_SWITCH).cloned()),
-        spec_kube_proxy: cluster.spec.cni.kube_proxy.name().to_string(),
-        status_kube_proxy: render::render::status_kube_proxy(cluster).map(|k| k.name().to_string()),
-        inputs_unchanged: recorded.as_deref() == Some(rendered.inputs_hash.as_str()),
-        drift_policy: match cluster.spec.drift_policy {
-            render::api::DriftPolicy::WarnOnly => "warnOnly".into(),
-            render::api::DriftPolicy::Converge => "converge".into(),
-        },
-    };
+    let m = disk::read_manifests(dir, c)?;
+    let rendered = disk::render_machine(&m, machine, contract, c)?;
+    let mch = m.machine(machine).context("--machine")?;
+    let running = disk::read_config(node)?;
+    let ctx = render::machine::context(&m, mch, &rendered);
     let contract = Some(rendered.contract.to_string());
     let desired_name = format!("render of {machine}");
     let node_name = node.to_string_lossy();
@@ -158,30 +102,6 @@ fn machine_diff(
         output,
         Some((machine, &ctx, &rendered.inputs_hash)),
     )
-}
-
-/// Reads and parses a config file; errors are `file:line:col: error: ...`, all of them.
-pub fn read_config(path: &FsPath) -> Result<Config> {
-    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
-    if meta.len() as usize > MAX_CONFIG_BYTES {
-        bail!(
-            "{}: the file is {} bytes, over the {MAX_CONFIG_BYTES}-byte (10 MiB) limit for a machine configuration",
-            path.display(),
-            meta.len()
-        );
-    }
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| anyhow!("{}: not UTF-8 text (byte {})", path.display(), e.utf8_error().valid_up_to()))?;
-    Config::parse(&text).map_err(|errs| {
-        anyhow!(Diagnosed {
-            diagnostics: errs
-                .iter()
-                .map(|e| format!("{}:{}:{}: error: {}\n", path.display(), e.line, e.col, e.message))
-                .collect(),
-            summary: format!("{} is not a Talos machine configuration Ichor can read", path.display()),
-        })
-    })
 }
 
 fn rule_json(c: &Classifier, entry: Option<usize>, path: &Path) -> Json {
@@ -207,12 +127,11 @@ fn best_pattern(c: &Classifier, e: usize, path: &Path) -> String {
 }
 
 fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -> Result<Report> {
-    let c = classifier(rules)?;
-    let contract = c.contract(contract).map_err(|e| anyhow!("--contract: {e}"))?;
-    let parsed = Path::parse(path).map_err(|e| anyhow!("path {path:?} does not parse: {e}"))?;
+    let c = disk::classifier(rules)?;
+    let contract = c.contract(contract).context("--contract")?;
+    let parsed = Path::parse(path).with_context(|| format!("path {path:?} does not parse"))?;
     let change = diff::Change { path: parsed, op: diff::Op::Changed, old: None, new: None };
-    let outcome =
-        c.classify(contract, std::slice::from_ref(&change), None, true).map_err(|e| anyhow!("classifying: {e}"))?;
+    let outcome = c.classify(contract, std::slice::from_ref(&change), None, true).context("classifying")?;
     let k = &outcome.changes[0];
     let shown = change.path.to_string();
     let decided = c.proof(&outcome, &change.path, k).and_then(|p| match p {
@@ -284,28 +203,30 @@ fn value_json(v: &Option<serde_yaml::Value>, sensitive: bool) -> Json {
 
 fn verdict_sentence(c: &Classifier, o: &Outcome) -> String {
     let n = o.changes.len();
-    let count = |class: &str| o.changes.iter().filter(|k| k.class == class).count();
-    match o.verdict.as_str() {
-        "NoChanges" => "No changes.".into(),
-        "LiveApply" => format!("Applies without a reboot ({n} changed path(s))."),
-        "InstallTimeOnly" => format!(
+    let count = |class: Class| o.changes.iter().filter(|k| k.class == class).count();
+    match o.verdict {
+        Verdict::NoChanges => "No changes.".into(),
+        Verdict::LiveApply => format!("Applies without a reboot ({n} changed path(s))."),
+        Verdict::InstallTimeOnly => format!(
             "Applies without a reboot, but {} of {n} changed path(s) take effect only at the next install or Talos upgrade.",
-            count("install-time-only")
+            count(Class::InstallTimeOnly)
         ),
-        "RebootRequired" => {
+        Verdict::RebootRequired => {
             let ops = o.changes.iter().filter(|k| c.applied_by(k).is_some()).count();
             let tail = if ops > 0 { format!(" ({ops} of them only through their operation)") } else { String::new() };
-            format!("Needs a reboot: {} of {n} changed path(s) cannot be applied live{tail}.", count("reboot-required"))
+            format!(
+                "Needs a reboot: {} of {n} changed path(s) cannot be applied live{tail}.",
+                count(Class::RebootRequired)
+            )
         }
-        "Unsupported" if count("unsupported") == 0 => {
+        Verdict::Unsupported if count(Class::Unsupported) == 0 => {
             format!("Talos would refuse this configuration ({} refusal(s) below).", o.rejected.len())
         }
-        "Unsupported" => format!(
+        Verdict::Unsupported => format!(
             "{} of {n} changed path(s) do not exist at contract {}: Talos would refuse this configuration.",
-            count("unsupported"),
+            count(Class::Unsupported),
             o.contract
         ),
-        other => other.to_string(),
     }
 }
 
@@ -321,21 +242,20 @@ pub fn diff_report(
     machine: Option<(&str, &MachineContext, &str)>,
 ) -> Result<Report> {
     let (contract, inferred) = match contract {
-        Some(name) => (c.contract(name).map_err(|e| anyhow!("--contract: {e}"))?, None),
+        Some(name) => (c.contract(name).context("--contract")?, None),
         None => {
             let (ct, why) = c.infer_contract(&[old, new]);
             (ct, Some(why))
         }
     };
     let changes = diff::changes(old, new);
-    let outcome = c
-        .classify_machine(contract, &changes, Some(new), machine.map(|m| m.1), false)
-        .map_err(|e| anyhow!("classifying: {e}"))?;
+    let outcome =
+        c.classify_machine(contract, &changes, Some(new), machine.map(|m| m.1), false).context("classifying")?;
     let sensitive = |p: &Path| c.sensitive(contract, p);
     let old_text = diff::redacted_yaml(old, &sensitive);
     let new_text = diff::redacted_yaml(new, &sensitive);
     let unified = diff::unified(&old_text, &new_text, from_name, to_name);
-    let findings = outcome.verdict != "NoChanges" || !outcome.rejected.is_empty();
+    let findings = outcome.verdict != Verdict::NoChanges || !outcome.rejected.is_empty();
     let verdict_json = |name: &str, hash: &str| {
         outcome.machine.as_ref().map(|v| {
             json!({"name": name, "ready": {"status": v.status, "reason": v.reason, "message": v.message}, "rebootPaths": v.reboot_paths, "desiredInputsHash": hash})

@@ -8,6 +8,7 @@
 mod cni_cmd;
 mod config_cmd;
 mod contract_cmd;
+mod disk;
 mod plan_cmd;
 mod render_cmd;
 mod rules_cmd;

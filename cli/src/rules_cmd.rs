@@ -4,12 +4,12 @@
 //! FACTS.json and prints every `.output` relation (and proofs with `--explain`); `test` runs
 //! the YAML cases under `<rules>/tests/`. File reading lives here: the engine does no I/O.
 
-use crate::{Diagnosed, Output, Report};
+use crate::{Diagnosed, Output, Report, disk};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Subcommand;
 use engine::explain::{self, Explanation};
 use engine::facts::FactSet;
-use engine::{Database, Engine, EvalOptions, Loaded, Sources};
+use engine::{Database, Engine, EvalOptions, Loaded};
 use std::path::{Path, PathBuf};
 
 #[derive(Subcommand, Debug)]
@@ -44,15 +44,6 @@ pub enum RulesCommand {
     },
 }
 
-/// Reads rule files from disk for the engine's loader.
-pub struct FsSources;
-
-impl Sources for FsSources {
-    fn read(&self, path: &str) -> Result<Vec<u8>, String> {
-        std::fs::read(path).map_err(|e| e.to_string())
-    }
-}
-
 pub fn run(cmd: RulesCommand) -> Result<Report> {
     match cmd {
         RulesCommand::Check { rules } => check(&rules),
@@ -61,40 +52,9 @@ pub fn run(cmd: RulesCommand) -> Result<Report> {
     }
 }
 
-/// Every file under `dir` (recursively) whose extension is one of `exts`, sorted.
-pub fn files_under(dir: &Path, exts: &[&str]) -> Result<Vec<std::path::PathBuf>> {
-    let mut out = vec![];
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).with_context(|| format!("reading directory {}", d.display()))?;
-        for e in entries {
-            let p = e?.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| exts.iter().any(|e| x == *e)) {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// Every `.rules` file under `dir`, sorted, as paths the loader can read.
-pub fn rule_files(dir: &Path) -> Result<Vec<String>> {
-    let out: Vec<String> = files_under(dir, &["rules"])?
-        .iter()
-        .map(|p| p.strip_prefix(".").unwrap_or(p).to_string_lossy().into_owned())
-        .collect();
-    if out.is_empty() {
-        bail!("no .rules file under {}: point --rules at the rules directory", dir.display());
-    }
-    Ok(out)
-}
-
 /// Loads and compiles, or fails with every diagnostic.
-pub fn load(files: &[String]) -> Result<(Engine, Loaded)> {
-    let mut loaded = engine::load(files, &FsSources);
+fn load(files: &[String]) -> Result<(Engine, Loaded)> {
+    let mut loaded = engine::load(files, &disk::FsSources);
     let Some(program) = loaded.program.take() else {
         let n = loaded.errors().count();
         return Err(Diagnosed {
@@ -103,16 +63,18 @@ pub fn load(files: &[String]) -> Result<(Engine, Loaded)> {
         }
         .into());
     };
-    let engine = Engine::new(program).map_err(|errs| {
-        let text: Vec<String> = errs.iter().map(|e| format!("{}: error: {}", e.at, e.message)).collect();
-        anyhow!(Diagnosed { diagnostics: text.join("\n") + "\n", summary: "the rules cannot be compiled".into() })
-    })?;
+    let engine = Engine::new(program)
+        .map_err(|e| Diagnosed { diagnostics: e.render(), summary: "the rules cannot be compiled".into() })?;
     Ok((engine, loaded))
 }
 
 fn check(dir: &Path) -> Result<Report> {
-    let files = rule_files(dir)?;
+    let files = disk::rule_files(dir)?;
     let (engine, loaded) = load(&files)?;
+    // Each host's program, from its root under programs/, with the relations the host binds.
+    if std::path::Path::new(&disk::program_root(dir, "operations")).is_file() {
+        disk::planner(Some(dir))?;
+    }
     let p = &engine.program;
     let user_rels = p.relations.iter().filter(|r| !r.aux).count();
     let user_rules = p.rules.iter().filter(|r| r.aux_of.is_none()).count();
@@ -124,7 +86,7 @@ fn check(dir: &Path) -> Result<Report> {
     let mut findings = false;
     if dir.join("fieldmeta.yaml").exists() {
         // Field metadata: loads, is unambiguous, and covers each contract's inventory.
-        let c = crate::config_cmd::classifier(Some(dir))?;
+        let c = disk::classifier(Some(dir))?;
         let inventories = c.contracts.iter().map(|(k, d)| (*k, d.inventory.clone())).collect();
         let (_, coverage) = c.meta.check_inventories(&inventories);
         stdout += &format!("ok: {} field-metadata entries\n", c.meta.entries.len());
@@ -235,7 +197,7 @@ fn text_output(engine: &Engine, db: &Database, explanations: &[Explanation]) -> 
 }
 
 fn test(dir: &Path) -> Result<Report> {
-    let files = rule_files(dir)?;
+    let files = disk::rule_files(dir)?;
     let (engine, loaded) = load(&files)?;
     let tests_dir = dir.join("tests");
     let mut cases_files = vec![];

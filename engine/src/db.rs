@@ -88,6 +88,23 @@ impl Database {
         self.interner.value(id)
     }
 
+    /// The symbol interned as `id` ("" for a number: a host bound to the program knows which
+    /// columns are symbols, so this never meets one).
+    pub fn sym(&self, id: u32) -> &str {
+        match self.value(id) {
+            Const::Sym(s) => s,
+            Const::Num(_) => "",
+        }
+    }
+
+    /// The number interned as `id` (0 for a symbol; see `sym`).
+    pub fn num(&self, id: u32) -> i64 {
+        match self.value(id) {
+            Const::Num(n) => *n,
+            Const::Sym(_) => 0,
+        }
+    }
+
     pub fn decode_row(&self, row: &[u32]) -> Vec<Const> {
         row.iter().map(|&v| self.interner.value(v).clone()).collect()
     }

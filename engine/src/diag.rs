@@ -27,7 +27,26 @@ impl SourceMap {
 
     /// `path:line:col`, the form every message uses to point at a place.
     pub fn locate(&self, span: Span) -> String {
-        format!("{}:{}:{}", self.name(span), span.line, span.col)
+        self.location(span).to_string()
+    }
+
+    /// The place `span` names, with its file name resolved.
+    pub fn location(&self, span: Span) -> Location {
+        Location { file: self.name(span).to_string(), line: span.line, col: span.col }
+    }
+}
+
+/// A place in a named file, for errors that leave the program behind (`path:line:col`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Location {
+    pub file: String,
+    pub line: u32,
+    pub col: u32,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file, self.line, self.col)
     }
 }
 

@@ -1,4 +1,4 @@
-//! The fast evaluator: a `Plan` run on datafrog 2.0.1, stratum by stratum.
+//! The fast evaluator: a `QueryPlan` run on datafrog 2.0.1, stratum by stratum.
 //!
 //! Start at `evaluate`. Rows are `[u32; W]` for the program's width `W` (2, 4, 8 or 16, chosen
 //! at load) beside a provenance field `M` that equality and order ignore: `()` when
@@ -12,7 +12,7 @@
 
 use crate::ast::{AggKind, CmpOp};
 use crate::db::{Database, INPUT, RelData};
-use crate::plan::{CExpr, MAX_VARS, Op, Plan, Source, Step};
+use crate::plan::{CExpr, MAX_VARS, Op, QueryPlan, Source, Step};
 use crate::program::{Const, Program, RelId};
 use crate::value::{self, Interner, ValueError};
 use datafrog::{Iteration, Relation, Variable};
@@ -98,17 +98,17 @@ impl Default for EvalOptions {
 }
 
 /// A failure during evaluation, naming the rule and the value at fault.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EvalError {
-    /// `file:line:col` of the rule.
-    pub at: String,
-    pub message: String,
-}
-
-impl std::fmt::Display for EvalError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.at, self.message)
-    }
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EvalError {
+    /// A rule met a value it cannot compute with (an unparseable version, a regex from a fact
+    /// that does not compile, an arithmetic overflow).
+    #[error("{at}: in the rule for `{relation}`: {message}")]
+    Rule { at: crate::diag::Location, relation: String, message: String },
+    /// The evaluation made more tuples than its budget (`EvalOptions::max_tuples`).
+    #[error(
+        "evaluation: stopped after {tuples} tuples (limit {limit}): does a rule make new values without bound, such as `p(N + 1) :- p(N).`?"
+    )]
+    TupleBudget { tuples: usize, limit: usize },
 }
 
 /// Input facts, already interned against the evaluation's interner.
@@ -127,7 +127,7 @@ pub struct FactBuilder {
 }
 
 impl FactBuilder {
-    pub(crate) fn new(program: &Program, plan: &Plan) -> FactBuilder {
+    pub(crate) fn new(program: &Program, plan: &QueryPlan) -> FactBuilder {
         FactBuilder {
             interner: plan.base.clone(),
             rows: vec![vec![]; program.relations.len()],
@@ -173,7 +173,7 @@ impl FactBuilder {
 }
 
 /// Evaluates the program on `facts` (indexed by relation id, values typed as declared).
-pub fn evaluate(program: &Program, plan: &Plan, facts: &Facts, opts: EvalOptions) -> Result<Database, EvalError> {
+pub fn evaluate(program: &Program, plan: &QueryPlan, facts: &Facts, opts: EvalOptions) -> Result<Database, EvalError> {
     let mut b = FactBuilder::new(program, plan);
     let mut row = vec![];
     for (rel, tuples) in facts.iter().enumerate() {
@@ -189,7 +189,7 @@ pub fn evaluate(program: &Program, plan: &Plan, facts: &Facts, opts: EvalOptions
 /// Evaluates the program on interned facts.
 pub fn evaluate_built(
     program: &Program,
-    plan: &Plan,
+    plan: &QueryPlan,
     facts: FactBuilder,
     opts: EvalOptions,
 ) -> Result<Database, EvalError> {
@@ -213,7 +213,7 @@ impl Demand {
 /// empty in the result.
 pub fn evaluate_built_for(
     program: &Program,
-    plan: &Plan,
+    plan: &QueryPlan,
     facts: FactBuilder,
     opts: EvalOptions,
     demand: Option<&Demand>,
@@ -457,7 +457,7 @@ impl<const W: usize> NegKeys<W> {
 
 struct Ctx<'a, const W: usize> {
     program: &'a Program,
-    plan: &'a Plan,
+    plan: &'a QueryPlan,
     interner: RefCell<Interner>,
     neg: Vec<Option<Rc<NegKeys<W>>>>,
     /// Per aggregate: its value by correlated key (built from the sorted aux relation).
@@ -473,13 +473,10 @@ impl<const W: usize> Ctx<'_, W> {
         if e.is_none() {
             let r = &self.program.rules[rule];
             let rule = r.aux_of.unwrap_or(rule);
-            let at = self.program.sources.locate(self.program.rules[rule].span);
-            *e = Some(EvalError {
-                at,
-                message: format!(
-                    "in the rule for `{}`: {message}",
-                    self.program.relations[self.program.rules[rule].head].name
-                ),
+            *e = Some(EvalError::Rule {
+                at: self.program.sources.location(self.program.rules[rule].span),
+                relation: self.program.relations[self.program.rules[rule].head].name.clone(),
+                message,
             });
         }
     }
@@ -638,7 +635,7 @@ struct Eval<'a, const W: usize, M: Meta> {
 impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
     fn run(
         program: &'a Program,
-        plan: &'a Plan,
+        plan: &'a QueryPlan,
         facts: FactBuilder,
         opts: EvalOptions,
         needed: Option<&[bool]>,
@@ -994,13 +991,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                 size += v.recent.borrow().len() + v.stable.borrow().iter().map(|b| b.len()).sum::<usize>();
             }
             if size > self.opts.max_tuples {
-                return Err(EvalError {
-                    at: "evaluation".into(),
-                    message: format!(
-                        "stopped after {size} tuples (limit {}): does a rule make new values without bound, such as `p(N + 1) :- p(N).`?",
-                        self.opts.max_tuples
-                    ),
-                });
+                return Err(EvalError::TupleBudget { tuples: size, limit: self.opts.max_tuples });
             }
         }
         drop(rts);

@@ -83,8 +83,19 @@ impl fmt::Display for ExplainError {
     }
 }
 
+/// A tuple written as `rel("a", 1)` that does not parse: what was expected and found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct TupleError {
+    pub message: String,
+}
+
 /// Parses `rel("a", 1)` (the form `--explain` takes) into a relation name and values.
-pub fn parse_tuple(text: &str) -> Result<(String, Vec<Const>), String> {
+pub fn parse_tuple(text: &str) -> Result<(String, Vec<Const>), TupleError> {
+    tuple(text).map_err(|message| TupleError { message })
+}
+
+fn tuple(text: &str) -> Result<(String, Vec<Const>), String> {
     let (toks, diags) = crate::lexer::lex(text, 0);
     if let Some(d) = diags.first() {
         return Err(format!("column {}: {}", d.span.col, d.message));

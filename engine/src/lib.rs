@@ -18,6 +18,7 @@ pub mod diag;
 pub mod eval;
 pub mod explain;
 pub mod facts;
+pub mod host;
 pub mod lexer;
 pub mod loader;
 pub mod parser;
@@ -29,23 +30,60 @@ pub mod sort;
 pub mod value;
 
 pub use db::Database;
-pub use diag::{Diagnostic, Severity, SourceMap, Span};
+pub use diag::{Diagnostic, Location, Severity, SourceMap, Span};
 pub use eval::{Demand, EvalError, EvalOptions, FactBuilder, Facts};
+pub use host::{BindError, Binder, Input, Output};
 pub use loader::{Loaded, MemSources, Sources, load, load_str};
-pub use plan::{Plan, PlanError};
+pub use plan::QueryPlan;
 pub use program::{Const, Program, RelId};
 
 /// A checked program compiled for evaluation; build once, evaluate many times.
 #[derive(Debug)]
 pub struct Engine {
     pub program: Program,
-    pub plan: Plan,
+    pub plan: QueryPlan,
+}
+
+/// Why a program cannot be used: every diagnostic of loading, checking and compiling, with
+/// the file names they point into. Render with `LoadError::render`.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("the rules do not load ({} error(s))", diagnostics.iter().filter(|d| d.is_error()).count())]
+pub struct LoadError {
+    pub diagnostics: Vec<Diagnostic>,
+    pub sources: SourceMap,
+}
+
+impl LoadError {
+    /// Every diagnostic as `path:line:col: level: message`, one per line.
+    pub fn render(&self) -> String {
+        self.diagnostics.iter().map(|d| format!("{}\n", d.display(&self.sources))).collect()
+    }
+}
+
+impl From<BindError> for LoadError {
+    fn from(e: BindError) -> LoadError {
+        LoadError { diagnostics: e.diagnostics, sources: e.sources }
+    }
 }
 
 impl Engine {
-    pub fn new(program: Program) -> Result<Engine, Vec<PlanError>> {
-        let plan = Plan::new(&program)?;
-        Ok(Engine { program, plan })
+    /// Compiles a checked program (fails only on the evaluator's limits, each at its rule).
+    pub fn new(program: Program) -> Result<Engine, LoadError> {
+        match QueryPlan::new(&program) {
+            Ok(plan) => Ok(Engine { program, plan }),
+            Err(diagnostics) => Err(LoadError { diagnostics, sources: program.sources.clone() }),
+        }
+    }
+
+    /// Loads the program rooted at `roots` (their `.include`s with them), checks and compiles
+    /// it. On success, also returns the warnings.
+    pub fn load(roots: &[String], sources: &dyn Sources) -> Result<(Engine, Vec<Diagnostic>), LoadError> {
+        let loaded = load(roots, sources);
+        let Some(program) = loaded.program else {
+            return Err(LoadError { diagnostics: loaded.diagnostics, sources: loaded.sources });
+        };
+        let warnings = loaded.diagnostics;
+        Ok((Engine::new(program)?, warnings))
     }
 
     /// Evaluates on `facts`, indexed by relation id (see `facts::FactSet` to build them by name).

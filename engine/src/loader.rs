@@ -13,8 +13,8 @@ use std::collections::HashMap;
 
 /// Where the loader gets file contents from.
 pub trait Sources {
-    /// The bytes of the file at `path`, or a reason it cannot be read.
-    fn read(&self, path: &str) -> Result<Vec<u8>, String>;
+    /// The bytes of the file at `path`, or why it cannot be read.
+    fn read(&self, path: &str) -> std::io::Result<Vec<u8>>;
 }
 
 /// An in-memory set of files, for tests and for programs given as strings.
@@ -22,8 +22,11 @@ pub trait Sources {
 pub struct MemSources(pub HashMap<String, String>);
 
 impl Sources for MemSources {
-    fn read(&self, path: &str) -> Result<Vec<u8>, String> {
-        self.0.get(path).map(|s| s.clone().into_bytes()).ok_or_else(|| "no such file".to_string())
+    fn read(&self, path: &str) -> std::io::Result<Vec<u8>> {
+        self.0
+            .get(path)
+            .map(|s| s.clone().into_bytes())
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"))
     }
 }
 

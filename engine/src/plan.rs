@@ -1,6 +1,6 @@
 //! The compiled form of a program: each rule as a chain of joins over keyed indexes.
 //!
-//! Start at `Plan::new`. A rule `h :- a1, a2, ..., an, filters` becomes step 0 (a scan of an
+//! Start at `QueryPlan::new`. A rule `h :- a1, a2, ..., an, filters` becomes step 0 (a scan of an
 //! index of `a1`, or a unit row when there is no positive atom) followed by one join per further
 //! atom. Every index is the relation's rows permuted so that the join key is a prefix
 //! (`<relation>_by_<columns>`), with constants and repeated variables filtered and unused
@@ -10,6 +10,7 @@
 //! computed once per program and reused for every evaluation.
 
 use crate::ast::{AggKind, ArithOp, CmpOp, Functor, Pred};
+use crate::diag::Diagnostic;
 use crate::program::*;
 use crate::value::Interner;
 use regex::Regex;
@@ -105,7 +106,7 @@ pub struct StratumPlan {
 }
 
 #[derive(Clone, Debug)]
-pub struct Plan {
+pub struct QueryPlan {
     pub width: usize,
     pub indexes: Vec<IndexSpec>,
     pub neg_indexes: Vec<IndexSpec>,
@@ -117,13 +118,6 @@ pub struct Plan {
     pub base: Interner,
     /// Facts of the program, interned, per relation.
     pub facts: Vec<Vec<Vec<u32>>>,
-}
-
-/// Why a program cannot be compiled (limits of the evaluator, each with the rule's place).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlanError {
-    pub at: String,
-    pub message: String,
 }
 
 /// Constant columns, equal column pairs, and (variable, first column) in column order.
@@ -435,10 +429,10 @@ pub fn op_inputs(op: &Op, out: &mut Vec<usize>) {
     }
 }
 
-impl Plan {
+impl QueryPlan {
     /// Compiles a checked program. Fails only on the evaluator's limits (too many variables in
     /// a rule, rows wider than `MAX_WIDTH`) or a constant regex that does not compile.
-    pub fn new(program: &Program) -> Result<Plan, Vec<PlanError>> {
+    pub fn new(program: &Program) -> Result<QueryPlan, Vec<Diagnostic>> {
         let mut b = Builder {
             program,
             base: Interner::default(),
@@ -455,7 +449,7 @@ impl Plan {
         for rule in &program.rules {
             match b.rule(rule) {
                 Ok(p) => rules.push(p),
-                Err(message) => errors.push(PlanError { at: program.sources.locate(rule.span), message }),
+                Err(message) => errors.push(Diagnostic::error(rule.span, message)),
             }
         }
         for rel in &program.relations {
@@ -468,10 +462,11 @@ impl Plan {
         }
         let width = [2, 4, 8, 16].into_iter().find(|&w| w >= b.width);
         let Some(width) = width else {
-            errors.push(PlanError {
-                at: "program".into(),
-                message: format!("a row of {} columns is wider than the evaluator's limit of {MAX_WIDTH}", b.width),
-            });
+            let at = program.relations.iter().find(|r| r.arity() == b.width).map(|r| r.span).unwrap_or_default();
+            errors.push(Diagnostic::error(
+                at,
+                format!("a row of {} columns is wider than the evaluator's limit of {MAX_WIDTH}", b.width),
+            ));
             return Err(errors);
         };
         if !errors.is_empty() {
@@ -485,7 +480,7 @@ impl Plan {
                 rules: rules.iter().enumerate().filter(|(_, r)| rels.contains(&r.head)).map(|(i, _)| i).collect(),
             })
             .collect();
-        Ok(Plan {
+        Ok(QueryPlan {
             width,
             indexes: b.indexes,
             neg_indexes: b.neg_indexes,

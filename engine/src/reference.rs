@@ -16,9 +16,20 @@ pub type Relations = Vec<BTreeSet<Vec<Const>>>;
 /// Called with each satisfying binding of a rule's body.
 type Emit<'a> = dyn FnMut(&[Option<Const>]) -> Result<(), String> + 'a;
 
-/// Evaluates `program` on `facts`; the error is a message (the property test only compares
-/// that both evaluators fail).
-pub fn evaluate(program: &Program, facts: &Facts) -> Result<Relations, String> {
+/// The reference evaluator met a value it cannot compute with (the property test only
+/// compares that both evaluators fail).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ReferenceError {
+    pub message: String,
+}
+
+/// Evaluates `program` on `facts`.
+pub fn evaluate(program: &Program, facts: &Facts) -> Result<Relations, ReferenceError> {
+    naive(program, facts).map_err(|message| ReferenceError { message })
+}
+
+fn naive(program: &Program, facts: &Facts) -> Result<Relations, String> {
     let mut rels: Relations = vec![BTreeSet::new(); program.relations.len()];
     for (rel, values, _) in &program.facts {
         rels[*rel].insert(values.clone());

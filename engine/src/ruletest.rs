@@ -62,9 +62,20 @@ impl From<&Scalar> for Const {
     }
 }
 
+/// A rule-test file that does not parse: the place (`line:col: ` or `cases[i]: `) and problem.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ParseError {
+    pub message: String,
+}
+
 /// Parses a test file (YAML anchors and `<<` merge keys allowed, so cases can share facts);
 /// the error names the case and the problem.
-pub fn parse(text: &str) -> Result<Vec<Case>, String> {
+pub fn parse(text: &str) -> Result<Vec<Case>, ParseError> {
+    parse_cases(text).map_err(|message| ParseError { message })
+}
+
+fn parse_cases(text: &str) -> Result<Vec<Case>, String> {
     let mut value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| match e.location() {
         Some(l) => format!("{}:{}: {e}", l.line(), l.column()),
         None => e.to_string(),

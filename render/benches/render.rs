@@ -7,8 +7,8 @@
 use render::classify::{Classifier, RuleSet};
 use render::config::Config;
 use render::diff::{self, Change, Op};
-use render::fieldmeta::Contract;
 use render::path::Path;
+use render::vocab::Contract;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

@@ -134,14 +134,34 @@ pub enum KubeProxyMode {
     Replaced,
 }
 
-impl KubeProxyMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            KubeProxyMode::Enabled => "enabled",
-            KubeProxyMode::Replaced => "replaced",
+/// `name()` and `parse()`: the symbol serde writes and the rules read, for a unit-only enum.
+macro_rules! symbols {
+    ($t:ident { $($v:ident => $n:literal),* $(,)? }) => {
+        impl $t {
+            pub const ALL: &'static [$t] = &[$($t::$v),*];
+
+            /// The symbol serde writes and the rules read.
+            pub fn name(self) -> &'static str {
+                match self { $($t::$v => $n),* }
+            }
+
+            pub fn parse(s: &str) -> Option<$t> {
+                Self::ALL.iter().copied().find(|x| x.name() == s)
+            }
         }
-    }
+
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
 }
+
+symbols!(KubeProxyMode { Enabled => "enabled", Replaced => "replaced" });
+symbols!(DriftPolicy { WarnOnly => "warnOnly", Converge => "converge" });
+symbols!(CniPreset { Cilium => "cilium", Flannel => "flannel", Custom => "custom" });
+symbols!(Handover { Automatic => "automatic", Manual => "manual", Disabled => "disabled" });
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -240,14 +260,7 @@ pub enum Role {
     Worker,
 }
 
-impl Role {
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Controlplane => "controlplane",
-            Role::Worker => "worker",
-        }
-    }
-}
+symbols!(Role { Controlplane => "controlplane", Worker => "worker" });
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -322,6 +335,8 @@ pub enum OperationKind {
     Talos,
     Config,
 }
+
+symbols!(OperationKind { Kubernetes => "kubernetes", Cni => "cni", Talos => "talos", Config => "config" });
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]

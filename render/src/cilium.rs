@@ -23,7 +23,11 @@ pub const PINNED: [&str; 5] = [
 ];
 
 /// Derives `key type` lines from the chart's values.schema.json.
-pub fn derive_keys(schema_text: &str, chart: &str) -> Result<String, String> {
+pub fn derive_keys(schema_text: &str, chart: &str) -> Result<String, crate::inventory::InventoryError> {
+    derive_key_lines(schema_text, chart).map_err(crate::inventory::InventoryError::from)
+}
+
+fn derive_key_lines(schema_text: &str, chart: &str) -> Result<String, String> {
     let schema: Value = serde_json::from_str(schema_text)
         .map_err(|e| format!("line {}, column {}: not JSON: {e}", e.line(), e.column()))?;
     let props = schema

@@ -7,38 +7,73 @@
 //! pattern trie; which entry wins, the default, the verdict and the refusals are decided by
 //! `rules/classify.rules` and `rules/talos-accepts.rules`.
 
+use crate::api::{DriftPolicy, KubeProxyMode, Role};
 use crate::config::Config;
 use crate::diff::Change;
-use crate::fieldmeta::{Contract, FieldMeta, Matcher, MetaError};
+use crate::fieldmeta::{FieldMeta, Matcher, MetaError};
 use crate::inventory::Inventory;
 use crate::path::Path;
-use engine::{Const, Database, Demand, Engine, EvalOptions, MemSources, RelId};
+use crate::vocab::{Class, Contract, Verdict};
+use engine::{Binder, Const, Database, Demand, Engine, EvalOptions, Input, MemSources, Output};
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
 
-/// Relations the host fills or reads, with their arities: the contract between this module
-/// and the rule files.
-const HOST_RELATIONS: &[(&str, usize)] = &[
-    ("change", 1),
-    ("exists", 1),
-    ("candidate", 3),
-    ("entry_class", 2),
-    ("class_of", 3),
-    ("verdict", 1),
-    ("document", 1),
-    ("machine_type", 1),
-    ("present", 1),
-    ("rejected", 2),
-    ("machine_role", 1),
-    ("entry_restarts", 2),
-    ("consent", 1),
-    ("spec_kube_proxy", 1),
-    ("status_kube_proxy", 1),
-    ("inputs_unchanged", 0),
-    ("drift_policy", 1),
-    ("reboot_path", 1),
-    ("machine_ready", 3),
-];
+/// The relations the config host fills and reads, bound to the program once at load. Their
+/// meaning, column by column, is in `rules/programs/config.rules` (inputs) and the rule files
+/// that derive the outputs.
+#[derive(Clone, Copy, Debug)]
+struct Rels {
+    change: Input<1>,
+    exists: Input<1>,
+    candidate: Input<3>,
+    entry_class: Input<2>,
+    document: Input<1>,
+    machine_type: Input<1>,
+    present: Input<1>,
+    machine_role: Input<1>,
+    entry_restarts: Input<2>,
+    consent: Input<1>,
+    spec_kube_proxy: Input<1>,
+    status_kube_proxy: Input<1>,
+    inputs_unchanged: Input<0>,
+    drift_policy: Input<1>,
+    class_of: Output<3>,
+    decided_by: Output<3>,
+    verdict: Output<1>,
+    rejected: Output<2>,
+    machine_ready: Output<3>,
+    reboot_path: Output<1>,
+}
+
+impl Rels {
+    fn bind(program: &engine::Program) -> Result<Rels, engine::BindError> {
+        use engine::ast::Type::{Number as N, Symbol as S};
+        let mut b = Binder::new(program, "config");
+        let rels = Rels {
+            change: b.input("change", [("path", S)]),
+            exists: b.input("exists", [("path", S)]),
+            candidate: b.input("candidate", [("path", S), ("entry", N), ("specificity", N)]),
+            entry_class: b.input("entry_class", [("entry", N), ("class", S)]),
+            document: b.input("document", [("kind", S)]),
+            machine_type: b.input("machine_type", [("type", S)]),
+            present: b.input("present", [("path", S)]),
+            machine_role: b.input("machine_role", [("role", S)]),
+            entry_restarts: b.input("entry_restarts", [("entry", N), ("service", S)]),
+            consent: b.input("consent", [("mode", S)]),
+            spec_kube_proxy: b.input("spec_kube_proxy", [("mode", S)]),
+            status_kube_proxy: b.input("status_kube_proxy", [("mode", S)]),
+            inputs_unchanged: b.input("inputs_unchanged", []),
+            drift_policy: b.input("drift_policy", [("policy", S)]),
+            class_of: b.output("class_of", [("path", S), ("class", S), ("reason", S)]),
+            decided_by: b.output("decided_by", [("path", S), ("class", S), ("entry", N)]),
+            verdict: b.output("verdict", [("verdict", S)]),
+            rejected: b.output("rejected", [("message", S), ("at", S)]),
+            machine_ready: b.output("machine_ready", [("status", S), ("reason", S), ("message", S)]),
+            reboot_path: b.output("reboot_path", [("path", S)]),
+        };
+        b.finish()?;
+        Ok(rels)
+    }
+}
 
 /// Interned ids of small non-negative numbers, so that hot loops skip the interner's hashing.
 #[derive(Default)]
@@ -61,7 +96,10 @@ impl SmallNums {
 #[derive(Clone, Debug)]
 pub struct RuleSet {
     pub fieldmeta: (String, String),
+    /// Every rules file the program may include, by the name it is included as.
     pub rules: Vec<(String, String)>,
+    /// The program's root file (one of `rules`), which includes the rest.
+    pub root: String,
     pub contracts: Vec<(String, String)>,
 }
 
@@ -70,26 +108,21 @@ impl RuleSet {
     pub fn embedded() -> RuleSet {
         let own = |(a, b): &(&str, &str)| (a.to_string(), b.to_string());
         RuleSet {
-            fieldmeta: own(&crate::bundle::FIELDMETA),
-            rules: crate::bundle::RULES[..crate::bundle::CLASSIFY_RULES].iter().map(own).collect(),
-            contracts: crate::bundle::CONTRACTS.iter().map(own).collect(),
+            fieldmeta: own(&crate::embedded::FIELDMETA),
+            rules: crate::embedded::RULE_FILES.iter().map(own).collect(),
+            root: crate::embedded::CONFIG_PROGRAM.to_string(),
+            contracts: crate::embedded::CONTRACTS.iter().map(own).collect(),
         }
     }
 }
 
-/// Why the rules cannot be used; every problem, each with its file and line.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Why the rules cannot be used; every problem, each with its file and line
+/// (`path:line:col: error: message` or `path:line: message`), in the order found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the rules do not load ({} problem(s)); fix them and run `ichor rules check`", problems.len())]
 pub struct LoadError {
     pub problems: Vec<String>,
 }
-
-impl fmt::Display for LoadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.problems.join("\n"))
-    }
-}
-
-impl std::error::Error for LoadError {}
 
 pub struct ContractData {
     pub inventory: Inventory,
@@ -101,6 +134,7 @@ pub struct Classifier {
     pub fieldmeta_file: String,
     pub contracts: BTreeMap<Contract, ContractData>,
     pub engine: Engine,
+    rels: Rels,
     /// What a classification reads (the classes, the verdict, Talos's refusals), and that plus
     /// the machine's condition: only the rules these need run.
     changes_demand: Demand,
@@ -123,7 +157,7 @@ pub enum Reason {
 /// The class of one changed path; `Outcome::changes[i]` answers for the caller's `changes[i]`.
 #[derive(Clone, Copy, Debug)]
 pub struct Classified {
-    pub class: &'static str,
+    pub class: Class,
     pub reason: Reason,
     pub sensitive: bool,
 }
@@ -138,16 +172,35 @@ impl Classified {
 }
 
 /// The cluster and machine context of a machine's classification (`config diff --manifests`).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct MachineContext {
-    pub role: String,
-    /// The consent annotation's value, if the cluster carries it.
+    pub role: Role,
+    /// The consent annotation's value, if the cluster carries it (any text: the rules compare
+    /// it with the spec's mode).
     pub consent: Option<String>,
-    pub spec_kube_proxy: String,
-    pub status_kube_proxy: Option<String>,
+    pub spec_kube_proxy: KubeProxyMode,
+    pub status_kube_proxy: Option<KubeProxyMode>,
     /// The desired-inputs hash equals the machine's recorded one.
     pub inputs_unchanged: bool,
-    pub drift_policy: String,
+    pub drift_policy: DriftPolicy,
+}
+
+/// Why a classification could not run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClassifyError {
+    #[error("no inventory for contract {contract}: add rules/contracts/{contract}.paths")]
+    UnknownContract { contract: Contract },
+    #[error("evaluating the classification rules")]
+    Eval(#[from] engine::EvalError),
+}
+
+/// A contract name that is not one the rules know.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ContractError {
+    #[error("{name:?} is not a contract name: write vX.Y, one of {known}")]
+    Syntax { name: String, known: String },
+    #[error("unknown contract {contract}: known contracts are {known}")]
+    Unknown { contract: Contract, known: String },
 }
 
 /// A machine's condition, decided by rules/machine.rules.
@@ -168,7 +221,7 @@ pub struct Rejection {
 
 pub struct Outcome {
     pub contract: Contract,
-    pub verdict: String,
+    pub verdict: Verdict,
     pub changes: Vec<Classified>,
     pub rejected: Vec<Rejection>,
     /// The machine's condition, when classified with its context.
@@ -204,27 +257,18 @@ impl Classifier {
             }
         };
         let files: HashMap<String, String> = set.rules.iter().cloned().collect();
-        let names: Vec<String> = set.rules.iter().map(|r| r.0.clone()).collect();
-        let loaded = engine::load(&names, &MemSources(files));
-        problems.extend(loaded.errors().map(|d| d.display(&loaded.sources).to_string()));
-        let engine = loaded.program.and_then(|p| match Engine::new(p) {
-            Ok(e) => Some(e),
-            Err(errs) => {
-                problems.extend(errs.iter().map(|e| format!("{}: error: {}", e.at, e.message)));
-                None
+        // Every relation the host fills or reads must be declared, with its columns' types.
+        let bound = Engine::load(std::slice::from_ref(&set.root), &MemSources(files))
+            .and_then(|(engine, _)| Ok((Rels::bind(&engine.program)?, engine)));
+        let (rels, engine) = match bound {
+            Ok((rels, engine)) => (Some(rels), Some(engine)),
+            Err(e) => {
+                problems
+                    .extend(e.diagnostics.iter().filter(|d| d.is_error()).map(|d| d.display(&e.sources).to_string()));
+                (None, None)
             }
-        });
-        // Every relation the host fills or reads must be declared, with its arity.
-        if let Some(e) = &engine {
-            for (name, arity) in HOST_RELATIONS {
-                match e.program.relation(name) {
-                    Some(r) if e.program.relations[r].arity() == *arity => {}
-                    Some(_) => problems.push(format!("the rules declare `{name}` with another arity than the {arity} the host uses")),
-                    None => problems.push(format!("the rules do not declare `{name}`, which the host uses; load classify.rules, talos-accepts.rules and machine.rules together")),
-                }
-            }
-        }
-        let (Some(meta), Some(engine), true) = (meta, engine, problems.is_empty()) else {
+        };
+        let (Some(meta), Some(engine), Some(rels), true) = (meta, engine, rels, problems.is_empty()) else {
             return Err(LoadError { problems });
         };
         let (ambiguous, _) = meta.check_inventories(&inventories);
@@ -236,12 +280,18 @@ impl Classifier {
         for (c, inventory) in inventories {
             contracts.insert(c, ContractData { matcher: meta.matcher(c), inventory });
         }
-        let p = &engine.program;
-        let rels = |names: &[&str]| -> Vec<RelId> { names.iter().filter_map(|n| p.relation(n)).collect() };
-        let read = ["class_of", "verdict", "rejected"];
-        let changes_demand = engine.demand(&rels(&read));
-        let machine_demand = engine.demand(&rels(&[&read[..], &["machine_ready", "reboot_path"]].concat()));
-        Ok(Classifier { meta, fieldmeta_file: meta_file.clone(), contracts, engine, changes_demand, machine_demand })
+        let read = [rels.class_of.id(), rels.decided_by.id(), rels.verdict.id(), rels.rejected.id()];
+        let changes_demand = engine.demand(&read);
+        let machine_demand = engine.demand(&[&read[..], &[rels.machine_ready.id(), rels.reboot_path.id()]].concat());
+        Ok(Classifier {
+            meta,
+            fieldmeta_file: meta_file.clone(),
+            contracts,
+            engine,
+            rels,
+            changes_demand,
+            machine_demand,
+        })
     }
 
     pub fn known(&self) -> Vec<Contract> {
@@ -249,12 +299,12 @@ impl Classifier {
     }
 
     /// The contract named `name`, or an error listing the known ones.
-    pub fn contract(&self, name: &str) -> Result<Contract, String> {
-        let names: Vec<String> = self.known().iter().map(Contract::to_string).collect();
+    pub fn contract(&self, name: &str) -> Result<Contract, ContractError> {
+        let known = self.known().iter().map(Contract::to_string).collect::<Vec<_>>().join(", ");
         let c = Contract::parse(name)
-            .ok_or_else(|| format!("{name:?} is not a contract name: write vX.Y, one of {}", names.join(", ")))?;
+            .ok_or_else(|| ContractError::Syntax { name: name.to_string(), known: known.clone() })?;
         if !self.contracts.contains_key(&c) {
-            return Err(format!("unknown contract {c}: known contracts are {}", names.join(", ")));
+            return Err(ContractError::Unknown { contract: c, known });
         }
         Ok(c)
     }
@@ -304,7 +354,7 @@ impl Classifier {
         changes: &[Change],
         desired: Option<&Config>,
         provenance: bool,
-    ) -> Result<Outcome, engine::EvalError> {
+    ) -> Result<Outcome, ClassifyError> {
         self.classify_machine(contract, changes, desired, None, provenance)
     }
 
@@ -316,17 +366,16 @@ impl Classifier {
         desired: Option<&Config>,
         machine: Option<&MachineContext>,
         provenance: bool,
-    ) -> Result<Outcome, engine::EvalError> {
-        let data = &self.contracts[&contract];
-        let p = &self.engine.program;
-        let rel = |name: &str| p.relation(name).unwrap_or_else(|| panic!("the classification rules declare `{name}`"));
+    ) -> Result<Outcome, ClassifyError> {
+        let Some(data) = self.contracts.get(&contract) else {
+            return Err(ClassifyError::UnknownContract { contract });
+        };
+        let r = self.rels;
         let mut b = self.engine.fact_builder();
-        let (r_entry, r_change, r_exists, r_cand) =
-            (rel("entry_class"), rel("change"), rel("exists"), rel("candidate"));
         for (e, entry) in self.meta.entries.iter().enumerate() {
             if let (Some(class), true) = (entry.class, entry.holds_at(contract)) {
                 let row = [b.num(e as i64), b.sym(class.name())];
-                b.push(r_entry, &row);
+                r.entry_class.push(&mut b, row);
             }
         }
         // Entry numbers and specificities are small: interned once each.
@@ -336,70 +385,68 @@ impl Classifier {
         let mut sensitive = Vec::with_capacity(changes.len());
         let (mut cands, mut scratch) = (vec![], (vec![], vec![]));
         b.reserve_syms(changes.len());
-        b.reserve(r_change, changes.len());
-        b.reserve(r_exists, changes.len());
-        b.reserve(r_cand, changes.len() + changes.len() / 4);
+        b.reserve(r.change.id(), changes.len());
+        b.reserve(r.exists.id(), changes.len());
+        b.reserve(r.candidate.id(), changes.len() + changes.len() / 4);
         for (i, ch) in changes.iter().enumerate() {
             let id = b.sym_owned(ch.path.text());
             if by_id.len() <= id as usize {
                 by_id.resize(id as usize + 1, usize::MAX);
             }
             by_id[id as usize] = i;
-            b.push(r_change, &[id]);
+            r.change.push(&mut b, [id]);
             if data.inventory.contains(&ch.path) {
-                b.push(r_exists, &[id]);
+                r.exists.push(&mut b, [id]);
             }
             let mut secret = false;
             data.matcher.candidates_into(&ch.path, &mut cands, &mut scratch);
             for &(e, spec) in &cands {
                 secret |= self.meta.entries[e].sensitive;
                 let row = [id, nums.get(&mut b, e as i64), nums.get(&mut b, spec)];
-                b.push(r_cand, &row);
+                r.candidate.push(&mut b, row);
             }
             sensitive.push(secret);
         }
         if let Some(cfg) = desired {
-            let (r_doc, r_type, r_present) = (rel("document"), rel("machine_type"), rel("present"));
             for d in &cfg.docs {
                 if let Some(k) = &d.kind {
                     let id = b.sym(k);
-                    b.push(r_doc, &[id]);
+                    r.document.push(&mut b, [id]);
                 }
             }
             if let Some(t) = cfg.machine_type() {
                 let id = b.sym(t);
-                b.push(r_type, &[id]);
+                r.machine_type.push(&mut b, [id]);
             }
             for path in cfg.leaves().keys() {
                 let id = b.sym(&path.to_string());
-                b.push(r_present, &[id]);
+                r.present.push(&mut b, [id]);
             }
         }
         if let Some(m) = machine {
-            let r_restarts = rel("entry_restarts");
             for (e, entry) in self.meta.entries.iter().enumerate() {
                 if entry.holds_at(contract) {
                     for svc in &entry.restarts {
                         let row = [b.num(e as i64), b.sym(svc)];
-                        b.push(r_restarts, &row);
+                        r.entry_restarts.push(&mut b, row);
                     }
                 }
             }
-            let mut one = |name: &str, v: &str| {
+            let mut one = |rel: Input<1>, v: &str| {
                 let id = b.sym(v);
-                b.push(rel(name), &[id]);
+                rel.push(&mut b, [id]);
             };
-            one("machine_role", &m.role);
-            one("spec_kube_proxy", &m.spec_kube_proxy);
-            one("drift_policy", &m.drift_policy);
+            one(r.machine_role, m.role.name());
+            one(r.spec_kube_proxy, m.spec_kube_proxy.name());
+            one(r.drift_policy, m.drift_policy.name());
             if let Some(c) = &m.consent {
-                one("consent", c);
+                one(r.consent, c);
             }
-            if let Some(s) = &m.status_kube_proxy {
-                one("status_kube_proxy", s);
+            if let Some(s) = m.status_kube_proxy {
+                one(r.status_kube_proxy, s.name());
             }
             if m.inputs_unchanged {
-                b.push(rel("inputs_unchanged"), &[]);
+                r.inputs_unchanged.push(&mut b, []);
             }
         }
         // Only what the answers read is evaluated: the machine's rules only with its context.
@@ -407,51 +454,42 @@ impl Classifier {
         let db = self.engine.evaluate_built_for(b, EvalOptions { provenance, ..EvalOptions::default() }, demand)?;
         let mut out: Vec<Classified> = sensitive
             .iter()
-            .map(|&s| Classified { class: "reboot-required", reason: Reason::Default, sensitive: s })
+            .map(|&s| Classified { class: Class::RebootRequired, reason: Reason::Default, sensitive: s })
             .collect();
-        for row in db.rels[rel("class_of")].iter() {
-            let Some(&i) = by_id.get(row[0] as usize).filter(|&&i| i != usize::MAX) else {
-                continue;
-            };
-            let class = match db.value(row[1]) {
-                Const::Sym(c) if c == "safe" => "safe",
-                Const::Sym(c) if c == "install-time-only" => "install-time-only",
-                Const::Sym(c) if c == "unsupported" => "unsupported",
-                _ => "reboot-required",
-            };
-            let reason = match db.value(row[2]) {
-                Const::Num(-3) => Reason::Unsupported,
-                Const::Num(-2) => Reason::Ambiguous,
-                Const::Num(e) if *e >= 0 => Reason::Entry(*e as usize),
+        let change_of = |id: u32| by_id.get(id as usize).copied().filter(|&i| i != usize::MAX);
+        for [path, class, reason] in r.class_of.rows(&db) {
+            let Some(i) = change_of(path) else { continue };
+            // An unknown class from the rules fails closed, as a missing one does.
+            out[i].class = Class::parse(db.sym(class)).unwrap_or(Class::RebootRequired);
+            out[i].reason = match db.sym(reason) {
+                "not-in-contract" => Reason::Unsupported,
+                "ambiguous" => Reason::Ambiguous,
+                "entry" => out[i].reason,
                 _ => Reason::Default,
             };
-            out[i].class = class;
-            out[i].reason = reason;
         }
-        let verdict = db.rels[rel("verdict")]
-            .iter()
-            .find_map(|row| match db.value(row[0]) {
-                Const::Sym(v) => Some(v.clone()),
-                Const::Num(_) => None,
-            })
-            .unwrap_or_else(|| "RebootRequired".into());
-        let mut rejected: Vec<Rejection> = db.rels[rel("rejected")]
-            .iter()
-            .filter_map(|row| match (db.value(row[0]), db.value(row[1])) {
-                (Const::Sym(m), Const::Sym(a)) => Some(Rejection { message: m.clone(), at: a.clone() }),
-                _ => None,
-            })
+        for [path, _, entry] in r.decided_by.rows(&db) {
+            if let (Some(i), Ok(e)) = (change_of(path), usize::try_from(db.num(entry))) {
+                out[i].reason = Reason::Entry(e);
+            }
+        }
+        let verdict = r.verdict.rows(&db).find_map(|[v]| Verdict::parse(db.sym(v))).unwrap_or(Verdict::RebootRequired);
+        let mut rejected: Vec<Rejection> = r
+            .rejected
+            .rows(&db)
+            .map(|[m, a]| Rejection { message: db.sym(m).to_string(), at: db.sym(a).to_string() })
             .collect();
         rejected.sort();
         let machine = machine.and_then(|_| {
-            let row = db.rels[rel("machine_ready")].iter().next()?;
-            let text = |id: u32| match db.value(id) {
-                Const::Sym(s) => s.clone(),
-                Const::Num(n) => n.to_string(),
-            };
-            let mut reboot_paths: Vec<String> = db.rels[rel("reboot_path")].iter().map(|r| text(r[0])).collect();
+            let [status, reason, message] = r.machine_ready.rows(&db).next()?;
+            let mut reboot_paths: Vec<String> = r.reboot_path.rows(&db).map(|[p]| db.sym(p).to_string()).collect();
             reboot_paths.sort();
-            Some(MachineVerdict { status: text(row[0]), reason: text(row[1]), message: text(row[2]), reboot_paths })
+            Some(MachineVerdict {
+                status: db.sym(status).to_string(),
+                reason: db.sym(reason).to_string(),
+                message: db.sym(message).to_string(),
+                reboot_paths,
+            })
         });
         Ok(Outcome { contract, verdict, changes: out, rejected, machine, db })
     }
@@ -478,14 +516,15 @@ impl Classifier {
 
     /// The proof of a path's class (the outcome must have been evaluated with provenance).
     pub fn proof(&self, outcome: &Outcome, path: &Path, c: &Classified) -> Option<engine::explain::Proof> {
-        let entry = match c.reason {
-            Reason::Entry(e) => e as i64,
-            Reason::Default => -1,
-            Reason::Ambiguous => -2,
-            Reason::Unsupported => -3,
+        let (rel, last) = match c.reason {
+            Reason::Entry(e) => (self.rels.decided_by.id(), Const::Num(e as i64)),
+            Reason::Default => (self.rels.class_of.id(), Const::Sym("default".into())),
+            Reason::Ambiguous => (self.rels.class_of.id(), Const::Sym("ambiguous".into())),
+            Reason::Unsupported => (self.rels.class_of.id(), Const::Sym("not-in-contract".into())),
         };
-        let values = vec![Const::Sym(path.to_string()), Const::Sym(c.class.to_string()), Const::Num(entry)];
-        match engine::explain::explain(&self.engine.program, &outcome.db, "class_of", &values) {
+        let values = vec![Const::Sym(path.to_string()), Const::Sym(c.class.to_string()), last];
+        let name = &self.engine.program.relations[rel].name;
+        match engine::explain::explain(&self.engine.program, &outcome.db, name, &values) {
             Ok(engine::explain::Explanation::Holds(p)) => Some(p),
             _ => None,
         }

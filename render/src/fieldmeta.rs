@@ -9,51 +9,11 @@
 
 use crate::inventory::Inventory;
 use crate::path::{PatSeg, Path, Pattern, Seg, canonical_index};
+use crate::vocab::{Class, Contract};
 use engine::value::FxHashMap;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
-
-/// A Talos config contract, `vX.Y`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Contract {
-    pub major: u32,
-    pub minor: u32,
-}
-
-impl Contract {
-    pub fn parse(s: &str) -> Option<Contract> {
-        let rest = s.strip_prefix('v')?;
-        let (a, b) = rest.split_once('.')?;
-        let num = |x: &str| {
-            if !x.is_empty() && x.bytes().all(|c| c.is_ascii_digit()) { x.parse().ok() } else { None }
-        };
-        Some(Contract { major: num(a)?, minor: num(b)? })
-    }
-}
-
-impl fmt::Display for Contract {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}.{}", self.major, self.minor)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Class {
-    Safe,
-    InstallTimeOnly,
-    RebootRequired,
-}
-
-impl Class {
-    pub fn name(self) -> &'static str {
-        match self {
-            Class::Safe => "safe",
-            Class::InstallTimeOnly => "install-time-only",
-            Class::RebootRequired => "reboot-required",
-        }
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct Entry {
@@ -135,9 +95,7 @@ impl FieldMeta {
             let mut err = |m: String| errors.push(MetaError { line, col: 1, message: m });
             let class = match r.class.as_deref() {
                 None => None,
-                Some("safe") => Some(Class::Safe),
-                Some("reboot-required") => Some(Class::RebootRequired),
-                Some("install-time-only") => Some(Class::InstallTimeOnly),
+                Some(name) if Class::parse(name).is_some_and(|c| c != Class::Unsupported) => Class::parse(name),
                 Some(other) => {
                     err(format!("unknown class {other:?}: expected safe, reboot-required or install-time-only"));
                     None

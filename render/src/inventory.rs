@@ -25,16 +25,36 @@ pub struct Correction {
     pub why: String,
 }
 
+/// A corrections file, schema or inventory that cannot be read: the place (`line L, column C`
+/// or `line L`) and the problem.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct InventoryError {
+    pub message: String,
+}
+
+impl From<String> for InventoryError {
+    fn from(message: String) -> InventoryError {
+        InventoryError { message }
+    }
+}
+
 /// Parses the corrections file.
-pub fn parse_corrections(text: &str) -> Result<Vec<Correction>, String> {
-    serde_yaml::from_str(text).map_err(|e| match e.location() {
-        Some(l) => format!("line {}, column {}: {e}", l.line(), l.column()),
-        None => e.to_string(),
+pub fn parse_corrections(text: &str) -> Result<Vec<Correction>, InventoryError> {
+    serde_yaml::from_str(text).map_err(|e| {
+        InventoryError::from(match e.location() {
+            Some(l) => format!("line {}, column {}: {e}", l.line(), l.column()),
+            None => e.to_string(),
+        })
     })
 }
 
 /// Derives the inventory text of a schema at `contract`, applying the corrections that name it.
-pub fn derive(schema_text: &str, contract: &str, corrections: &[Correction]) -> Result<String, String> {
+pub fn derive(schema_text: &str, contract: &str, corrections: &[Correction]) -> Result<String, InventoryError> {
+    derive_text(schema_text, contract, corrections).map_err(InventoryError::from)
+}
+
+fn derive_text(schema_text: &str, contract: &str, corrections: &[Correction]) -> Result<String, String> {
     let applied: Vec<&Correction> = corrections.iter().filter(|c| c.contracts.iter().any(|x| x == contract)).collect();
     let rename = |k: &str| -> String {
         applied.iter().find_map(|c| c.rename_kind.get(k).cloned()).unwrap_or_else(|| k.to_string())
@@ -184,7 +204,11 @@ pub struct Inventory {
 
 impl Inventory {
     /// Loads inventory text (`path type` per line, `#` comments).
-    pub fn parse(text: &str) -> Result<Inventory, String> {
+    pub fn parse(text: &str) -> Result<Inventory, InventoryError> {
+        Inventory::parse_text(text).map_err(InventoryError::from)
+    }
+
+    fn parse_text(text: &str) -> Result<Inventory, String> {
         let mut inv = Inventory::default();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();

@@ -9,14 +9,16 @@
 //! Architecture invariant: no I/O, no async, no clock. Files arrive as strings.
 
 pub mod api;
-pub mod bundle;
 pub mod cilium;
 pub mod classify;
 pub mod config;
 pub mod diff;
+pub mod embedded;
 pub mod fieldmeta;
 pub mod inventory;
+pub mod machine;
 pub mod manifests;
 pub mod path;
 pub mod render;
 pub mod secrets;
+pub mod vocab;

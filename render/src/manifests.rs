@@ -14,6 +14,21 @@ use std::collections::BTreeMap;
 /// The key of the Secret that holds the bundle.
 pub const BUNDLE_KEY: &str = "bundle.yaml";
 
+/// One problem of the manifests: the file, the object and field at fault, and what to do.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ManifestError {
+    pub message: String,
+}
+
+/// A machine name the manifests do not have.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("no TalosMachine {name:?} in the manifests; machines: {known}")]
+pub struct UnknownMachine {
+    pub name: String,
+    pub known: String,
+}
+
 #[derive(Default)]
 pub struct Manifests {
     pub clusters: Vec<TalosCluster>,
@@ -36,7 +51,12 @@ fn version_ok(v: &str) -> bool {
 
 impl Manifests {
     /// Loads `(file, text)` pairs. `contracts` are the contract names the project knows.
-    pub fn load(files: &[(String, String)], contracts: &[String]) -> Result<Manifests, Vec<String>> {
+    pub fn load(files: &[(String, String)], contracts: &[String]) -> Result<Manifests, Vec<ManifestError>> {
+        Manifests::load_texts(files, contracts)
+            .map_err(|problems| problems.into_iter().map(|message| ManifestError { message }).collect())
+    }
+
+    fn load_texts(files: &[(String, String)], contracts: &[String]) -> Result<Manifests, Vec<String>> {
         let mut m = Manifests::default();
         let mut errors = vec![];
         for (file, text) in files {
@@ -182,10 +202,10 @@ impl Manifests {
         }
     }
 
-    pub fn machine(&self, name: &str) -> Result<&TalosMachine, String> {
-        self.machines.iter().find(|m| m.metadata.name.as_deref() == Some(name)).ok_or_else(|| {
-            let all: Vec<String> = self.machines.iter().filter_map(|m| m.metadata.name.clone()).collect();
-            format!("no TalosMachine {name:?} in the manifests; machines: {}", all.join(", "))
+    pub fn machine(&self, name: &str) -> Result<&TalosMachine, UnknownMachine> {
+        self.machines.iter().find(|m| m.metadata.name.as_deref() == Some(name)).ok_or_else(|| UnknownMachine {
+            name: name.to_string(),
+            known: self.machines.iter().filter_map(|m| m.metadata.name.clone()).collect::<Vec<_>>().join(", "),
         })
     }
 

@@ -10,6 +10,13 @@
 
 use std::fmt;
 
+/// A path or pattern that does not parse: what is wrong, and at which column.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct PathError {
+    pub message: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Seg {
     /// A field or a plain map key.
@@ -49,7 +56,11 @@ impl Path {
     }
 
     /// Parses the syntax above (no wildcards). The error names the column.
-    pub fn parse(text: &str) -> Result<Path, String> {
+    pub fn parse(text: &str) -> Result<Path, PathError> {
+        Path::parse_text(text).map_err(|message| PathError { message })
+    }
+
+    fn parse_text(text: &str) -> Result<Path, String> {
         let segs = parse_segments(text, false)?;
         let mut out = vec![];
         for (i, s) in segs.into_iter().enumerate() {
@@ -300,7 +311,11 @@ pub struct Pattern {
 }
 
 impl Pattern {
-    pub fn new(text: &str) -> Result<Pattern, String> {
+    pub fn new(text: &str) -> Result<Pattern, PathError> {
+        Pattern::parse_text(text).map_err(|message| PathError { message })
+    }
+
+    fn parse_text(text: &str) -> Result<Pattern, String> {
         let segs: Vec<PatSeg> = parse_segments(text, true)?
             .into_iter()
             .map(|s| match s {
@@ -360,8 +375,8 @@ mod tests {
 
     #[test]
     fn bad_paths_name_the_column() {
-        assert_eq!(Path::parse("machine..disk").unwrap_err(), "column 9: expected a field name after `.`");
-        assert!(Path::parse("machine.interfaces[x]").unwrap_err().contains("is not a list index"));
+        assert_eq!(Path::parse("machine..disk").unwrap_err().message, "column 9: expected a field name after `.`");
+        assert!(Path::parse("machine.interfaces[x]").unwrap_err().message.contains("is not a list index"));
         assert!(Path::parse("").is_err());
         assert!(Path::parse("a[").is_err());
     }

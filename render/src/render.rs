@@ -10,9 +10,9 @@
 
 use crate::api::*;
 use crate::config::Config;
-use crate::fieldmeta::Contract;
 use crate::path::Path;
 use crate::secrets::{Bundle, pem};
+use crate::vocab::Contract;
 use serde_yaml::{Mapping, Value};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;

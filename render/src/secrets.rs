@@ -67,9 +67,21 @@ fn b64(text: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(text)
 }
 
+/// One problem of a secrets bundle: the key at fault (`certs.k8s.key`), never its value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct BundleError {
+    pub message: String,
+}
+
 impl Bundle {
     /// Parses a bundle; every missing key is named (`certs.k8s.key`), never its value.
-    pub fn parse(text: &str) -> Result<Bundle, Vec<String>> {
+    pub fn parse(text: &str) -> Result<Bundle, Vec<BundleError>> {
+        Bundle::parse_text(text)
+            .map_err(|problems| problems.into_iter().map(|message| BundleError { message }).collect())
+    }
+
+    fn parse_text(text: &str) -> Result<Bundle, Vec<String>> {
         let b: Bundle = serde_yaml::from_str(text).map_err(|e| {
             let msg = e.to_string();
             vec![msg.split(" at line ").next().unwrap_or(&msg).replace("missing field", "missing key")]

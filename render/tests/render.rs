@@ -36,7 +36,8 @@ fn real_configs_are_covered_by_their_inventory() {
     assert!(missing.is_empty(), "paths missing from inventories:\n{}", missing.join("\n"));
 }
 
-use render::fieldmeta::{Contract, FieldMeta};
+use render::fieldmeta::FieldMeta;
+use render::vocab::Contract;
 use std::collections::BTreeMap;
 
 fn contracts() -> Vec<Contract> {
@@ -404,7 +405,7 @@ mod cilium_values {
     use serde_json::json;
 
     fn keys() -> Inventory {
-        Inventory::parse(render::bundle::CILIUM_KEYS.1).unwrap()
+        Inventory::parse(render::embedded::CILIUM_KEYS.1).unwrap()
     }
 
     fn check(values: serde_json::Value, replaced: bool) -> Vec<String> {

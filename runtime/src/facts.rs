@@ -1,37 +1,167 @@
-//! The one function from observed state to the operation rules' facts.
+//! The operations host: the relations it fills and reads, bound once at load, and the one
+//! function from observed state to facts.
 //!
-//! Each relation is documented where it is declared (rules/backbone.rules, upgrade.rules,
-//! switch.rules, machine.rules); this file only translates. Times become seconds since 1970.
+//! Start at `Rels::bind` (every relation of `rules/programs/operations.rules` and the outputs
+//! the planner decodes, checked against the program: a mismatch is a load error) and `facts`
+//! (the snapshot translated, nothing decided). Each input is documented, column by column, in
+//! `rules/programs/operations.rules`. Times become seconds since 1970.
 
 use crate::state::{ObservedState, epoch};
-use engine::{Engine, FactBuilder};
+use engine::ast::Type::{Number as N, Symbol as S};
+use engine::{BindError, Binder, Engine, FactBuilder, Input, Output, Program};
+
+/// The operations program's relations, as this host uses them.
+#[derive(Clone, Copy, Debug)]
+pub struct Rels {
+    pub now: Input<1>,
+    pub operation: Input<3>,
+    pub paused_reason: Input<1>,
+    pub max_unavailable: Input<1>,
+    pub other_operation: Input<3>,
+    pub machine: Input<2>,
+    pub machine_versions: Input<3>,
+    pub node_ready: Input<1>,
+    pub held: Input<1>,
+    pub runs_controller: Input<1>,
+    pub pending: Input<4>,
+    pub progress: Input<4>,
+    pub waiting_since: Input<2>,
+    pub step_done: Input<1>,
+    pub machine_order: Input<2>,
+    pub next_in_order: Input<2>,
+    pub last_in_order: Input<1>,
+    pub pending_value: Input<3>,
+    pub target_kubernetes: Input<1>,
+    pub release_set_kubernetes: Input<1>,
+    pub cni: Input<2>,
+    pub handover_done: Input<0>,
+    pub static_pod: Input<4>,
+    pub removed_api_in_use: Input<2>,
+    pub kube_proxy_ds: Input<4>,
+    pub target_kube_proxy: Input<1>,
+    pub cilium_kpr: Input<1>,
+    pub cilium_ds: Input<5>,
+    pub kube_proxy_configmap: Input<1>,
+    pub service_answers: Input<0>,
+    pub bootstrap_patch: Input<1>,
+    pub consent: Input<1>,
+    pub spec_kube_proxy: Input<1>,
+    pub status_kube_proxy: Input<1>,
+    pub act_pause: Output<3>,
+    pub act_fail: Output<3>,
+    pub act_set_status: Output<2>,
+    pub act_start: Output<2>,
+    pub act_pull_image: Output<3>,
+    pub act_cordon: Output<1>,
+    pub act_drain: Output<1>,
+    pub act_apply: Output<2>,
+    pub act_done: Output<1>,
+    pub act_uncordon: Output<1>,
+    pub act_sync_manifests: Output<1>,
+    pub act_delete: Output<5>,
+    pub act_restore_kube_proxy: Output<1>,
+    pub act_cilium_job: Output<1>,
+    pub act_step_done: Output<1>,
+    pub act_wait: Output<4>,
+    pub act_warn: Output<3>,
+    pub act_complete: Output<0>,
+    pub phase: Output<1>,
+    pub action_order: Output<2>,
+    pub current_kube_proxy_mode: Output<1>,
+    pub cilium_job_mode: Output<1>,
+}
+
+impl Rels {
+    /// Binds every relation, or reports every one the program lacks or declares otherwise.
+    pub fn bind(program: &Program) -> Result<Rels, BindError> {
+        let mut b = Binder::new(program, "operations");
+        let rels = Rels {
+            now: b.input("now", [("t", N)]),
+            operation: b.input("operation", [("name", S), ("kind", S), ("phase", S)]),
+            paused_reason: b.input("paused_reason", [("reason", S)]),
+            max_unavailable: b.input("max_unavailable", [("n", N)]),
+            other_operation: b.input("other_operation", [("name", S), ("kind", S), ("phase", S)]),
+            machine: b.input("machine", [("name", S), ("role", S)]),
+            machine_versions: b.input("machine_versions", [("name", S), ("talos", S), ("kubelet", S)]),
+            node_ready: b.input("node_ready", [("name", S)]),
+            held: b.input("held", [("name", S)]),
+            runs_controller: b.input("runs_controller", [("name", S)]),
+            pending: b.input("pending", [("machine", S), ("path", S), ("class", S), ("owner", S)]),
+            progress: b.input("progress", [("machine", S), ("phase", S), ("stage", S), ("started", N)]),
+            waiting_since: b.input("waiting_since", [("reason", S), ("t", N)]),
+            step_done: b.input("step_done", [("step", S)]),
+            machine_order: b.input("machine_order", [("name", S), ("index", N)]),
+            next_in_order: b.input("next_in_order", [("a", S), ("b", S)]),
+            last_in_order: b.input("last_in_order", [("machine", S)]),
+            pending_value: b.input("pending_value", [("machine", S), ("path", S), ("value", S)]),
+            target_kubernetes: b.input("target_kubernetes", [("version", S)]),
+            release_set_kubernetes: b.input("release_set_kubernetes", [("version", S)]),
+            cni: b.input("cni", [("preset", S), ("handover", S)]),
+            handover_done: b.input("handover_done", []),
+            static_pod: b.input("static_pod", [("machine", S), ("component", S), ("image", S), ("ready", S)]),
+            removed_api_in_use: b.input("removed_api_in_use", [("api", S), ("removed_in", S)]),
+            kube_proxy_ds: b.input("kube_proxy_ds", [("desired", N), ("updated", N), ("ready", N), ("image", S)]),
+            target_kube_proxy: b.input("target_kube_proxy", [("mode", S)]),
+            cilium_kpr: b.input("cilium_kpr", [("value", S)]),
+            cilium_ds: b
+                .input("cilium_ds", [("desired", N), ("updated", N), ("ready", N), ("generation", N), ("observed", N)]),
+            kube_proxy_configmap: b.input("kube_proxy_configmap", [("name", S)]),
+            service_answers: b.input("service_answers", []),
+            bootstrap_patch: b.input("bootstrap_patch", [("name", S)]),
+            consent: b.input("consent", [("mode", S)]),
+            spec_kube_proxy: b.input("spec_kube_proxy", [("mode", S)]),
+            status_kube_proxy: b.input("status_kube_proxy", [("mode", S)]),
+            act_pause: b.output("act_pause", [("template", S), ("machine", S), ("detail", S)]),
+            act_fail: b.output("act_fail", [("machine", S), ("template", S), ("detail", S)]),
+            act_set_status: b.output("act_set_status", [("field", S), ("value", S)]),
+            act_start: b.output("act_start", [("machine", S), ("stage", S)]),
+            act_pull_image: b.output("act_pull_image", [("machine", S), ("namespace", S), ("image", S)]),
+            act_cordon: b.output("act_cordon", [("machine", S)]),
+            act_drain: b.output("act_drain", [("machine", S)]),
+            act_apply: b.output("act_apply", [("machine", S), ("path", S)]),
+            act_done: b.output("act_done", [("machine", S)]),
+            act_uncordon: b.output("act_uncordon", [("machine", S)]),
+            act_sync_manifests: b.output("act_sync_manifests", [("via", S)]),
+            act_delete: b.output("act_delete", [("order", N), ("via", S), ("kind", S), ("namespace", S), ("name", S)]),
+            act_restore_kube_proxy: b.output("act_restore_kube_proxy", [("via", S)]),
+            act_cilium_job: b.output("act_cilium_job", [("mode", S)]),
+            act_step_done: b.output("act_step_done", [("step", S)]),
+            act_wait: b.output("act_wait", [("template", S), ("detail", S), ("since", N), ("limit", N)]),
+            act_warn: b.output("act_warn", [("template", S), ("a", S), ("b", S)]),
+            act_complete: b.output("act_complete", []),
+            phase: b.output("phase", [("phase", S)]),
+            action_order: b.output("action_order", [("action", S), ("rank", N)]),
+            current_kube_proxy_mode: b.output("current_kube_proxy_mode", [("mode", S)]),
+            cilium_job_mode: b.output("cilium_job_mode", [("mode", S)]),
+        };
+        b.finish()?;
+        Ok(rels)
+    }
+}
 
 /// Builds the facts of one reconcile. The snapshot was checked by `ObservedState::parse`.
-pub fn facts(engine: &Engine, s: &ObservedState) -> FactBuilder {
-    let p = &engine.program;
-    let rel = |name: &str| p.relation(name).unwrap_or_else(|| panic!("the operation rules declare `{name}`"));
+pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState) -> FactBuilder {
     let mut b = engine.fact_builder();
-    let put = |b: &mut FactBuilder, name: &str, row: &[u32]| b.push(rel(name), row);
     let now = epoch(&s.now).unwrap_or(0);
     let n = b.num(now);
-    put(&mut b, "now", &[n]);
+    r.now.push(&mut b, [n]);
     // The operation.
     let op = &s.operation;
-    let row = [b.sym(&op.name), b.sym(&op.kind), b.sym(&op.phase)];
-    put(&mut b, "operation", &row);
-    if let Some(r) = &op.paused_reason {
-        let id = b.sym(r);
-        put(&mut b, "paused_reason", &[id]);
+    let row = [b.sym(&op.name), b.sym(op.kind.name()), b.sym(&op.phase)];
+    r.operation.push(&mut b, row);
+    if let Some(reason) = &op.paused_reason {
+        let id = b.sym(reason);
+        r.paused_reason.push(&mut b, [id]);
     }
     let mu = b.num(op.max_unavailable);
-    put(&mut b, "max_unavailable", &[mu]);
+    r.max_unavailable.push(&mut b, [mu]);
     if let Some(t) = &op.target_kubernetes {
         let id = b.sym(t);
-        put(&mut b, "target_kubernetes", &[id]);
+        r.target_kubernetes.push(&mut b, [id]);
     }
-    if let Some(t) = &op.target_kube_proxy {
-        let id = b.sym(t);
-        put(&mut b, "target_kube_proxy", &[id]);
+    if let Some(t) = op.target_kube_proxy {
+        let id = b.sym(t.name());
+        r.target_kube_proxy.push(&mut b, [id]);
     }
     for (m, pr) in &op.machines {
         let row = [
@@ -40,110 +170,111 @@ pub fn facts(engine: &Engine, s: &ObservedState) -> FactBuilder {
             b.sym(pr.stage.as_deref().unwrap_or("")),
             b.num(epoch(&pr.started_at).unwrap_or(now)),
         ];
-        put(&mut b, "progress", &row);
+        r.progress.push(&mut b, row);
     }
-    for (r, t) in &op.waiting_since {
-        let row = [b.sym(r), b.num(epoch(t).unwrap_or(now))];
-        put(&mut b, "waiting_since", &row);
+    for (reason, t) in &op.waiting_since {
+        let row = [b.sym(reason), b.num(epoch(t).unwrap_or(now))];
+        r.waiting_since.push(&mut b, row);
     }
     for d in &op.done {
         let id = b.sym(d);
-        put(&mut b, "step_done", &[id]);
+        r.step_done.push(&mut b, [id]);
     }
     for o in &s.other_operations {
-        let row = [b.sym(&o.name), b.sym(&o.kind), b.sym(&o.phase)];
-        put(&mut b, "other_operation", &row);
+        let row = [b.sym(&o.name), b.sym(o.kind.name()), b.sym(&o.phase)];
+        r.other_operation.push(&mut b, row);
     }
     // The cluster.
     let c = &s.cluster;
     let id = b.sym(&c.release_set_kubernetes);
-    put(&mut b, "release_set_kubernetes", &[id]);
-    let row = [b.sym(&c.cni.preset), b.sym(&c.cni.handover)];
-    put(&mut b, "cni", &row);
+    r.release_set_kubernetes.push(&mut b, [id]);
+    let row = [b.sym(c.cni.preset.name()), b.sym(c.cni.handover.name())];
+    r.cni.push(&mut b, row);
     if c.cni.handover_done {
-        put(&mut b, "handover_done", &[]);
+        r.handover_done.push(&mut b, []);
     }
     if let Some(pch) = &c.cni.bootstrap_patch {
         let id = b.sym(pch);
-        put(&mut b, "bootstrap_patch", &[id]);
+        r.bootstrap_patch.push(&mut b, [id]);
     }
-    let id = b.sym(&c.cni.kube_proxy);
-    put(&mut b, "spec_kube_proxy", &[id]);
-    if let Some(k) = &c.status_kube_proxy {
-        let id = b.sym(k);
-        put(&mut b, "status_kube_proxy", &[id]);
+    let id = b.sym(c.cni.kube_proxy.name());
+    r.spec_kube_proxy.push(&mut b, [id]);
+    if let Some(k) = c.status_kube_proxy {
+        let id = b.sym(k.name());
+        r.status_kube_proxy.push(&mut b, [id]);
     }
-    if let Some(mode) = c.annotations.get("ichor.maesh.dev/confirm-kube-proxy-switch") {
+    if let Some(mode) = c.annotations.get(render::api::CONFIRM_KUBE_PROXY_SWITCH) {
         let id = b.sym(mode);
-        put(&mut b, "consent", &[id]);
+        r.consent.push(&mut b, [id]);
     }
     // Machines, with their position in name order.
     let mut names: Vec<&str> = s.machines.iter().map(|m| m.name.as_str()).collect();
     names.sort_unstable();
     for m in &s.machines {
         let name = b.sym(&m.name);
-        let row = [name, b.sym(&m.role)];
-        put(&mut b, "machine", &row);
-        let idx = names.iter().position(|x| *x == m.name).unwrap_or(0) as i64;
+        let row = [name, b.sym(m.role.name())];
+        r.machine.push(&mut b, row);
+        let idx = names.binary_search(&m.name.as_str()).unwrap_or(0) as i64;
         let row = [name, b.num(idx)];
-        put(&mut b, "machine_order", &row);
+        r.machine_order.push(&mut b, row);
         let row = [name, b.sym(&m.talos_version), b.sym(&m.kubelet_version)];
-        put(&mut b, "machine_versions", &row);
+        r.machine_versions.push(&mut b, row);
         if m.ready {
-            put(&mut b, "node_ready", &[name]);
+            r.node_ready.push(&mut b, [name]);
         }
         if m.hold {
-            put(&mut b, "held", &[name]);
+            r.held.push(&mut b, [name]);
         }
         if m.runs_controller {
-            put(&mut b, "runs_controller", &[name]);
+            r.runs_controller.push(&mut b, [name]);
         }
         for pp in &m.pending {
-            let row = [name, b.sym(&pp.path), b.sym(&pp.class), b.sym(pp.applied_by.as_deref().unwrap_or("none"))];
-            put(&mut b, "pending", &row);
+            let owner = pp.applied_by.map_or("none", |k| k.name());
+            let row = [name, b.sym(&pp.path), b.sym(pp.class.name()), b.sym(owner)];
+            r.pending.push(&mut b, row);
             if let Some(v) = &pp.new {
                 let row = [name, b.sym(&pp.path), b.sym(v)];
-                put(&mut b, "pending_value", &row);
+                r.pending_value.push(&mut b, row);
             }
         }
         for (component, pod) in &m.static_pods {
             let row = [name, b.sym(component), b.sym(&pod.image), b.sym(if pod.ready { "true" } else { "false" })];
-            put(&mut b, "static_pod", &row);
+            r.static_pod.push(&mut b, row);
         }
     }
     for pair in names.windows(2) {
         let row = [b.sym(pair[0]), b.sym(pair[1])];
-        put(&mut b, "next_in_order", &row);
+        r.next_in_order.push(&mut b, row);
     }
     if let Some(last) = names.last() {
         let id = b.sym(last);
-        put(&mut b, "last_in_order", &[id]);
+        r.last_in_order.push(&mut b, [id]);
     }
     // The workload cluster.
     let w = &s.workload;
     if let Some(v) = &w.cilium_kube_proxy_replacement {
         let id = b.sym(v);
-        put(&mut b, "cilium_kpr", &[id]);
+        r.cilium_kpr.push(&mut b, [id]);
     }
     if let Some(d) = &w.cilium_daemon_set {
         let row =
             [b.num(d.desired), b.num(d.updated), b.num(d.ready), b.num(d.generation), b.num(d.observed_generation)];
-        put(&mut b, "cilium_ds", &row);
+        r.cilium_ds.push(&mut b, row);
     }
     if let Some(d) = &w.kube_proxy_daemon_set {
         let row = [b.num(d.desired), b.num(d.updated), b.num(d.ready), b.sym(d.image.as_deref().unwrap_or(""))];
-        put(&mut b, "kube_proxy_ds", &row);
+        r.kube_proxy_ds.push(&mut b, row);
     }
     for cm in &w.kube_proxy_config_maps {
         let id = b.sym(cm);
-        put(&mut b, "kube_proxy_configmap", &[id]);
+        r.kube_proxy_configmap.push(&mut b, [id]);
     }
     if w.kubernetes_service_answers {
-        put(&mut b, "service_answers", &[]);
+        r.service_answers.push(&mut b, []);
     }
     for api in &w.removed_apis_in_use {
         let row = [b.sym(&api.api), b.sym(&api.removed_in)];
-        put(&mut b, "removed_api_in_use", &row);
+        r.removed_api_in_use.push(&mut b, row);
     }
     b
 }

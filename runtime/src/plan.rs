@@ -6,16 +6,63 @@
 //! fills message templates, and refuses plans whose actions contradict each other (reported
 //! with both proofs, never executed).
 
+use crate::facts::Rels;
 use crate::state::ObservedState;
 use engine::explain::{Explanation, Proof};
 use engine::{Const, Database, Engine, EvalOptions, MemSources};
 use handlebars::Handlebars;
+use render::api::{KubeProxyMode, OperationKind, Role};
+use serde::Serialize;
 use serde_json::{Value as Json, json};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-/// What an executor does; each is complete enough to perform without choosing.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A containerd namespace an image is pulled into: `k8s.io` for the CRI's images (the API
+/// server, scheduler, controller manager, kube-proxy), `system` for Talos's own services (the
+/// kubelet). ADR 0057: pulling into the wrong one leaves the image where nothing looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum ContainerdNamespace {
+    #[serde(rename = "k8s.io")]
+    K8s,
+    #[serde(rename = "system")]
+    System,
+}
+
+impl ContainerdNamespace {
+    pub fn name(self) -> &'static str {
+        match self {
+            ContainerdNamespace::K8s => "k8s.io",
+            ContainerdNamespace::System => "system",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ContainerdNamespace> {
+        [ContainerdNamespace::K8s, ContainerdNamespace::System].into_iter().find(|n| n.name() == s)
+    }
+}
+
+impl fmt::Display for ContainerdNamespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A Kubernetes object by kind, namespace (none for a cluster-scoped kind) and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct ObjectRef {
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+/// The field manager of the bootstrap-manifest sync: Talos's own, so that Talos and Ichor
+/// never fight over the fields (FACTS 5).
+pub const TALOS_FIELD_MANAGER: &str = "talos";
+
+/// What an executor does; each is complete enough to perform without choosing. Serialized with
+/// its kind under `action` (the names `action_order` in rules/backbone.rules ranks).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum Action {
     Pause {
         message: String,
@@ -34,7 +81,7 @@ pub enum Action {
     },
     PullImage {
         machine: String,
-        namespace: String,
+        namespace: ContainerdNamespace,
         image: String,
     },
     Cordon {
@@ -43,6 +90,7 @@ pub enum Action {
     Drain {
         machine: String,
     },
+    #[serde(rename = "applyNoReboot")]
     Apply {
         machine: String,
         paths: Vec<String>,
@@ -55,18 +103,20 @@ pub enum Action {
     },
     SyncManifests {
         via: String,
+        field_manager: &'static str,
     },
     Delete {
         via: String,
-        kind: String,
-        name: String,
+        #[serde(flatten)]
+        object: ObjectRef,
     },
     RestoreKubeProxy {
         via: String,
     },
     /// The Job is named by the hash of the values it applies, so re-creating it is a no-op.
     CiliumJob {
-        mode: String,
+        #[serde(rename = "kubeProxy")]
+        mode: KubeProxyMode,
         name: String,
         values: Json,
     },
@@ -104,14 +154,14 @@ impl fmt::Display for Action {
             }
             Action::Done { machine } => write!(f, "record {machine}'s step as verified and done"),
             Action::Uncordon { machine } => write!(f, "uncordon {machine}"),
-            Action::SyncManifests { via } => {
-                write!(f, "server-side-apply the bootstrap manifests (field manager talos) through {via}")
+            Action::SyncManifests { via, field_manager } => {
+                write!(f, "server-side-apply the bootstrap manifests (field manager {field_manager}) through {via}")
             }
-            Action::Delete { via, kind, name } if kind == "ClusterRoleBinding" => {
+            Action::Delete { via, object: ObjectRef { kind, namespace: None, name } } => {
                 write!(f, "delete {kind} {name} (cluster-scoped) through {via}'s admin kubeconfig")
             }
-            Action::Delete { via, kind, name } => {
-                write!(f, "delete {kind} kube-system/{name} through {via}'s admin kubeconfig")
+            Action::Delete { via, object: ObjectRef { kind, namespace: Some(ns), name } } => {
+                write!(f, "delete {kind} {ns}/{name} through {via}'s admin kubeconfig")
             }
             Action::RestoreKubeProxy { via } => {
                 write!(f, "restore the kube-proxy objects from Talos's rendered manifests through {via}")
@@ -128,36 +178,32 @@ impl fmt::Display for Action {
 }
 
 impl Action {
-    pub fn to_json(&self) -> Json {
+    /// The action's kind, as serialized under `action` and ranked by `action_order`.
+    pub fn kind(&self) -> &'static str {
         match self {
-            Action::Pause { message } => json!({"action": "pause", "message": message}),
-            Action::Fail { machine, message } => json!({"action": "fail", "machine": machine, "message": message}),
-            Action::SetStatus { field, value } => json!({"action": "setStatus", "field": field, "value": value}),
-            Action::Start { machine, stage } => json!({"action": "start", "machine": machine, "stage": stage}),
-            Action::PullImage { machine, namespace, image } => {
-                json!({"action": "pullImage", "machine": machine, "namespace": namespace, "image": image})
-            }
-            Action::Cordon { machine } => json!({"action": "cordon", "machine": machine}),
-            Action::Drain { machine } => json!({"action": "drain", "machine": machine}),
-            Action::Apply { machine, paths } => json!({"action": "applyNoReboot", "machine": machine, "paths": paths}),
-            Action::Done { machine } => json!({"action": "done", "machine": machine}),
-            Action::Uncordon { machine } => json!({"action": "uncordon", "machine": machine}),
-            Action::SyncManifests { via } => json!({"action": "syncManifests", "via": via, "fieldManager": "talos"}),
-            Action::Delete { via, kind, name } => {
-                let ns = if kind == "ClusterRoleBinding" { Json::Null } else { json!("kube-system") };
-                json!({"action": "delete", "via": via, "kind": kind, "namespace": ns, "name": name})
-            }
-            Action::RestoreKubeProxy { via } => json!({"action": "restoreKubeProxy", "via": via}),
-            Action::CiliumJob { mode, name, values } => {
-                json!({"action": "ciliumJob", "name": name, "kubeProxy": mode, "values": values})
-            }
-            Action::StepDone { step } => json!({"action": "stepDone", "step": step}),
-            Action::Wait { reason, message, since, limit_minutes } => {
-                json!({"action": "wait", "reason": reason, "message": message, "since": since, "limitMinutes": limit_minutes})
-            }
-            Action::Warn { message } => json!({"action": "warn", "message": message}),
-            Action::Complete => json!({"action": "complete"}),
+            Action::Pause { .. } => "pause",
+            Action::Fail { .. } => "fail",
+            Action::SetStatus { .. } => "setStatus",
+            Action::Start { .. } => "start",
+            Action::PullImage { .. } => "pullImage",
+            Action::Cordon { .. } => "cordon",
+            Action::Drain { .. } => "drain",
+            Action::Apply { .. } => "applyNoReboot",
+            Action::Done { .. } => "done",
+            Action::Uncordon { .. } => "uncordon",
+            Action::SyncManifests { .. } => "syncManifests",
+            Action::Delete { .. } => "delete",
+            Action::RestoreKubeProxy { .. } => "restoreKubeProxy",
+            Action::CiliumJob { .. } => "ciliumJob",
+            Action::StepDone { .. } => "stepDone",
+            Action::Wait { .. } => "wait",
+            Action::Warn { .. } => "warn",
+            Action::Complete => "complete",
         }
+    }
+
+    pub fn to_json(&self) -> Json {
+        serde_json::to_value(self).unwrap_or(Json::Null)
     }
 }
 
@@ -165,57 +211,37 @@ impl Action {
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub operation: String,
-    pub kind: String,
+    pub kind: OperationKind,
     pub phase: String,
     pub confirmation: Option<String>,
     pub actions: Vec<(Action, Vec<Proof>)>,
-    /// The mode every Cilium Job outside a switch uses (cilium-config, then status, then spec).
-    pub cilium_job_mode: Option<String>,
+    /// The mode every Cilium Job outside a switch uses (`cilium_job_mode` in rules/switch.rules).
+    pub cilium_job_mode: Option<KubeProxyMode>,
 }
 
-#[derive(Debug)]
+/// Why the planner cannot be built or cannot plan.
+#[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    /// The rules or templates do not load.
-    Load(Vec<String>),
-    Eval(engine::EvalError),
+    /// The rules do not load, or do not declare what this host needs.
+    #[error("the operation rules do not load; fix them and run `ichor rules check`")]
+    Load(#[from] engine::LoadError),
+    /// The message templates do not load.
+    #[error("{file}: {problem}")]
+    Templates { file: String, problem: String },
+    #[error("evaluating the operation rules")]
+    Eval(#[from] engine::EvalError),
+    /// The rules derived a value this host cannot decode (a column the binding cannot type).
+    #[error("the rules derived {relation}({value:?}), which is not a {expected}")]
+    Decode { relation: &'static str, value: String, expected: &'static str },
     /// Two actions contradict each other; the plan is not executed.
-    Contradiction {
-        what: String,
-        proofs: Vec<String>,
-    },
+    #[error("the rules contradict themselves: {what}; nothing is executed")]
+    Contradiction { what: String, proofs: Vec<String> },
 }
-
-impl fmt::Display for PlanError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PlanError::Load(p) => write!(f, "{}", p.join("\n")),
-            PlanError::Eval(e) => write!(f, "evaluation failed: {e}"),
-            PlanError::Contradiction { what, .. } => {
-                write!(f, "the rules contradict themselves: {what}; nothing is executed")
-            }
-        }
-    }
-}
-
-impl std::error::Error for PlanError {}
 
 pub struct Planner {
     pub engine: Engine,
+    rels: Rels,
     hb: Handlebars<'static>,
-}
-
-fn text(db: &Database, id: u32) -> String {
-    match db.value(id) {
-        Const::Sym(s) => s.clone(),
-        Const::Num(n) => n.to_string(),
-    }
-}
-
-fn num(db: &Database, id: u32) -> i64 {
-    match db.value(id) {
-        Const::Num(n) => *n,
-        Const::Sym(_) => 0,
-    }
 }
 
 /// RFC 3339 UTC from seconds since 1970.
@@ -234,39 +260,41 @@ pub fn rfc3339(t: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
 }
 
+fn mode(db: &Database, relation: &'static str, id: u32) -> Result<KubeProxyMode, PlanError> {
+    KubeProxyMode::parse(db.sym(id)).ok_or_else(|| PlanError::Decode {
+        relation,
+        value: db.sym(id).to_string(),
+        expected: "kube-proxy mode (enabled or replaced)",
+    })
+}
+
 impl Planner {
-    /// Compiles the given rule files (all of them, as one program) and message templates.
-    pub fn new(rules: &[(String, String)], messages: &str) -> Result<Planner, PlanError> {
-        let files: HashMap<String, String> = rules.iter().cloned().collect();
-        let names: Vec<String> = rules.iter().map(|r| r.0.clone()).collect();
-        let loaded = engine::load(&names, &MemSources(files));
-        let Some(program) = loaded.program else {
-            return Err(PlanError::Load(loaded.errors().map(|d| d.display(&loaded.sources).to_string()).collect()));
-        };
-        let engine = Engine::new(program)
-            .map_err(|e| PlanError::Load(e.iter().map(|x| format!("{}: {}", x.at, x.message)).collect()))?;
-        let templates: BTreeMap<String, String> =
-            serde_yaml::from_str(messages).map_err(|e| PlanError::Load(vec![format!("rules/messages.yaml: {e}")]))?;
+    /// Compiles the program rooted at `root` (one of `files`, which includes the others) and
+    /// the message templates; binds every relation the host uses.
+    pub fn new(files: &[(String, String)], root: &str, messages: (&str, &str)) -> Result<Planner, PlanError> {
+        let sources = MemSources(files.iter().cloned().collect::<HashMap<_, _>>());
+        let (engine, _) = Engine::load(&[root.to_string()], &sources)?;
+        let rels = Rels::bind(&engine.program).map_err(engine::LoadError::from)?;
+        let (file, text) = messages;
+        let templates: BTreeMap<String, String> = serde_yaml::from_str(text)
+            .map_err(|e| PlanError::Templates { file: file.to_string(), problem: e.to_string() })?;
         let mut hb = Handlebars::new();
         hb.set_strict_mode(true);
         hb.register_escape_fn(handlebars::no_escape);
-        let mut problems = vec![];
         for (name, t) in &templates {
-            if let Err(e) = hb.register_template_string(name, t) {
-                problems.push(format!("rules/messages.yaml: template {name}: {e}"));
-            }
+            hb.register_template_string(name, t).map_err(|e| PlanError::Templates {
+                file: file.to_string(),
+                problem: format!("template {name}: {e}"),
+            })?;
         }
-        if !problems.is_empty() {
-            return Err(PlanError::Load(problems));
-        }
-        Ok(Planner { engine, hb })
+        Ok(Planner { engine, rels, hb })
     }
 
     /// The shipped rules and templates.
     pub fn embedded() -> Result<Planner, PlanError> {
-        let rules: Vec<(String, String)> =
-            render::bundle::RULES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
-        Planner::new(&rules, render::bundle::MESSAGES.1)
+        let files: Vec<(String, String)> =
+            render::embedded::RULE_FILES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        Planner::new(&files, render::embedded::OPERATIONS_PROGRAM, render::embedded::MESSAGES)
     }
 
     fn message(&self, template: &str, data: &Json) -> String {
@@ -280,38 +308,32 @@ impl Planner {
     }
 
     pub fn plan_with(&self, s: &ObservedState, explain: bool) -> Result<Plan, PlanError> {
-        let facts = crate::facts::facts(&self.engine, s);
-        let db = self
-            .engine
-            .evaluate_built(facts, EvalOptions { provenance: true, ..EvalOptions::default() })
-            .map_err(PlanError::Eval)?;
+        let r = &self.rels;
+        let facts = crate::facts::facts(&self.engine, r, s);
+        let db = self.engine.evaluate_built(facts, EvalOptions { provenance: true, ..EvalOptions::default() })?;
         let p = &self.engine.program;
-        let rows = |name: &str| -> Vec<Vec<u32>> {
-            let r = p.relation(name).unwrap_or_else(|| panic!("the rules declare `{name}`"));
-            db.rels[r].iter().map(<[u32]>::to_vec).collect()
-        };
-        let proof = |name: &str, row: &[u32]| -> Option<Proof> {
+        let text = |id: u32| db.sym(id).to_string();
+        let num = |id: u32| db.num(id);
+        let proof = |rel: engine::RelId, row: &[u32]| -> Option<Proof> {
             if !explain {
                 return None;
             }
             let values: Vec<Const> = row.iter().map(|&v| db.value(v).clone()).collect();
-            match engine::explain::explain(p, &db, name, &values) {
+            match engine::explain::explain(p, &db, &p.relations[rel].name, &values) {
                 Ok(Explanation::Holds(pr)) => Some(pr),
                 _ => None,
             }
         };
-        let cps = s.machines.iter().filter(|m| m.role == "controlplane").count();
-        let target =
-            s.operation.target_kubernetes.clone().or(s.operation.target_kube_proxy.clone()).unwrap_or_default();
-        let from = match s.operation.kind.as_str() {
-            // The mode in force: the status a switch set, else what Cilium runs now, else the spec.
-            "cni" => s.cluster.status_kube_proxy.clone().unwrap_or_else(|| {
-                match s.workload.cilium_kube_proxy_replacement.as_deref() {
-                    Some("true") => "replaced".into(),
-                    Some(_) => "enabled".into(),
-                    None => s.cluster.cni.kube_proxy.clone(),
-                }
-            }),
+        let cps = s.machines.iter().filter(|m| m.role == Role::Controlplane).count();
+        let target = s
+            .operation
+            .target_kubernetes
+            .clone()
+            .or(s.operation.target_kube_proxy.map(|m| m.name().to_string()))
+            .unwrap_or_default();
+        let from = match s.operation.kind {
+            // The mode in force, as the rules decide it.
+            OperationKind::Cni => r.current_kube_proxy_mode.rows(&db).next().map(|[m]| text(m)).unwrap_or_default(),
             // The oldest kubelet the machines run.
             _ => s
                 .machines
@@ -326,7 +348,7 @@ impl Planner {
         let base = json!({
             "cluster": s.cluster.name,
             "operation": s.operation.name,
-            "kind": s.operation.kind,
+            "kind": s.operation.kind.name(),
             "target": target,
             "from": from,
             "machines": s.machines.len(),
@@ -345,114 +367,122 @@ impl Planner {
         };
         let mut actions: Vec<(Action, Vec<Proof>)> = vec![];
         let mut push = |a: Action, p: Option<Proof>| actions.push((a, p.into_iter().collect()));
-        for r in rows("act_pause") {
-            let msg =
-                self.message(&text(&db, r[0]), &data(json!({"machine": text(&db, r[1]), "detail": text(&db, r[2])})));
-            push(Action::Pause { message: msg }, proof("act_pause", &r));
+        for row @ [t, m, d] in r.act_pause.rows(&db) {
+            let msg = self.message(&text(t), &data(json!({"machine": text(m), "detail": text(d)})));
+            push(Action::Pause { message: msg }, proof(r.act_pause.id(), &row));
         }
-        for r in rows("act_fail") {
-            let msg =
-                self.message(&text(&db, r[1]), &data(json!({"machine": text(&db, r[0]), "detail": text(&db, r[2])})));
-            push(Action::Fail { machine: text(&db, r[0]), message: msg }, proof("act_fail", &r));
+        for row @ [m, t, d] in r.act_fail.rows(&db) {
+            let msg = self.message(&text(t), &data(json!({"machine": text(m), "detail": text(d)})));
+            push(Action::Fail { machine: text(m), message: msg }, proof(r.act_fail.id(), &row));
         }
-        for r in rows("act_set_status") {
-            push(Action::SetStatus { field: text(&db, r[0]), value: text(&db, r[1]) }, proof("act_set_status", &r));
+        for row @ [f, v] in r.act_set_status.rows(&db) {
+            push(Action::SetStatus { field: text(f), value: text(v) }, proof(r.act_set_status.id(), &row));
         }
-        for r in rows("act_start") {
-            push(Action::Start { machine: text(&db, r[0]), stage: text(&db, r[1]) }, proof("act_start", &r));
+        for row @ [m, st] in r.act_start.rows(&db) {
+            push(Action::Start { machine: text(m), stage: text(st) }, proof(r.act_start.id(), &row));
         }
-        for r in rows("act_pull_image") {
+        for row @ [m, ns, img] in r.act_pull_image.rows(&db) {
+            let namespace = ContainerdNamespace::parse(db.sym(ns)).ok_or_else(|| PlanError::Decode {
+                relation: "act_pull_image",
+                value: text(ns),
+                expected: "containerd namespace (k8s.io or system)",
+            })?;
             push(
-                Action::PullImage { machine: text(&db, r[0]), namespace: text(&db, r[1]), image: text(&db, r[2]) },
-                proof("act_pull_image", &r),
+                Action::PullImage { machine: text(m), namespace, image: text(img) },
+                proof(r.act_pull_image.id(), &row),
             );
         }
-        for r in rows("act_cordon") {
-            push(Action::Cordon { machine: text(&db, r[0]) }, proof("act_cordon", &r));
+        for row @ [m] in r.act_cordon.rows(&db) {
+            push(Action::Cordon { machine: text(m) }, proof(r.act_cordon.id(), &row));
         }
-        for r in rows("act_drain") {
-            push(Action::Drain { machine: text(&db, r[0]) }, proof("act_drain", &r));
+        for row @ [m] in r.act_drain.rows(&db) {
+            push(Action::Drain { machine: text(m) }, proof(r.act_drain.id(), &row));
         }
         let mut applies: BTreeMap<String, (Vec<String>, Vec<Proof>)> = BTreeMap::new();
-        for r in rows("act_apply") {
-            let e = applies.entry(text(&db, r[0])).or_default();
-            e.0.push(text(&db, r[1]));
-            e.1.extend(proof("act_apply", &r));
+        for row @ [m, path] in r.act_apply.rows(&db) {
+            let e = applies.entry(text(m)).or_default();
+            e.0.push(text(path));
+            e.1.extend(proof(r.act_apply.id(), &row));
         }
         for (m, (mut paths, proofs)) in applies {
             paths.sort();
             actions.push((Action::Apply { machine: m, paths }, proofs));
         }
         let mut push = |a: Action, p: Option<Proof>| actions.push((a, p.into_iter().collect()));
-        for r in rows("act_done") {
-            push(Action::Done { machine: text(&db, r[0]) }, proof("act_done", &r));
+        for row @ [m] in r.act_done.rows(&db) {
+            push(Action::Done { machine: text(m) }, proof(r.act_done.id(), &row));
         }
-        for r in rows("act_uncordon") {
-            push(Action::Uncordon { machine: text(&db, r[0]) }, proof("act_uncordon", &r));
+        for row @ [m] in r.act_uncordon.rows(&db) {
+            push(Action::Uncordon { machine: text(m) }, proof(r.act_uncordon.id(), &row));
         }
-        for r in rows("act_sync_manifests") {
-            push(Action::SyncManifests { via: text(&db, r[0]) }, proof("act_sync_manifests", &r));
-        }
-        // In the order the rules give (their first column), then by name.
-        let mut deletes = rows("act_delete");
-        deletes.sort_by_key(|r| (num(&db, r[0]), text(&db, r[3])));
-        for r in deletes {
+        for row @ [v] in r.act_sync_manifests.rows(&db) {
             push(
-                Action::Delete { via: text(&db, r[1]), kind: text(&db, r[2]), name: text(&db, r[3]) },
-                proof("act_delete", &r),
+                Action::SyncManifests { via: text(v), field_manager: TALOS_FIELD_MANAGER },
+                proof(r.act_sync_manifests.id(), &row),
             );
         }
-        for r in rows("act_restore_kube_proxy") {
-            push(Action::RestoreKubeProxy { via: text(&db, r[0]) }, proof("act_restore_kube_proxy", &r));
+        // In the order the rules give (their first column), then by name.
+        let mut deletes: Vec<[u32; 5]> = r.act_delete.rows(&db).collect();
+        deletes.sort_by_key(|&[order, _, _, _, name]| (num(order), text(name)));
+        for row @ [_, via, kind, ns, name] in deletes {
+            let namespace = Some(text(ns)).filter(|n| !n.is_empty());
+            let object = ObjectRef { kind: text(kind), namespace, name: text(name) };
+            push(Action::Delete { via: text(via), object }, proof(r.act_delete.id(), &row));
         }
-        for r in rows("act_cilium_job") {
-            let mode = text(&db, r[0]);
+        for row @ [v] in r.act_restore_kube_proxy.rows(&db) {
+            push(Action::RestoreKubeProxy { via: text(v) }, proof(r.act_restore_kube_proxy.id(), &row));
+        }
+        for row @ [m] in r.act_cilium_job.rows(&db) {
+            let mode = mode(&db, "act_cilium_job", m)?;
             let values = render::cilium::layered(
                 s.cluster.cilium_values.as_ref().unwrap_or(&Json::Null),
-                mode == "replaced",
+                mode == KubeProxyMode::Replaced,
                 s.cluster.cilium_tunnel.as_deref().unwrap_or("vxlan"),
             );
             let name = format!("ichor-cni-{}", render::cilium::values_hash(&values));
-            push(Action::CiliumJob { mode, name, values }, proof("act_cilium_job", &r));
+            push(Action::CiliumJob { mode, name, values }, proof(r.act_cilium_job.id(), &row));
         }
-        for r in rows("act_step_done") {
-            push(Action::StepDone { step: text(&db, r[0]) }, proof("act_step_done", &r));
+        for row @ [st] in r.act_step_done.rows(&db) {
+            push(Action::StepDone { step: text(st) }, proof(r.act_step_done.id(), &row));
         }
-        for r in rows("act_wait") {
-            let (t, since, limit) = (text(&db, r[0]), num(&db, r[2]), num(&db, r[3]));
+        for row @ [t, d, since, limit] in r.act_wait.rows(&db) {
+            let (t, since, limit) = (text(t), num(since), num(limit));
             let since = (since > 0).then(|| rfc3339(since));
             let msg = self.message(
                 &t,
-                &data(json!({"machine": text(&db, r[1]), "detail": text(&db, r[1]), "since": since.clone().unwrap_or_default(), "limit": limit / 60})),
+                &data(json!({"machine": text(d), "detail": text(d), "since": since.clone().unwrap_or_default(), "limit": limit / 60})),
             );
-            push(Action::Wait { reason: t, message: msg, since, limit_minutes: limit / 60 }, proof("act_wait", &r));
+            push(
+                Action::Wait { reason: t, message: msg, since, limit_minutes: limit / 60 },
+                proof(r.act_wait.id(), &row),
+            );
         }
-        for r in rows("act_warn") {
-            let msg = self.message(&text(&db, r[0]), &data(json!({"a": text(&db, r[1]), "b": text(&db, r[2])})));
-            push(Action::Warn { message: msg }, proof("act_warn", &r));
+        for row @ [t, a, b] in r.act_warn.rows(&db) {
+            let msg = self.message(&text(t), &data(json!({"a": text(a), "b": text(b)})));
+            push(Action::Warn { message: msg }, proof(r.act_warn.id(), &row));
         }
-        if !rows("act_complete").is_empty() {
-            push(Action::Complete, proof("act_complete", &[]));
+        if r.act_complete.any(&db) {
+            push(Action::Complete, proof(r.act_complete.id(), &[]));
         }
         // The order of action kinds is the rules' (`action_order`); within a kind, as decoded.
-        let rank: HashMap<String, i64> =
-            rows("action_order").iter().map(|r| (text(&db, r[0]), num(&db, r[1]))).collect();
-        actions.sort_by_key(|(a, _)| {
-            rank.get(a.to_json()["action"].as_str().unwrap_or_default()).copied().unwrap_or(i64::MAX)
-        });
+        let rank: HashMap<&str, i64> = r.action_order.rows(&db).map(|[a, n]| (db.sym(a), num(n))).collect();
+        actions.sort_by_key(|(a, _)| rank.get(a.kind()).copied().unwrap_or(i64::MAX));
         if let Err(e) = self.contradictions(&actions, s) {
             // Contradicting actions are always reported with their proofs.
             return if explain { Err(e) } else { self.plan_with(s, true) };
         }
-        let phase = rows("phase").first().map(|r| text(&db, r[0])).unwrap_or_else(|| s.operation.phase.clone());
+        let phase = r.phase.rows(&db).next().map(|[ph]| text(ph)).unwrap_or_else(|| s.operation.phase.clone());
         let confirmation = (s.operation.phase == "Pending").then(|| {
-            let t = if s.operation.kind == "cni" { "ConfirmSwitch" } else { "ConfirmUpgrade" };
+            let t = if s.operation.kind == OperationKind::Cni { "ConfirmSwitch" } else { "ConfirmUpgrade" };
             self.message(t, &base)
         });
-        let cilium_job_mode = rows("cilium_job_mode").first().map(|r| text(&db, r[0]));
+        let cilium_job_mode = match r.cilium_job_mode.rows(&db).next() {
+            Some([m]) => Some(mode(&db, "cilium_job_mode", m)?),
+            None => None,
+        };
         Ok(Plan {
             operation: s.operation.name.clone(),
-            kind: s.operation.kind.clone(),
+            kind: s.operation.kind,
             phase,
             confirmation,
             actions,
@@ -493,7 +523,7 @@ impl Planner {
         let cps: Vec<usize> = (0..actions.len())
             .filter(|&i| match &actions[i].0 {
                 Action::Start { machine, .. } => {
-                    s.machines.iter().any(|m| &m.name == machine && m.role == "controlplane")
+                    s.machines.iter().any(|m| &m.name == machine && m.role == Role::Controlplane)
                 }
                 _ => false,
             })

@@ -6,6 +6,8 @@
 //! the YAML itself, required fields, a machine listed twice, a clock in the future of `now`,
 //! versions that do not parse, an operation kind the rules do not know.
 
+use render::api::{CniPreset, Handover, KubeProxyMode, OperationKind, Role};
+use render::vocab::Class;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -35,7 +37,7 @@ pub struct Cluster {
     pub cni: Cni,
     /// `status.cni.kubeProxy`, when a switch has set it.
     #[serde(default)]
-    pub status_kube_proxy: Option<String>,
+    pub status_kube_proxy: Option<KubeProxyMode>,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
     /// The user's layer of Cilium values (spec.cni.cilium.values).
@@ -49,9 +51,9 @@ pub struct Cluster {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Cni {
-    pub preset: String,
-    pub kube_proxy: String,
-    pub handover: String,
+    pub preset: CniPreset,
+    pub kube_proxy: KubeProxyMode,
+    pub handover: Handover,
     /// The CNIHandover condition is True.
     #[serde(default)]
     pub handover_done: bool,
@@ -65,7 +67,7 @@ pub struct Cni {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Machine {
     pub name: String,
-    pub role: String,
+    pub role: Role,
     pub talos_version: String,
     pub kubelet_version: String,
     pub ready: bool,
@@ -87,9 +89,9 @@ pub struct Machine {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PendingPath {
     pub path: String,
-    pub class: String,
+    pub class: Class,
     #[serde(default)]
-    pub applied_by: Option<String>,
+    pub applied_by: Option<OperationKind>,
     #[serde(default)]
     pub restarts: Vec<String>,
     /// The render's value (an image, for the pre-pull).
@@ -148,11 +150,11 @@ pub struct RemovedApi {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Operation {
     pub name: String,
-    pub kind: String,
+    pub kind: OperationKind,
     #[serde(default)]
     pub target_kubernetes: Option<String>,
     #[serde(default)]
-    pub target_kube_proxy: Option<String>,
+    pub target_kube_proxy: Option<KubeProxyMode>,
     #[serde(default = "one")]
     pub max_unavailable: i64,
     /// The phase held in status: Pending (not started), Running, Paused, Completed.
@@ -190,21 +192,17 @@ pub struct MachineProgress {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OtherOperation {
     pub name: String,
-    pub kind: String,
+    pub kind: OperationKind,
     pub phase: String,
 }
 
 /// A snapshot problem, naming the field.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One problem of a snapshot: the field at fault (or `line L, column C` for YAML errors).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
 pub struct StateError {
     pub field: String,
     pub message: String,
-}
-
-impl std::fmt::Display for StateError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
 }
 
 /// Seconds since 1970 of an RFC 3339 UTC time (`YYYY-MM-DDTHH:MM:SSZ`).
@@ -231,7 +229,8 @@ pub fn epoch(s: &str) -> Option<i64> {
 }
 
 /// The operation kinds the rules know.
-pub const KINDS: [&str; 2] = ["kubernetes", "cni"];
+/// The operation kinds the shipped rules plan (the others are the controller's, not yet rules).
+pub const KINDS: [OperationKind; 2] = [OperationKind::Kubernetes, OperationKind::Cni];
 
 fn version_ok(v: &str) -> bool {
     engine::value::parse_version(v).is_some()
@@ -266,10 +265,11 @@ impl ObservedState {
             clock(format!("operation.waitingSince.{r}"), t);
         }
         let mut err = |field: String, message: String| errors.push(StateError { field, message });
-        if !KINDS.contains(&s.operation.kind.as_str()) {
+        if !KINDS.contains(&s.operation.kind) {
+            let known: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
             err(
                 "operation.kind".into(),
-                format!("{:?} is not an operation kind the rules know ({})", s.operation.kind, KINDS.join(", ")),
+                format!("{:?} is not an operation kind the rules know ({})", s.operation.kind.name(), known.join(", ")),
             );
         }
         for (field, v) in [
@@ -294,9 +294,6 @@ impl ObservedState {
                 if !version_ok(v) {
                     err(format!("machines[{i}].{f}"), format!("{v:?} is not a version (vX.Y.Z)"));
                 }
-            }
-            if m.role != "controlplane" && m.role != "worker" {
-                err(format!("machines[{i}].role"), format!("{:?} is not controlplane or worker", m.role));
             }
         }
         for m in s.operation.machines.keys() {

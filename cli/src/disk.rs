@@ -1,0 +1,185 @@
+//! Everything the `ichor` binary reads from disk, in one place: rule directories, configs,
+//! manifests, snapshots. Commands call these and never touch the filesystem themselves.
+//!
+//! Start at `classifier` and `planner` (the shipped rules, or a `--rules DIR`), `read_config`
+//! and `read_manifests`. Each error names the file (and, for parse errors, every
+//! `path:line:col`) and is a typed library error or a `Diagnosed` carrying its diagnostics.
+
+use crate::Diagnosed;
+use anyhow::{Context, Result, bail};
+use engine::Sources;
+use render::classify::{Classifier, RuleSet};
+use render::config::{Config, MAX_CONFIG_BYTES};
+use render::manifests::Manifests;
+use runtime::plan::{PlanError, Planner};
+use std::path::{Path, PathBuf};
+
+/// Reads rule files from disk for the engine's loader.
+pub struct FsSources;
+
+impl Sources for FsSources {
+    fn read(&self, path: &str) -> std::io::Result<Vec<u8>> {
+        std::fs::read(path)
+    }
+}
+
+/// Every file under `dir` (recursively) whose extension is one of `exts`, sorted.
+pub fn files_under(dir: &Path, exts: &[&str]) -> Result<Vec<PathBuf>> {
+    let mut out = vec![];
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = std::fs::read_dir(&d).with_context(|| format!("reading directory {}", d.display()))?;
+        for e in entries {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| exts.iter().any(|e| x == *e)) {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// `p` as the loader names it (without a leading `./`).
+fn loader_name(p: &Path) -> String {
+    p.strip_prefix(".").unwrap_or(p).to_string_lossy().into_owned()
+}
+
+/// Every `.rules` file under `dir`, sorted, as paths the loader can read.
+pub fn rule_files(dir: &Path) -> Result<Vec<String>> {
+    let out: Vec<String> = files_under(dir, &["rules"])?.iter().map(|p| loader_name(p)).collect();
+    if out.is_empty() {
+        bail!("no .rules file under {}: point --rules at the rules directory", dir.display());
+    }
+    Ok(out)
+}
+
+/// Every `.rules` file under `dir` with its text.
+fn rule_texts(dir: &Path) -> Result<Vec<(String, String)>> {
+    rule_files(dir)?
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).with_context(|| format!("reading {f}"))?;
+            Ok((f, text))
+        })
+        .collect()
+}
+
+/// The root of a host's program under a rules directory (`programs/<host>.rules`).
+pub fn program_root(dir: &Path, host: &str) -> String {
+    loader_name(&dir.join("programs").join(format!("{host}.rules")))
+}
+
+/// The classifier's rule set from `dir`, or the embedded one.
+pub fn ruleset(dir: Option<&Path>) -> Result<RuleSet> {
+    let Some(dir) = dir else {
+        return Ok(RuleSet::embedded());
+    };
+    let read = |p: PathBuf| -> Result<(String, String)> {
+        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        Ok((p.to_string_lossy().into_owned(), text))
+    };
+    let fieldmeta = read(dir.join("fieldmeta.yaml"))?;
+    let rules = rule_texts(dir)?;
+    let mut contracts = vec![];
+    for p in files_under(&dir.join("contracts"), &["paths"])? {
+        let name = p.file_stem().unwrap_or_default().to_string_lossy().into_owned();
+        contracts.push((name, read(p)?.1));
+    }
+    Ok(RuleSet { fieldmeta, rules, root: program_root(dir, "config"), contracts })
+}
+
+/// The classifier from `dir`, or the embedded one; every load problem is printed.
+pub fn classifier(dir: Option<&Path>) -> Result<Classifier> {
+    let set = ruleset(dir)?;
+    Classifier::new(&set).map_err(|e| {
+        let summary = e.to_string();
+        Diagnosed { diagnostics: e.problems.iter().map(|p| format!("{p}\n")).collect(), summary }.into()
+    })
+}
+
+/// The operations planner from `dir`, or the embedded one; every load problem is printed.
+pub fn planner(dir: Option<&Path>) -> Result<Planner> {
+    let planner = match dir {
+        None => Planner::embedded(),
+        Some(dir) => {
+            let messages = dir.join("messages.yaml");
+            let text = std::fs::read_to_string(&messages).with_context(|| format!("reading {}", messages.display()))?;
+            Planner::new(&rule_texts(dir)?, &program_root(dir, "operations"), (&loader_name(&messages), &text))
+        }
+    };
+    planner.map_err(|e| match e {
+        PlanError::Load(load) => {
+            Diagnosed { diagnostics: load.render(), summary: PlanError::Load(load).to_string() }.into()
+        }
+        other => anyhow::Error::new(other),
+    })
+}
+
+/// Reads a file of at most `limit` bytes as UTF-8 text; `what` names the kind of file.
+pub fn read_text(path: &Path, limit: usize, what: &str) -> Result<String> {
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if meta.len() as usize > limit {
+        let mib = limit >> 20;
+        bail!(
+            "{}: the file is {} bytes, over the {limit}-byte ({mib} MiB) limit for {what}",
+            path.display(),
+            meta.len()
+        );
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {})", path.display(), e.utf8_error().valid_up_to()))
+}
+
+/// Reads and parses a config file; errors are `file:line:col: error: ...`, all of them.
+pub fn read_config(path: &Path) -> Result<Config> {
+    let text = read_text(path, MAX_CONFIG_BYTES, "a machine configuration")?;
+    Config::parse(&text).map_err(|errs| {
+        Diagnosed {
+            diagnostics: errs
+                .iter()
+                .map(|e| format!("{}:{}:{}: error: {}\n", path.display(), e.line, e.col, e.message))
+                .collect(),
+            summary: format!("{} is not a Talos machine configuration Ichor can read", path.display()),
+        }
+        .into()
+    })
+}
+
+/// Every `*.yaml`/`*.yml` file under `dir`, sorted, with its text, loaded as manifests.
+pub fn read_manifests(dir: &Path, c: &Classifier) -> Result<Manifests> {
+    let mut texts = vec![];
+    for f in files_under(dir, &["yaml", "yml"])? {
+        let text = std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        texts.push((f.to_string_lossy().into_owned(), text));
+    }
+    let contracts: Vec<String> = c.known().iter().map(ToString::to_string).collect();
+    Manifests::load(&texts, &contracts).map_err(|errs| {
+        Diagnosed {
+            diagnostics: errs.iter().map(|e| format!("{e}\n")).collect(),
+            summary: format!("the manifests in {} are not valid; fix them and run again", dir.display()),
+        }
+        .into()
+    })
+}
+
+/// A machine's render, checked against its contract; the problems are printed one per line.
+pub fn render_machine(
+    m: &Manifests,
+    machine: &str,
+    contract: Option<&str>,
+    c: &Classifier,
+) -> Result<render::render::Rendered> {
+    render::machine::render_checked(m, machine, contract, c).map_err(|e| {
+        let problems = e.problems();
+        if problems.is_empty() {
+            anyhow::Error::new(e)
+        } else {
+            Diagnosed { diagnostics: problems.iter().map(|p| format!("{p}\n")).collect(), summary: e.to_string() }
+                .into()
+        }
+    })
+}

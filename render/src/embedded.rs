@@ -1,0 +1,26 @@
+//! The rule files this build ships with, embedded at compile time.
+//!
+//! The binary classifies and plans from these when no `--rules DIR` is given, so `ichor config
+//! diff` works from any directory; `ichor rules check` reads the files on disk. `build.rs`
+//! lists every `.rules` file and every contract inventory under `rules/`, so a new contract or
+//! rules file needs no edit here. Compile-time inclusion is not I/O: nothing here touches the
+//! filesystem at run time.
+
+include!(concat!(env!("OUT_DIR"), "/embedded_files.rs"));
+
+/// The root of the program the config host evaluates (classification, Talos's acceptance, a
+/// machine's condition); it includes the rest and declares every input, column by column.
+pub const CONFIG_PROGRAM: &str = "rules/programs/config.rules";
+
+/// The root of the program the operations host evaluates (backbone, upgrade, switch).
+pub const OPERATIONS_PROGRAM: &str = "rules/programs/operations.rules";
+
+/// The handlebars templates of every message an operation's rules can raise.
+pub const MESSAGES: (&str, &str) = ("rules/messages.yaml", include_str!("../../rules/messages.yaml"));
+
+/// The field metadata: the class of every config path, per contract.
+pub const FIELDMETA: (&str, &str) = ("rules/fieldmeta.yaml", include_str!("../../rules/fieldmeta.yaml"));
+
+/// The Cilium chart's value keys and types (derived from its values.schema.json).
+pub const CILIUM_KEYS: (&str, &str) =
+    ("rules/cilium/values.1.20.0.keys", include_str!("../../rules/cilium/values.1.20.0.keys"));

@@ -1,0 +1,115 @@
+//! One machine's desired config, checked as Talos would check it, and the context of its
+//! Ready condition: what `ichor render`, `ichor config diff --manifests` and the controller's
+//! machine reconcile share.
+//!
+//! Start at `render_checked` (render from the custom resources, then classify the render
+//! against its contract: a path the contract lacks or a document Talos refuses is an error
+//! naming the patch that set it) and `context` (the facts of the machine's condition). This
+//! module sits above both layers it joins: desired state (`render`) and classification.
+
+use crate::api::{CONFIRM_KUBE_PROXY_SWITCH, TalosMachine};
+use crate::classify::{Classifier, ClassifyError, ContractError, MachineContext};
+use crate::config::Config;
+use crate::diff;
+use crate::manifests::{Manifests, UnknownMachine};
+use crate::path::Path;
+use crate::render::{RenderError, Rendered, render, status_kube_proxy};
+use crate::vocab::Class;
+
+/// Why a machine has no config to apply.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    #[error("--machine")]
+    Unknown(#[from] UnknownMachine),
+    #[error("--contract")]
+    Contract(#[from] ContractError),
+    /// Every problem of the render, each naming its object and field.
+    #[error("machine {machine} does not render")]
+    Render { machine: String, problems: Vec<RenderError> },
+    #[error("checking the render")]
+    Classify(#[from] ClassifyError),
+    /// The render is a config Talos would not accept; each problem names the patch at fault.
+    #[error("machine {machine} renders a config Talos would not accept")]
+    Refused { machine: String, problems: Vec<String> },
+}
+
+impl MachineError {
+    /// The problems to print one per line before the summary, if the error carries several.
+    pub fn problems(&self) -> Vec<String> {
+        match self {
+            MachineError::Render { problems, .. } => problems.iter().map(ToString::to_string).collect(),
+            MachineError::Refused { problems, .. } => problems.clone(),
+            _ => vec![],
+        }
+    }
+}
+
+/// Renders `machine` at `contract` (default: its cluster's) and checks the result against the
+/// contract: paths it lacks and documents Talos refuses are errors naming the patch at fault.
+pub fn render_checked(
+    m: &Manifests,
+    machine: &str,
+    contract: Option<&str>,
+    c: &Classifier,
+) -> Result<Rendered, MachineError> {
+    let mch = m.machine(machine)?;
+    let cluster = m.cluster_of(mch);
+    let contract = c.contract(contract.unwrap_or(&cluster.spec.version_contract))?;
+    let (bundle, version) = m.bundle(cluster);
+    let inputs = m.inputs(mch, &bundle, version);
+    let out = render(&inputs, contract)
+        .map_err(|problems| MachineError::Render { machine: machine.to_string(), problems })?;
+    let changes = diff::changes(&Config::default(), &out.config);
+    let o = c.classify(contract, &changes, Some(&out.config), false)?;
+    let blame = |p: &Path| -> String {
+        let shown = p.to_string();
+        out.set_by
+            .iter()
+            .filter(|(q, _)| {
+                let q = q.to_string();
+                shown == q || shown.starts_with(&format!("{q}.")) || shown.starts_with(&format!("{q}["))
+            })
+            .max_by_key(|(q, _)| q.to_string().len())
+            .map(|(_, obj)| obj.clone())
+            .unwrap_or_else(|| format!("TalosCluster {}", cluster.metadata.name.clone().unwrap_or_default()))
+    };
+    let mut problems = vec![];
+    for (ch, k) in changes.iter().zip(&o.changes) {
+        if k.class == Class::Unsupported {
+            problems.push(format!(
+                "{}: spec.patch: sets {}, which the Talos {contract} contract does not have (Talos rejects it at this contract); remove it from the patch",
+                blame(&ch.path),
+                ch.path
+            ));
+        }
+    }
+    for r in &o.rejected {
+        // Blame a part of the conflict that a patch set, else the first part.
+        let parts: Vec<String> = r.at.split(" and ").filter_map(|x| Path::parse(x).ok()).map(|p| blame(&p)).collect();
+        let who =
+            parts.iter().find(|w| w.starts_with("TalosConfigPatch")).or(parts.first()).cloned().unwrap_or_default();
+        problems.push(format!(
+            "{who}: spec.patch: Talos would refuse the rendered config: {} ({}); remove it from the patch or select other machines",
+            r.message, r.at
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(MachineError::Refused { machine: machine.to_string(), problems });
+    }
+    Ok(out)
+}
+
+/// The context of a machine's Ready condition: its role, the cluster's kube-proxy spec, status
+/// and consent, its drift policy, and whether the render's inputs are those it last converged to.
+pub fn context(m: &Manifests, mch: &TalosMachine, rendered: &Rendered) -> MachineContext {
+    let cluster = m.cluster_of(mch);
+    let recorded = mch.status.as_ref().and_then(|s| s.applied_inputs_hash.as_deref());
+    MachineContext {
+        role: mch.spec.role,
+        consent: cluster.metadata.annotations.as_ref().and_then(|a| a.get(CONFIRM_KUBE_PROXY_SWITCH).cloned()),
+        spec_kube_proxy: cluster.spec.cni.kube_proxy,
+        status_kube_proxy: status_kube_proxy(cluster),
+        inputs_unchanged: recorded == Some(rendered.inputs_hash.as_str()),
+        drift_policy: cluster.spec.drift_policy,
+    }
+}

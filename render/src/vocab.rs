@@ -1,0 +1,136 @@
+//! Ichor's domain vocabulary for configs: one type per concept, shared by every crate.
+//!
+//! `Contract` (a Talos config contract, `vX.Y`), `Class` (what applying a changed path takes)
+//! and `Verdict` (a whole change's, ordered by severity). The rules speak these as symbols;
+//! `Class::parse` and `Verdict::parse` are where those symbols become types, once, when a host
+//! decodes the rules' answers. Kubernetes-side vocabulary (roles, kube-proxy modes, operation
+//! kinds) lives with the custom resources in `api`.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A Talos config contract, `vX.Y`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Contract {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Contract {
+    pub fn parse(s: &str) -> Option<Contract> {
+        let rest = s.strip_prefix('v')?;
+        let (a, b) = rest.split_once('.')?;
+        let num = |x: &str| {
+            if !x.is_empty() && x.bytes().all(|c| c.is_ascii_digit()) { x.parse().ok() } else { None }
+        };
+        Some(Contract { major: num(a)?, minor: num(b)? })
+    }
+}
+
+impl fmt::Display for Contract {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}.{}", self.major, self.minor)
+    }
+}
+
+/// What applying one changed path takes, from the least to the most disruptive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Class {
+    /// Applied live, with no reboot.
+    Safe,
+    /// Read only when Talos installs; changing it means a reinstall.
+    InstallTimeOnly,
+    /// Needs a reboot (also the fail-closed default).
+    RebootRequired,
+    /// The contract has no such path, or Talos would refuse the config: it cannot be applied.
+    Unsupported,
+}
+
+impl Class {
+    pub const ALL: [Class; 4] = [Class::Safe, Class::InstallTimeOnly, Class::RebootRequired, Class::Unsupported];
+
+    /// The symbol the rules and every output use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Safe => "safe",
+            Class::InstallTimeOnly => "install-time-only",
+            Class::RebootRequired => "reboot-required",
+            Class::Unsupported => "unsupported",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Class> {
+        Class::ALL.into_iter().find(|c| c.name() == s)
+    }
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A whole change's verdict: the most severe class present, or `NoChanges`. Ordered by
+/// severity, so the worst of several is their `max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Verdict {
+    NoChanges,
+    LiveApply,
+    InstallTimeOnly,
+    RebootRequired,
+    Unsupported,
+}
+
+impl Verdict {
+    pub const ALL: [Verdict; 5] = [
+        Verdict::NoChanges,
+        Verdict::LiveApply,
+        Verdict::InstallTimeOnly,
+        Verdict::RebootRequired,
+        Verdict::Unsupported,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::NoChanges => "NoChanges",
+            Verdict::LiveApply => "LiveApply",
+            Verdict::InstallTimeOnly => "InstallTimeOnly",
+            Verdict::RebootRequired => "RebootRequired",
+            Verdict::Unsupported => "Unsupported",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Verdict> {
+        Verdict::ALL.into_iter().find(|v| v.name() == s)
+    }
+
+    /// Whether a node can take the change without a reboot (nothing, or only safe paths).
+    pub fn live(self) -> bool {
+        self <= Verdict::LiveApply
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_order_is_severity() {
+        for c in Class::ALL {
+            assert_eq!(Class::parse(c.name()), Some(c));
+        }
+        for v in Verdict::ALL {
+            assert_eq!(Verdict::parse(v.name()), Some(v));
+        }
+        assert!(Verdict::NoChanges < Verdict::LiveApply && Verdict::RebootRequired < Verdict::Unsupported);
+        assert_eq!(Contract::parse("v1.15"), Some(Contract { major: 1, minor: 15 }));
+        assert_eq!(Contract::parse("1.15"), None);
+    }
+}
