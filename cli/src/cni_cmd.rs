@@ -63,7 +63,7 @@ pub enum SchemaCommand {
 }
 
 fn keys() -> Result<Inventory> {
-    Inventory::parse(render::embedded::CILIUM_KEYS.1).map_err(|e| anyhow!("{}: {e}", render::embedded::CILIUM_KEYS.0))
+    Inventory::parse(render::embedded::CILIUM_KEYS.1).context(render::embedded::CILIUM_KEYS.0)
 }
 
 fn refusals(rs: &[cilium::Refusal]) -> String {
@@ -74,7 +74,7 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
     match cmd {
         CniCommand::Schema(SchemaCommand::Derive { schema, chart, out }) => {
             let text = std::fs::read_to_string(&schema).with_context(|| format!("reading {}", schema.display()))?;
-            let keys = cilium::derive_keys(&text, &chart).map_err(|e| anyhow!("{}: {e}", schema.display()))?;
+            let keys = cilium::derive_keys(&text, &chart).with_context(|| schema.display().to_string())?;
             match out {
                 Some(p) => {
                     std::fs::write(&p, &keys).with_context(|| format!("writing {}", p.display()))?;
@@ -93,7 +93,7 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
         CniCommand::Values(ValuesCommand::Validate { file, kube_proxy }) => {
             let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
             let user: serde_json::Value =
-                serde_yaml::from_str(&text).map_err(|e| anyhow!("{}: not valid YAML: {e}", file.display()))?;
+                serde_yaml::from_str(&text).with_context(|| format!("{}: not valid YAML", file.display()))?;
             let rs = cilium::validate(&user, &keys()?, kube_proxy == "replaced");
             if rs.is_empty() {
                 Ok(Report {

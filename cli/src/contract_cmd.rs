@@ -4,7 +4,7 @@
 //! as `rules/contracts/vX.Y.paths`, add rules, run `ichor rules check`.
 
 use crate::Report;
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use std::path::PathBuf;
 
@@ -41,9 +41,9 @@ pub fn run(cmd: ContractCommand) -> Result<Report> {
             let ctext = std::fs::read_to_string(&corrections)
                 .with_context(|| format!("reading corrections {}", corrections.display()))?;
             let fixes =
-                render::inventory::parse_corrections(&ctext).map_err(|e| anyhow!("{}: {e}", corrections.display()))?;
-            let inv = render::inventory::derive(&text, &contract, &fixes)
-                .map_err(|e| anyhow!("{}: {e}", schema.display()))?;
+                render::inventory::parse_corrections(&ctext).with_context(|| corrections.display().to_string())?;
+            let inv =
+                render::inventory::derive(&text, &contract, &fixes).with_context(|| schema.display().to_string())?;
             match out {
                 Some(path) => {
                     std::fs::write(&path, &inv).with_context(|| format!("writing {}", path.display()))?;

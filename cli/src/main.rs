@@ -60,6 +60,10 @@ enum Command {
         /// Show each action's proof.
         #[arg(long)]
         explain: bool,
+        /// Plan with the rules under DIR (its programs/operations.rules and messages.yaml)
+        /// instead of the shipped ones.
+        #[arg(long)]
+        rules: Option<std::path::PathBuf>,
     },
     /// Print the CustomResourceDefinitions of Ichor's resources.
     #[command(after_help = "Example:\n  ichor crds | kubectl apply --server-side -f -")]
@@ -106,11 +110,20 @@ impl std::fmt::Display for Diagnosed {
 
 impl std::error::Error for Diagnosed {}
 
-fn write_quietly(mut w: impl Write, text: &str) -> Result<(), ()> {
+/// How writing a command's output ended.
+enum Written {
+    Done,
+    /// The reader went away (`ichor ... | head`): exit quietly, as every Unix tool does.
+    BrokenPipe,
+    /// Any other failure (a full disk, a closed descriptor): an error, exit 2.
+    Failed(std::io::Error),
+}
+
+fn write_all(mut w: impl Write, text: &str) -> Written {
     match w.write_all(text.as_bytes()).and_then(|_| w.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(()),
-        Err(_) => Err(()),
+        Ok(()) => Written::Done,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Written::BrokenPipe,
+        Err(e) => Written::Failed(e),
     }
 }
 
@@ -130,24 +143,28 @@ fn main() -> ExitCode {
             render_cmd::render_cmd(&manifests, &machine, contract.as_deref(), rules.as_ref())
         }
         Command::Crds => render_cmd::crds_cmd(),
-        Command::Plan { state, output, explain } => plan_cmd::run(&state, output, explain),
+        Command::Plan { state, output, explain, rules } => plan_cmd::run(&state, output, explain, rules.as_deref()),
         Command::Cni(cmd) => cni_cmd::run(cmd),
     };
     match result {
-        Ok(report) => {
-            if write_quietly(std::io::stdout().lock(), &report.stdout).is_err() {
-                return ExitCode::SUCCESS;
+        Ok(report) => match write_all(std::io::stdout().lock(), &report.stdout) {
+            Written::BrokenPipe => ExitCode::SUCCESS,
+            Written::Failed(e) => {
+                let _ = write_all(std::io::stderr().lock(), &format!("ichor: error: writing the output: {e}\n"));
+                ExitCode::from(2)
             }
-            let _ = write_quietly(std::io::stderr().lock(), &report.stderr);
-            if report.findings { ExitCode::from(1) } else { ExitCode::SUCCESS }
-        }
+            Written::Done => {
+                let _ = write_all(std::io::stderr().lock(), &report.stderr);
+                if report.findings { ExitCode::from(1) } else { ExitCode::SUCCESS }
+            }
+        },
         Err(err) => {
             let mut text = String::new();
             if let Some(d) = err.downcast_ref::<Diagnosed>() {
                 text.push_str(&d.diagnostics);
             }
             text.push_str(&format!("ichor: error: {err:#}\n"));
-            let _ = write_quietly(std::io::stderr().lock(), &text);
+            let _ = write_all(std::io::stderr().lock(), &text);
             ExitCode::from(2)
         }
     }

@@ -5,12 +5,12 @@
 
 use crate::{Diagnosed, Output, Report};
 use anyhow::{Context, Result, anyhow};
-use runtime::plan::{Action, PlanError, Planner};
+use runtime::plan::{Action, PlanError};
 use runtime::state::ObservedState;
 use serde_json::json;
 use std::path::Path;
 
-pub fn run(state: &Path, output: Output, explain: bool) -> Result<Report> {
+pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) -> Result<Report> {
     let text = std::fs::read_to_string(state).with_context(|| format!("reading {}", state.display()))?;
     let s = ObservedState::parse(&text).map_err(|errs| {
         anyhow!(Diagnosed {
@@ -18,7 +18,7 @@ pub fn run(state: &Path, output: Output, explain: bool) -> Result<Report> {
             summary: format!("{} is not a valid observed-state snapshot", state.display()),
         })
     })?;
-    let planner = Planner::embedded().map_err(|e| anyhow!("the rules do not load: {e}"))?;
+    let planner = crate::disk::planner(rules)?;
     let plan = match planner.plan_with(&s, explain) {
         Ok(p) => p,
         Err(PlanError::Contradiction { what, proofs }) => {
@@ -27,7 +27,7 @@ pub fn run(state: &Path, output: Output, explain: bool) -> Result<Report> {
                 summary: format!("the rules contradict themselves: {what}; nothing is executed"),
             }));
         }
-        Err(e) => return Err(anyhow!("{e}")),
+        Err(e) => return Err(e.into()),
     };
     let findings = plan.actions.iter().any(|(a, _)| {
         matches!(a, Action::Wait { .. } | Action::Pause { .. } | Action::Fail { .. } | Action::Warn { .. })

@@ -118,14 +118,14 @@ fn eval(files: &[PathBuf], facts: Option<&Path>, output: Output, explain_args: &
         set.resolve(&engine.program).map_err(|errs| fact_errors(facts.unwrap_or(Path::new("facts")), &errs))?;
     let mut targets = vec![];
     for e in explain_args {
-        let (rel, values) = explain::parse_tuple(e).map_err(|m| anyhow!("--explain {e:?}: {m}"))?;
+        let (rel, values) = explain::parse_tuple(e).with_context(|| format!("--explain {e:?}"))?;
         targets.push((rel, values));
     }
     let opts = EvalOptions { provenance: !targets.is_empty(), ..EvalOptions::default() };
-    let db = engine.evaluate(&facts_by_id, opts).map_err(|e| anyhow!("evaluation failed: {e}"))?;
+    let db = engine.evaluate(&facts_by_id, opts).context("evaluation failed")?;
     let mut explanations = vec![];
     for (rel, values) in &targets {
-        explanations.push(explain::explain(&engine.program, &db, rel, values).map_err(|e| anyhow!("--explain: {e}"))?);
+        explanations.push(explain::explain(&engine.program, &db, rel, values).context("--explain")?);
     }
     let stdout = match output {
         Output::Json => json_output(&engine, &db, &explanations),
@@ -217,7 +217,7 @@ fn test(dir: &Path) -> Result<Report> {
     let (mut passed, mut failed) = (0, 0);
     for path in &cases_files {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let cases = engine::ruletest::parse(&text).map_err(|e| anyhow!("{}:{e}", path.display()))?;
+        let cases = engine::ruletest::parse(&text).with_context(|| path.display().to_string())?;
         for case in &cases {
             let result = engine::ruletest::run(&engine, case);
             if result.failures.is_empty() {

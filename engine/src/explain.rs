@@ -62,25 +62,14 @@ pub enum Explanation {
     DoesNotHold { fact: String, input: bool, rules: Vec<WhyNot> },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ExplainError {
+    #[error("unknown relation `{0}`")]
     UnknownRelation(String),
+    #[error("`{relation}` has {expected} column(s), the tuple to explain has {found}")]
     Arity { relation: String, expected: usize, found: usize },
+    #[error("the evaluation ran without provenance: evaluate again with provenance on")]
     NoProvenance,
-}
-
-impl fmt::Display for ExplainError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ExplainError::UnknownRelation(r) => write!(f, "unknown relation `{r}`"),
-            ExplainError::Arity { relation, expected, found } => {
-                write!(f, "`{relation}` has {expected} column(s), the tuple to explain has {found}")
-            }
-            ExplainError::NoProvenance => {
-                write!(f, "the evaluation ran without provenance: evaluate again with provenance on")
-            }
-        }
-    }
 }
 
 /// A tuple written as `rel("a", 1)` that does not parse: what was expected and found.
