@@ -48,7 +48,7 @@ fn loader_name(p: &Path) -> String {
 }
 
 /// Every `.rules` file under `dir`, sorted, as paths the loader can read.
-pub fn rule_files(dir: &Path) -> Result<Vec<String>> {
+pub(crate) fn rule_files(dir: &Path) -> Result<Vec<String>> {
     let out: Vec<String> = files_under(dir, &["rules"])?.iter().map(|p| loader_name(p)).collect();
     if out.is_empty() {
         bail!("no .rules file under {}: point --rules at the rules directory", dir.display());
@@ -119,7 +119,7 @@ pub fn planner(dir: Option<&Path>) -> Result<Planner> {
 }
 
 /// Reads a file of at most `limit` bytes as UTF-8 text; `what` names the kind of file.
-pub fn read_text(path: &Path, limit: usize, what: &str) -> Result<String> {
+pub(crate) fn read_text(path: &Path, limit: usize, what: &str) -> Result<String> {
     let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     if meta.len() as usize > limit {
         let mib = limit >> 20;
