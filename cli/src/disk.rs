@@ -173,13 +173,15 @@ pub fn render_machine(
     contract: Option<&str>,
     c: &Classifier,
 ) -> Result<render::render::Rendered> {
-    render::machine::render_checked(m, machine, contract, c).map_err(|e| {
-        let problems = e.problems();
-        if problems.is_empty() {
-            anyhow::Error::new(e)
-        } else {
-            Diagnosed { diagnostics: problems.iter().map(|p| format!("{p}\n")).collect(), summary: e.to_string() }
-                .into()
+    use render::machine::MachineError;
+    render::machine::render_checked(m, machine, contract, c).map_err(|e| match e {
+        // The library names the problem; the command line names the flag that caused it.
+        MachineError::Unknown(_) => anyhow::Error::new(e).context("--machine"),
+        MachineError::Contract(_) => anyhow::Error::new(e).context("--contract"),
+        _ if e.problems().is_empty() => anyhow::Error::new(e),
+        _ => {
+            let diagnostics = e.problems().iter().map(|p| format!("{p}\n")).collect();
+            Diagnosed { diagnostics, summary: e.to_string() }.into()
         }
     })
 }

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Subcommand;
 use engine::explain::{self, Explanation};
 use engine::facts::FactSet;
-use engine::{Database, Engine, EvalOptions, Loaded};
+use engine::{Database, Engine, EvalOptions};
 use std::path::{Path, PathBuf};
 
 #[derive(Subcommand, Debug)]
@@ -52,25 +52,27 @@ pub fn run(cmd: RulesCommand) -> Result<Report> {
     }
 }
 
-/// Loads and compiles, or fails with every diagnostic.
-fn load(files: &[String]) -> Result<(Engine, Loaded)> {
-    let mut loaded = engine::load(files, &disk::FsSources);
-    let Some(program) = loaded.program.take() else {
-        let n = loaded.errors().count();
-        return Err(Diagnosed {
-            diagnostics: loaded.render_diagnostics(),
-            summary: format!("the rules do not load: {n} error(s); fix them and run `ichor rules check`"),
+/// Loads and compiles, or fails with every diagnostic; on success, the warnings rendered.
+fn load(files: &[String]) -> Result<(Engine, String)> {
+    match Engine::load(files, &disk::FsSources) {
+        Ok((engine, warnings)) => {
+            let text = engine::diag::render(&warnings, &engine.program.sources);
+            Ok((engine, text))
         }
-        .into());
-    };
-    let engine = Engine::new(program)
-        .map_err(|e| Diagnosed { diagnostics: e.render(), summary: "the rules cannot be compiled".into() })?;
-    Ok((engine, loaded))
+        Err(e) => {
+            let n = e.diagnostics.iter().filter(|d| d.is_error()).count();
+            Err(Diagnosed {
+                diagnostics: e.render(),
+                summary: format!("the rules do not load: {n} error(s); fix them and run `ichor rules check`"),
+            }
+            .into())
+        }
+    }
 }
 
 fn check(dir: &Path) -> Result<Report> {
     let files = disk::rule_files(dir)?;
-    let (engine, loaded) = load(&files)?;
+    let (engine, warnings) = load(&files)?;
     // Each host's program, from its root under programs/, with the relations the host binds.
     if std::path::Path::new(&disk::program_root(dir, "operations")).is_file() {
         disk::planner(Some(dir))?;
@@ -101,12 +103,12 @@ fn check(dir: &Path) -> Result<Report> {
             }
         }
     }
-    Ok(Report { stdout, stderr: loaded.render_diagnostics(), findings })
+    Ok(Report { stdout, stderr: warnings, findings })
 }
 
 fn eval(files: &[PathBuf], facts: Option<&Path>, output: Output, explain_args: &[String]) -> Result<Report> {
     let files: Vec<String> = files.iter().map(|f| f.to_string_lossy().into_owned()).collect();
-    let (engine, loaded) = load(&files)?;
+    let (engine, warnings) = load(&files)?;
     let set = match facts {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading facts {}", path.display()))?;
@@ -131,7 +133,7 @@ fn eval(files: &[PathBuf], facts: Option<&Path>, output: Output, explain_args: &
         Output::Json => json_output(&engine, &db, &explanations),
         Output::Text => text_output(&engine, &db, &explanations),
     };
-    Ok(Report { stdout, stderr: loaded.render_diagnostics(), findings: false })
+    Ok(Report { stdout, stderr: warnings, findings: false })
 }
 
 fn fact_errors(path: &Path, errs: &[engine::facts::FactError]) -> anyhow::Error {
@@ -198,7 +200,7 @@ fn text_output(engine: &Engine, db: &Database, explanations: &[Explanation]) -> 
 
 fn test(dir: &Path) -> Result<Report> {
     let files = disk::rule_files(dir)?;
-    let (engine, loaded) = load(&files)?;
+    let (engine, warnings) = load(&files)?;
     let tests_dir = dir.join("tests");
     let mut cases_files = vec![];
     if tests_dir.is_dir() {
@@ -233,5 +235,5 @@ fn test(dir: &Path) -> Result<Report> {
         }
     }
     out.push_str(&format!("{passed} passed, {failed} failed\n"));
-    Ok(Report { stdout: out, stderr: loaded.render_diagnostics(), findings: failed > 0 })
+    Ok(Report { stdout: out, stderr: warnings, findings: failed > 0 })
 }

@@ -98,6 +98,11 @@ impl fmt::Display for DisplayDiag<'_> {
     }
 }
 
+/// Every diagnostic as `path:line:col: level: message`, one per line.
+pub fn render(diags: &[Diagnostic], map: &SourceMap) -> String {
+    diags.iter().map(|d| format!("{}\n", d.display(map))).collect()
+}
+
 /// Sorts diagnostics by position so that output is deterministic whatever the order in which
 /// the stages found them.
 pub fn sort(diags: &mut [Diagnostic]) {

@@ -5,7 +5,6 @@
 //! and the tuple's index. `FactSet::from_json` reads `{"rel": [[value, ...], ...], ...}`: a JSON
 //! string is a symbol, a JSON integer a number.
 
-use crate::ast::Type;
 use crate::eval::Facts;
 use crate::program::{Const, Program};
 use std::collections::BTreeMap;
@@ -134,10 +133,7 @@ impl FactSet {
                             message: format!(
                                 "value {c} (column `{col}`) must be a {}, found the {} {v}",
                                 ty.name(),
-                                match v.ty() {
-                                    Type::Symbol => "symbol",
-                                    Type::Number => "number",
-                                }
+                                v.ty().name()
                             ),
                         });
                     }

@@ -79,7 +79,7 @@ pub struct BindError {
 impl BindError {
     /// Every diagnostic as `path:line:col: error: message`, one per line.
     pub fn render(&self) -> String {
-        self.diagnostics.iter().map(|d| format!("{}\n", d.display(&self.sources))).collect()
+        crate::diag::render(&self.diagnostics, &self.sources)
     }
 }
 
@@ -97,15 +97,8 @@ impl fmt::Debug for Binder<'_> {
 }
 
 fn signature(name: &str, cols: &[Column]) -> String {
-    let cols: Vec<String> = cols.iter().map(|(n, t)| format!("{n}: {}", type_name(*t))).collect();
+    let cols: Vec<String> = cols.iter().map(|(n, t)| format!("{n}: {}", t.name())).collect();
     format!("{name}({})", cols.join(", "))
-}
-
-fn type_name(t: Type) -> &'static str {
-    match t {
-        Type::Symbol => "symbol",
-        Type::Number => "number",
-    }
 }
 
 impl<'p> Binder<'p> {
@@ -151,9 +144,9 @@ impl<'p> Binder<'p> {
                     let msg = format!(
                         "column {} of `{name}` (`{col}`) is a {}, but {} (`{host_col}` is a {})",
                         i + 1,
-                        type_name(*t),
+                        t.name(),
                         expected(),
-                        type_name(*host_t),
+                        host_t.name(),
                     );
                     self.diagnostics.push(Diagnostic::error(r.span, msg));
                 }

@@ -56,7 +56,7 @@ pub struct LoadError {
 impl LoadError {
     /// Every diagnostic as `path:line:col: level: message`, one per line.
     pub fn render(&self) -> String {
-        self.diagnostics.iter().map(|d| format!("{}\n", d.display(&self.sources))).collect()
+        diag::render(&self.diagnostics, &self.sources)
     }
 }
 

@@ -46,7 +46,7 @@ impl Loaded {
 
     /// Every diagnostic as `path:line:col: level: message`, one per line.
     pub fn render_diagnostics(&self) -> String {
-        self.diagnostics.iter().map(|d| format!("{}\n", d.display(&self.sources))).collect()
+        crate::diag::render(&self.diagnostics, &self.sources)
     }
 }
 

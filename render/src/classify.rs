@@ -162,6 +162,23 @@ pub struct Classified {
     pub sensitive: bool,
 }
 
+impl Reason {
+    /// The reason's symbol in `class_of` (rules/classify.rules).
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Reason::Entry(_) => "entry",
+            Reason::Default => "default",
+            Reason::Ambiguous => "ambiguous",
+            Reason::Unsupported => "not-in-contract",
+        }
+    }
+
+    /// The reason a `class_of` symbol names; `entry` is `None` (its entry is in `decided_by`).
+    fn from_symbol(s: &str) -> Option<Reason> {
+        [Reason::Default, Reason::Ambiguous, Reason::Unsupported].into_iter().find(|r| r.symbol() == s)
+    }
+}
+
 impl Classified {
     pub fn entry(&self) -> Option<usize> {
         match self.reason {
@@ -461,12 +478,10 @@ impl Classifier {
             let Some(i) = change_of(path) else { continue };
             // An unknown class from the rules fails closed, as a missing one does.
             out[i].class = Class::parse(db.sym(class)).unwrap_or(Class::RebootRequired);
-            out[i].reason = match db.sym(reason) {
-                "not-in-contract" => Reason::Unsupported,
-                "ambiguous" => Reason::Ambiguous,
-                "entry" => out[i].reason,
-                _ => Reason::Default,
-            };
+            // `entry` reasons get their entry from `decided_by` below.
+            if let Some(r) = Reason::from_symbol(db.sym(reason)) {
+                out[i].reason = r;
+            }
         }
         for [path, _, entry] in r.decided_by.rows(&db) {
             if let (Some(i), Ok(e)) = (change_of(path), usize::try_from(db.num(entry))) {
@@ -518,9 +533,7 @@ impl Classifier {
     pub fn proof(&self, outcome: &Outcome, path: &Path, c: &Classified) -> Option<engine::explain::Proof> {
         let (rel, last) = match c.reason {
             Reason::Entry(e) => (self.rels.decided_by.id(), Const::Num(e as i64)),
-            Reason::Default => (self.rels.class_of.id(), Const::Sym("default".into())),
-            Reason::Ambiguous => (self.rels.class_of.id(), Const::Sym("ambiguous".into())),
-            Reason::Unsupported => (self.rels.class_of.id(), Const::Sym("not-in-contract".into())),
+            other => (self.rels.class_of.id(), Const::Sym(other.symbol().into())),
         };
         let values = vec![Const::Sym(path.to_string()), Const::Sym(c.class.to_string()), last];
         let name = &self.engine.program.relations[rel].name;

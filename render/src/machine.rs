@@ -19,9 +19,9 @@ use crate::vocab::Class;
 /// Why a machine has no config to apply.
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {
-    #[error("--machine")]
+    #[error(transparent)]
     Unknown(#[from] UnknownMachine),
-    #[error("--contract")]
+    #[error(transparent)]
     Contract(#[from] ContractError),
     /// Every problem of the render, each naming its object and field.
     #[error("machine {machine} does not render")]

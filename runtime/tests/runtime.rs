@@ -136,3 +136,36 @@ fn extract(text: &str, prefix: &str) -> Vec<String> {
     }
     out
 }
+
+/// `Action::kind` names each action as serde serializes it, and the rules' `action_order`
+/// ranks every kind (an unranked kind would sort last silently).
+#[test]
+fn every_action_kind_is_its_serialized_tag_and_ranked_by_the_rules() {
+    use runtime::plan::{Action, ContainerdNamespace, ObjectRef, TALOS_FIELD_MANAGER};
+    let m = || "cp1".to_string();
+    let all = vec![
+        Action::Pause { message: m() },
+        Action::Fail { machine: m(), message: m() },
+        Action::SetStatus { field: m(), value: m() },
+        Action::Start { machine: m(), stage: m() },
+        Action::PullImage { machine: m(), namespace: ContainerdNamespace::K8s, image: m() },
+        Action::Cordon { machine: m() },
+        Action::Drain { machine: m() },
+        Action::Apply { machine: m(), paths: vec![] },
+        Action::Done { machine: m() },
+        Action::Uncordon { machine: m() },
+        Action::SyncManifests { via: m(), field_manager: TALOS_FIELD_MANAGER },
+        Action::Delete { via: m(), object: ObjectRef { kind: m(), namespace: None, name: m() } },
+        Action::RestoreKubeProxy { via: m() },
+        Action::CiliumJob { mode: render::api::KubeProxyMode::Replaced, name: m(), values: serde_json::Value::Null },
+        Action::StepDone { step: m() },
+        Action::Wait { reason: m(), message: m(), since: None, limit_minutes: 0 },
+        Action::Warn { message: m() },
+        Action::Complete,
+    ];
+    let backbone = render::embedded::RULE_FILES.iter().find(|(f, _)| *f == "rules/backbone.rules").unwrap().1;
+    for a in &all {
+        assert_eq!(a.to_json()["action"], a.kind(), "{a:?}");
+        assert!(backbone.contains(&format!("action_order(\"{}\", ", a.kind())), "action_order lacks {}", a.kind());
+    }
+}
