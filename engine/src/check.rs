@@ -358,7 +358,11 @@ impl Checker<'_> {
                                 v
                             }
                         };
-                        match self.aggregate(agg_term, scope, rule_id, &names, result) {
+                        // What binds the correlated variables outside: the other literals.
+                        let others: Vec<Literal> =
+                            lits.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, l)| l.clone()).collect();
+                        let context = safe_context(&others);
+                        match self.aggregate(agg_term, scope, rule_id, &names, result, &context) {
                             Some(agg) => out.push(Lit::Agg { agg, span: *span }),
                             None => ok = false,
                         }
@@ -384,10 +388,11 @@ impl Checker<'_> {
         rule_id: usize,
         outer_names: &BTreeSet<String>,
         result: VarId,
+        context: &[Literal],
     ) -> Option<Aggregate> {
         let Term::Agg(kind, target, body, span) = term else { unreachable!() };
         let mut scope = Scope::default();
-        let lits = self.body(body, &mut scope, rule_id, true, outer_names)?;
+        let mut lits = self.body(body, &mut scope, rule_id, true, outer_names)?;
         let target = match target {
             Some(t) => Some(self.expr(t, &mut scope, "an aggregate's target")?),
             None => None,
@@ -401,6 +406,25 @@ impl Checker<'_> {
             } else {
                 local.push(v);
             }
+        }
+        // A correlated variable that no atom of the body binds (`X < N` with `N` from outside) is
+        // bound from outside: the body joins a context relation, the bindings of the correlated
+        // variables the enclosing body makes.
+        let mut in_atoms = vec![false; scope.names.len()];
+        for l in &lits {
+            if let Lit::Atom { args, negated: false, .. } = l {
+                args.iter().for_each(|a| {
+                    if let Arg::Var(v) = a {
+                        in_atoms[*v] = true
+                    }
+                });
+            }
+        }
+        if corr_names.iter().any(|&v| !in_atoms[v]) {
+            let names: Vec<String> = corr_names.iter().map(|&v| scope.names[v].clone()).collect();
+            let ctx = self.context(&names, context, rule_id, *span)?;
+            let args = corr_names.iter().map(|&v| Arg::Var(v)).collect();
+            lits.insert(0, Lit::Atom { rel: ctx, args, negated: false, span: *span });
         }
         let order: Vec<VarId> = corr_names.iter().chain(local.iter()).copied().collect();
         self.aux_count += 1;
@@ -428,6 +452,33 @@ impl Checker<'_> {
         }
         let corr: Vec<VarId> = corr_list.iter().map(|n| outer.var(n, *span)).collect();
         Some(Aggregate { kind: *kind, aux: aux_rel, corr, target: target_cols, result })
+    }
+
+    /// The context relation of an aggregate: `names` (its correlated variables) as the
+    /// enclosing body's literals `context` bind them. An auxiliary relation, like the
+    /// aggregate's own.
+    fn context(&mut self, names: &[String], context: &[Literal], rule_id: usize, span: Span) -> Option<RelId> {
+        self.aux_count += 1;
+        let name = format!("__agg{}_context", self.aux_count);
+        let rel = self.relations.len();
+        self.relations.push(Relation {
+            name: name.clone(),
+            columns: names.iter().map(|n| (n.clone(), Type::Number)).collect(),
+            input: false,
+            output: false,
+            aux: true,
+            doc: None,
+            span,
+        });
+        self.by_name.insert(name, rel);
+        let mut scope = Scope::default();
+        let lits = self.body(context, &mut scope, rule_id, false, &BTreeSet::new())?;
+        let head_args = names.iter().map(|n| Expr::Var(scope.var(n, span))).collect();
+        let types = self.finish_rule(rel, head_args, lits, scope, span, None, Some(rule_id), None, AggKind::Count)?;
+        for (i, ty) in types.iter().enumerate() {
+            self.relations[rel].columns[i].1 = *ty;
+        }
+        Some(rel)
     }
 
     fn rule(&mut self, r: &ast::Rule) {
@@ -679,7 +730,7 @@ impl Checker<'_> {
         for v in hv {
             if !bound[v] {
                 unsafe_vars.entry(v).or_insert(if aux_of.is_some() {
-                    "an aggregate (correlated variables must be bound by an atom inside the aggregate's body)"
+                    "an aggregate (a correlated variable must be bound outside the aggregate)"
                 } else {
                     "the head"
                 });
@@ -759,7 +810,14 @@ impl Checker<'_> {
                 if neg && stratum_of[body] == stratum_of[head] {
                     let cycle = self.cycle_names(&sccs[stratum_of[head]], head, body, &edges);
                     let kind = if self.relations[body].aux { "an aggregate" } else { "negation" };
-                    self.err(span, format!("unstratifiable program: a cycle through {kind}: {cycle}"));
+                    // A context relation in the cycle: a correlated variable used only in a
+                    // constraint makes the aggregate read the rule's own body.
+                    let hint = if cycle.contains("_context-aggregate") {
+                        " (a correlated variable of the aggregate is used only in a constraint, so the aggregate reads the rule's own body; bind that variable inside the aggregate with an atom)"
+                    } else {
+                        ""
+                    };
+                    self.err(span, format!("unstratifiable program: a cycle through {kind}: {cycle}{hint}"));
                 }
             }
         }
@@ -960,4 +1018,48 @@ fn tarjan(n: usize, edges: &[Vec<(RelId, bool, Span)>]) -> Vec<Vec<RelId>> {
         }
     }
     t.out
+}
+
+/// Whether a body literal holds an aggregate (only a comparison's side can).
+fn has_aggregate(l: &Literal) -> bool {
+    matches!(l, Literal::Cmp(Term::Agg(..), ..) | Literal::Cmp(_, _, Term::Agg(..), _))
+}
+
+/// The literals of `lits` that can run on their own: positive atoms, `=` bindings from what
+/// those bind, and the other literals whose variables are all bound so; never an aggregate.
+fn safe_context(lits: &[Literal]) -> Vec<Literal> {
+    let mut bound = BTreeSet::new();
+    let mut keep = vec![false; lits.len()];
+    for (k, l) in lits.iter().enumerate() {
+        if let Literal::Pos(_) = l {
+            lit_var_names(l, &mut bound);
+            keep[k] = true;
+        }
+    }
+    loop {
+        let mut changed = false;
+        for (k, l) in lits.iter().enumerate() {
+            if keep[k] || has_aggregate(l) {
+                continue;
+            }
+            let mut vs = BTreeSet::new();
+            lit_var_names(l, &mut vs);
+            let unbound: Vec<&String> = vs.iter().filter(|v| !bound.contains(*v)).collect();
+            let binds = match (l, unbound.as_slice()) {
+                (_, []) => true,
+                (Literal::Cmp(Term::Var(v, _), CmpOp::Eq, _, _), [u])
+                | (Literal::Cmp(_, CmpOp::Eq, Term::Var(v, _), _), [u]) => v == *u,
+                _ => false,
+            };
+            if binds {
+                bound.extend(vs);
+                keep[k] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    lits.iter().zip(keep).filter(|(_, k)| *k).map(|(l, _)| l.clone()).collect()
 }

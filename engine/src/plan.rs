@@ -284,6 +284,23 @@ impl Builder<'_> {
         let mut step_ops: Vec<Vec<Op>> = vec![vec![]; nsteps];
         let mut bound_after: Vec<Vec<bool>> = vec![];
         let mut done = vec![false; others.len()];
+        // An aggregate whose value an atom or an earlier literal binds (the checker orders them)
+        // compares with that value: it must wait for it, wherever the atoms put it.
+        let mut set_before = vec![false; nvars];
+        for (_, args) in &atoms {
+            atom_vars(args).into_iter().for_each(|v| set_before[v] = true);
+        }
+        let compares: Vec<bool> = others
+            .iter()
+            .map(|lit| match lit {
+                Lit::Bind { var, .. } => {
+                    set_before[*var] = true;
+                    false
+                }
+                Lit::Agg { agg, .. } => std::mem::replace(&mut set_before[agg.result], true),
+                _ => false,
+            })
+            .collect();
         for s in 0..nsteps {
             if let Some((_, args)) = atoms.get(s) {
                 for v in atom_vars(args) {
@@ -303,6 +320,7 @@ impl Builder<'_> {
                         expr.vars(&mut e);
                         (e, vec![*var])
                     }
+                    Lit::Agg { agg, .. } if compares[i] => ([&agg.corr[..], &[agg.result]].concat(), vec![]),
                     Lit::Agg { agg, .. } => (agg.corr.clone(), vec![agg.result]),
                     _ => (needs, vec![]),
                 };
