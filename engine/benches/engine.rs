@@ -6,7 +6,10 @@
 //! transitive closure on a 2,000-node chain and on a random 2,000-node / 4,000-edge graph; a
 //! classification (10^5 changed paths, 300 patterns, most specific wins) followed by an
 //! operation plan over 5,000 machines; a small reconcile (1,000 paths, 50 machines);
-//! explaining one derived fact; loading a 300-rule file. Times are medians; the ratio
+//! explaining one derived fact; loading a 300-rule file. Issue 10 adds the shapes rule authors
+//! write: "most specific wins" by a self-join with an inequality and a negation over matches
+//! from a three-atom join with a recursive ancestor relation; an aggregate grouped by two
+//! columns; string functors (`cat`, `strlen`) in a body. Times are medians; the ratio
 //! `engine / hand-written` compares the whole evaluate call (interning included) with the
 //! hand-written program given the same string facts.
 
@@ -235,6 +238,216 @@ fn classify_hand(w: &Workload) -> (usize, usize, usize) {
     (class_of.len(), next, live.complete().len())
 }
 
+// ---- 5. Shapes contributors write (issue 10) -----------------------------------------------
+
+/// "Most specific wins" written with a self-join, an inequality and a negation, over matches
+/// made by a three-atom join with a recursive ancestor relation over a tree.
+const DOMINANCE: &str = "
+.decl parent(c: number, p: number)
+.input parent
+.decl node(n: number)
+.input node
+.decl chg(path: number, n: number)
+.input chg
+.decl pat(at: number, p: number, d: number)
+.input pat
+.decl anc(n: number, a: number)
+anc(N, N) :- node(N).
+anc(N, A) :- anc(N, B), parent(B, A).
+.decl m(path: number, p: number, d: number)
+m(X, P, D) :- chg(X, N), anc(N, A), pat(A, P, D).
+.decl shadowed(path: number, d: number)
+shadowed(X, D) :- m(X, _, D), m(X, _, D2), D2 > D.
+.decl best(path: number, p: number)
+.output best
+best(X, P) :- m(X, P, D), !shadowed(X, D).
+";
+
+struct Dom {
+    parent: Vec<(i64, i64)>,
+    nodes: i64,
+    chg: Vec<(i64, i64)>,
+    pat: Vec<(i64, i64, i64)>,
+}
+
+/// A tree of `nodes` (each node's parent a quarter of its id: depth ~ log4), `paths` changed
+/// paths at random nodes, `patterns` patterns attached near the root more often than not.
+fn dominance(nodes: i64, paths: usize, patterns: usize, seed: u64) -> Dom {
+    let mut rng = Rng(seed);
+    let parent = (1..nodes).map(|i| (i, i / 4)).collect();
+    let chg = (0..paths as i64).map(|x| (x, rng.below(nodes as u64) as i64)).collect();
+    let pat = (0..patterns as i64)
+        .map(|p| {
+            let near = rng.below(nodes as u64 / 8) + 1;
+            let at = rng.below(near) as i64;
+            (at, p, rng.below(20) as i64)
+        })
+        .collect();
+    Dom { parent, nodes, chg, pat }
+}
+
+fn dominance_facts(d: &Dom) -> FactSet {
+    let mut f = FactSet::default();
+    for &(c, p) in &d.parent {
+        f.add("parent", vec![Const::Num(c), Const::Num(p)]);
+    }
+    for n in 0..d.nodes {
+        f.add("node", vec![Const::Num(n)]);
+    }
+    for &(x, n) in &d.chg {
+        f.add("chg", vec![Const::Num(x), Const::Num(n)]);
+    }
+    for &(a, p, dd) in &d.pat {
+        f.add("pat", vec![Const::Num(a), Const::Num(p), Const::Num(dd)]);
+    }
+    f
+}
+
+/// The same rules by hand on datafrog, with the same joins: the closure semi-naively, the
+/// matches by two joins, the self-join filtered by the inequality, the negation an antijoin.
+fn dominance_hand(d: &Dom) -> usize {
+    let mut ids: HashMap<i64, u32> = HashMap::new();
+    let mut id = |v: i64| {
+        let n = ids.len() as u32;
+        *ids.entry(v).or_insert(n)
+    };
+    let parent: Relation<(u32, u32)> = d.parent.iter().map(|&(c, p)| (id(c), id(p))).collect();
+    let nodes: Vec<u32> = (0..d.nodes).map(&mut id).collect();
+    let chg_by_node: Relation<(u32, u32)> = d.chg.iter().map(|&(x, n)| (id(n), id(x))).collect();
+    // Specificities stay numbers (typed tuples), as a hand-written program keeps them.
+    let pat_by_at: Relation<(u32, (u32, u32))> = d.pat.iter().map(|&(a, p, dd)| (id(a), (id(p), dd as u32))).collect();
+    let mut it = Iteration::new();
+    let anc = it.variable::<(u32, u32)>("anc");
+    anc.extend(nodes.iter().map(|&n| (n, n)));
+    let anc_by_b = it.variable::<(u32, u32)>("anc_by_b");
+    while it.changed() {
+        anc_by_b.from_map(&anc, |&(n, b)| (b, n));
+        anc.from_join(&anc_by_b, &parent, |_, &n, &a| (n, a));
+    }
+    let anc = anc.complete();
+    // m(X, P, D) :- chg(X, N), anc(N, A), pat(A, P, D).
+    let by_a: Relation<(u32, u32)> = Relation::from_join(&chg_by_node, &anc, |_, &x, &a| (a, x));
+    let m: Relation<(u32, u32, u32)> = Relation::from_join(&by_a, &pat_by_at, |_, &x, &(p, dd)| (x, p, dd));
+    // shadowed(X, D) :- m(X, _, D), m(X, _, D2), D2 > D.
+    let m_xd: Relation<(u32, u32)> = m.iter().map(|&(x, _, dd)| (x, dd)).collect();
+    // Sorted by (X, D) and distinct: a D is shadowed exactly when the next pair has the same X
+    // (the best hand-written program for the self-join with `D2 > D`: one scan, no pairs).
+    let shadowed: Vec<(u32, u32)> =
+        m_xd.elements.windows(2).filter(|w| w[0].0 == w[1].0).map(|w| w[0]).collect();
+    let shadowed: Relation<(u32, u32)> = shadowed.into();
+    // best(X, P) :- m(X, P, D), !shadowed(X, D).
+    let m_by_xd: Relation<((u32, u32), u32)> = m.iter().map(|&(x, p, dd)| ((x, dd), p)).collect();
+    let sh: Relation<(u32, u32)> = shadowed;
+    let mut best = 0;
+    let mut k = 0;
+    for &((x, dd), _) in m_by_xd.iter() {
+        while k < sh.len() && sh[k] < (x, dd) {
+            k += 1;
+        }
+        if k >= sh.len() || sh[k] != (x, dd) {
+            best += 1;
+        }
+    }
+    best
+}
+
+/// An aggregate grouped by two columns, and string functors in a body.
+const GROUPED: &str = "
+.decl w(m: number, c: number, k: number, v: number)
+.input w
+.decl total(m: number, c: number, s: number)
+.output total
+total(M, C, S) :- w(M, C, _, _), S = sum V : { w(M, C, _, V) }.
+.decl mp(m: symbol, p: symbol)
+.input mp
+.decl full(s: symbol)
+.output full
+full(S) :- mp(M, P), S = cat(M, \"/\", P), strlen(S) > 14.
+";
+
+struct Grouped {
+    w: Vec<(i64, i64, i64, i64)>,
+    mp: Vec<(String, String)>,
+}
+
+/// `machines` machines with 8 components of 5 weighted items each; `paths` (machine, path) pairs.
+fn grouped(machines: usize, paths: usize, seed: u64) -> Grouped {
+    let mut rng = Rng(seed);
+    let mut w = vec![];
+    for m in 0..machines as i64 {
+        for c in 0..8 {
+            for k in 0..5 {
+                w.push((m, c, k, rng.below(100) as i64));
+            }
+        }
+    }
+    let mp = (0..paths)
+        .map(|i| (format!("m{}", i % machines.max(1)), format!("machine.p{}", rng.below(1 << 20))))
+        .collect();
+    Grouped { w, mp }
+}
+
+fn grouped_facts(g: &Grouped) -> FactSet {
+    let mut f = FactSet::default();
+    for &(m, c, k, v) in &g.w {
+        f.add("w", vec![Const::Num(m), Const::Num(c), Const::Num(k), Const::Num(v)]);
+    }
+    for (m, p) in &g.mp {
+        f.add("mp", vec![Const::Sym(m.clone()), Const::Sym(p.clone())]);
+    }
+    f
+}
+
+/// By hand: the sums by a scan of the sorted relation; the strings built and interned.
+fn grouped_hand(g: &Grouped) -> (usize, usize) {
+    let mut ids: HashMap<i64, u32> = HashMap::new();
+    let mut id = |v: i64| {
+        let n = ids.len() as u32;
+        *ids.entry(v).or_insert(n)
+    };
+    // Values stay numbers for the sum; machine and component are interned keys.
+    let w: Relation<((u32, u32), (u32, u32))> =
+        g.w.iter().map(|&(m, c, k, v)| ((id(m), id(c)), (id(k), v as u32))).collect();
+    let mut totals = 0;
+    let mut i = 0;
+    while i < w.len() {
+        let key = w[i].0;
+        let mut sum = 0u64;
+        while i < w.len() && w[i].0 == key {
+            sum += u64::from(w[i].1.1);
+            i += 1;
+        }
+        black_box(sum);
+        totals += 1;
+    }
+    // Symbols interned with their text kept by id, as the engine's interner keeps them.
+    let mut syms: HashMap<String, u32> = HashMap::new();
+    let mut names: Vec<String> = vec![];
+    let mut sym = |s: &str, names: &mut Vec<String>| -> u32 {
+        if let Some(&x) = syms.get(s) {
+            return x;
+        }
+        let n = names.len() as u32;
+        syms.insert(s.to_string(), n);
+        names.push(s.to_string());
+        n
+    };
+    let mp: Relation<(u32, u32)> = g.mp.iter().map(|(m, p)| (sym(m, &mut names), sym(p, &mut names))).collect();
+    let mut full = vec![];
+    for &(m, p) in mp.iter() {
+        let (a, b) = (&names[m as usize], &names[p as usize]);
+        let mut s = String::with_capacity(a.len() + 1 + b.len());
+        s.push_str(a);
+        s.push('/');
+        s.push_str(b);
+        if s.chars().count() > 14 {
+            full.push(sym(&s, &mut names));
+        }
+    }
+    let full: Relation<u32> = full.into();
+    (totals, full.len())
+}
+
 fn engine_for(src: &str) -> Engine {
     let loaded = load_str("bench.rules", src);
     Engine::new(loaded.program.expect("bench program loads")).unwrap()
@@ -309,6 +522,31 @@ fn main() {
         let fb = time(budget, || classify_facts(&w).resolve(&cl.program).unwrap());
         println!("{:<38} fact building {:.2} ms (not in the ratio)", "", ms(fb));
     }
+
+    // 5. Shapes contributors write (issue 10).
+    let dom = engine_for(DOMINANCE);
+    let d = dominance(scale(30_000) as i64, scale(100_000), 300, 13);
+    let facts = dominance_facts(&d).resolve(&dom.program).unwrap();
+    let db = dom.evaluate(&facts, off).unwrap();
+    let best_rel = dom.program.relation("best").unwrap();
+    let m_len = db.rels[dom.program.relation("m").unwrap()].len();
+    assert_eq!(db.rels[best_rel].len(), dominance_hand(&d), "dominance: best differs");
+    let e = time(budget, || dom.evaluate(&facts, off).unwrap());
+    let h = time(budget, || dominance_hand(&d));
+    let p = time(budget, || dom.evaluate(&facts, on).unwrap());
+    row(&format!("most specific by negation ({m_len} matches)"), e, h, p);
+
+    let gr = engine_for(GROUPED);
+    let g = grouped(scale(5_000), scale(100_000), 17);
+    let facts = grouped_facts(&g).resolve(&gr.program).unwrap();
+    let db = gr.evaluate(&facts, off).unwrap();
+    let (h_tot, h_full) = grouped_hand(&g);
+    assert_eq!(db.rels[gr.program.relation("total").unwrap()].len(), h_tot, "grouped: total differs");
+    assert_eq!(db.rels[gr.program.relation("full").unwrap()].len(), h_full, "grouped: full differs");
+    let e = time(budget, || gr.evaluate(&facts, off).unwrap());
+    let h = time(budget, || grouped_hand(&g));
+    let p = time(budget, || gr.evaluate(&facts, on).unwrap());
+    row("sum by 2 columns + cat/strlen (10^5)", e, h, p);
 
     // 3. Explaining one derived fact (a class_of proof: aggregate, joins, inputs).
     let w = workload(scale(100_000), 300, scale(5_000), 7);
