@@ -8,7 +8,6 @@ use crate::{Diagnosed, Output, Report, disk};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Subcommand;
 use engine::explain::{self, Explanation};
-use engine::facts::FactSet;
 use engine::{Database, Engine, EvalOptions};
 use std::path::{Path, PathBuf};
 
@@ -35,6 +34,9 @@ pub enum RulesCommand {
         /// A tuple to explain, as rel("a", 1); repeatable.
         #[arg(long)]
         explain: Vec<String>,
+        /// Print to stderr how long loading, reading the facts, evaluating and writing took.
+        #[arg(long)]
+        timings: bool,
     },
     /// Run the rule tests under DIR/tests/*.yaml against the rules in DIR.
     #[command(after_help = "Example:\n  ichor rules test --rules rules/")]
@@ -47,7 +49,9 @@ pub enum RulesCommand {
 pub fn run(cmd: RulesCommand) -> Result<Report> {
     match cmd {
         RulesCommand::Check { rules } => check(&rules),
-        RulesCommand::Eval { files, facts, output, explain } => eval(&files, facts.as_deref(), output, &explain),
+        RulesCommand::Eval { files, facts, output, explain, timings } => {
+            eval(&files, facts.as_deref(), output, &explain, timings)
+        }
         RulesCommand::Test { rules } => test(&rules),
     }
 }
@@ -106,25 +110,34 @@ fn check(dir: &Path) -> Result<Report> {
     Ok(Report { stdout, stderr: warnings, findings })
 }
 
-fn eval(files: &[PathBuf], facts: Option<&Path>, output: Output, explain_args: &[String]) -> Result<Report> {
+fn eval(
+    files: &[PathBuf],
+    facts: Option<&Path>,
+    output: Output,
+    explain_args: &[String],
+    timings: bool,
+) -> Result<Report> {
+    let start = std::time::Instant::now();
     let files: Vec<String> = files.iter().map(|f| f.to_string_lossy().into_owned()).collect();
     let (engine, warnings) = load(&files)?;
-    let set = match facts {
+    let loaded = start.elapsed();
+    // Facts stream from the text into interned rows: no tree of JSON values.
+    let built = match facts {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading facts {}", path.display()))?;
-            FactSet::from_json(&text).map_err(|errs| fact_errors(path, &errs))?
+            engine::facts::read_json(&text, &engine).map_err(|errs| fact_errors(path, &errs))?
         }
-        None => FactSet::default(),
+        None => engine.fact_builder(),
     };
-    let facts_by_id =
-        set.resolve(&engine.program).map_err(|errs| fact_errors(facts.unwrap_or(Path::new("facts")), &errs))?;
+    let read = start.elapsed();
     let mut targets = vec![];
     for e in explain_args {
         let (rel, values) = explain::parse_tuple(e).with_context(|| format!("--explain {e:?}"))?;
         targets.push((rel, values));
     }
     let opts = EvalOptions { provenance: !targets.is_empty(), ..EvalOptions::default() };
-    let db = engine.evaluate(&facts_by_id, opts).context("evaluation failed")?;
+    let db = engine.evaluate_built(built, opts).context("evaluation failed")?;
+    let evaluated = start.elapsed();
     let mut explanations = vec![];
     for (rel, values) in &targets {
         explanations.push(explain::explain(&engine.program, &db, rel, values).context("--explain")?);
@@ -133,7 +146,20 @@ fn eval(files: &[PathBuf], facts: Option<&Path>, output: Output, explain_args: &
         Output::Json => json_output(&engine, &db, &explanations),
         Output::Text => text_output(&engine, &db, &explanations),
     };
-    Ok(Report { stdout, stderr: warnings, findings: false })
+    let mut stderr = warnings;
+    if timings {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        let written = start.elapsed();
+        stderr += &format!(
+            "timings: load {:.1} ms, facts {:.1} ms, evaluation {:.1} ms, output {:.1} ms, total {:.1} ms\n",
+            ms(loaded),
+            ms(read - loaded),
+            ms(evaluated - read),
+            ms(written - evaluated),
+            ms(written)
+        );
+    }
+    Ok(Report { stdout, stderr, findings: false })
 }
 
 fn fact_errors(path: &Path, errs: &[engine::facts::FactError]) -> anyhow::Error {
@@ -144,51 +170,71 @@ fn fact_errors(path: &Path, errs: &[engine::facts::FactError]) -> anyhow::Error 
     })
 }
 
-fn const_json(c: &engine::Const) -> serde_json::Value {
-    match c {
-        engine::Const::Num(n) => serde_json::json!(n),
-        engine::Const::Sym(s) => serde_json::json!(s),
-    }
-}
-
 fn outputs_sorted(engine: &Engine) -> Vec<engine::RelId> {
     let mut outs: Vec<_> = engine.program.outputs().collect();
     outs.sort_by(|a, b| engine.program.relations[*a].name.cmp(&engine.program.relations[*b].name));
     outs
 }
 
+/// A value as JSON: a number, or a string with JSON's escapes.
+fn push_json(out: &mut String, c: &engine::Const) {
+    match c {
+        engine::Const::Num(n) => out.push_str(&n.to_string()),
+        engine::Const::Sym(s) => out.push_str(&serde_json::Value::from(s.as_str()).to_string()),
+    }
+}
+
 /// One JSON object: each output relation's tuples (one tuple per line, for readable diffs),
-/// then `"explanations"` when asked for.
+/// then `"explanations"` when asked for. Written row by row from the interned results.
 fn json_output(engine: &Engine, db: &Database, explanations: &[Explanation]) -> String {
-    let mut parts = vec![];
-    for r in outputs_sorted(engine) {
-        let tuples: Vec<String> = db
-            .decoded(r)
-            .iter()
-            .map(|t| serde_json::Value::Array(t.iter().map(const_json).collect()).to_string())
-            .collect();
-        let name = serde_json::Value::String(engine.program.relations[r].name.clone());
-        if tuples.is_empty() {
-            parts.push(format!("  {name}: []"));
-        } else {
-            parts.push(format!("  {name}: [\n    {}\n  ]", tuples.join(",\n    ")));
+    let mut out = String::from("{\n");
+    let outs = outputs_sorted(engine);
+    let ranks = db.value_ranks();
+    if outs.is_empty() && explanations.is_empty() {
+        out.push('\n');
+    }
+    for (k, &r) in outs.iter().enumerate() {
+        out.push_str("  ");
+        out.push_str(&serde_json::Value::String(engine.program.relations[r].name.clone()).to_string());
+        out.push_str(": [");
+        for (i, row) in db.rows_in_value_order(r, &ranks).into_iter().enumerate() {
+            out.push_str(if i == 0 { "\n    [" } else { ",\n    [" });
+            for (c, &id) in row.iter().enumerate() {
+                if c > 0 {
+                    out.push(',');
+                }
+                push_json(&mut out, db.value(id));
+            }
+            out.push(']');
         }
+        out.push_str(if db.rels[r].is_empty() { "]" } else { "\n  ]" });
+        if k + 1 < outs.len() || !explanations.is_empty() {
+            out.push(',');
+        }
+        out.push('\n');
     }
     if !explanations.is_empty() {
         let list: serde_json::Value = explanations.iter().map(Explanation::to_json).collect();
-        let pretty = serde_json::to_string_pretty(&list).unwrap().replace('\n', "\n  ");
-        parts.push(format!("  \"explanations\": {pretty}"));
+        let pretty = serde_json::to_string_pretty(&list).unwrap_or_default().replace('\n', "\n  ");
+        out.push_str(&format!("  \"explanations\": {pretty}\n"));
     }
-    format!("{{\n{}\n}}\n", parts.join(",\n"))
+    out.push_str("}\n");
+    out
 }
 
 fn text_output(engine: &Engine, db: &Database, explanations: &[Explanation]) -> String {
+    use std::fmt::Write as _;
     let mut out = String::new();
+    let ranks = db.value_ranks();
     for r in outputs_sorted(engine) {
-        let tuples = db.decoded(r);
-        out.push_str(&format!("{}: {} tuple(s)\n", engine.program.relations[r].name, tuples.len()));
-        for t in tuples {
-            out.push_str(&format!("  {}\n", Database::format_tuple(&engine.program, r, &t)));
+        let name = &engine.program.relations[r].name;
+        let _ = writeln!(out, "{name}: {} tuple(s)", db.rels[r].len());
+        for row in db.rows_in_value_order(r, &ranks) {
+            let _ = write!(out, "  {name}(");
+            for (c, &id) in row.iter().enumerate() {
+                let _ = write!(out, "{}{}", if c > 0 { ", " } else { "" }, db.value(id));
+            }
+            out.push_str(")\n");
         }
     }
     for e in explanations {

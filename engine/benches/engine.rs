@@ -332,8 +332,7 @@ fn dominance_hand(d: &Dom) -> usize {
     let m_xd: Relation<(u32, u32)> = m.iter().map(|&(x, _, dd)| (x, dd)).collect();
     // Sorted by (X, D) and distinct: a D is shadowed exactly when the next pair has the same X
     // (the best hand-written program for the self-join with `D2 > D`: one scan, no pairs).
-    let shadowed: Vec<(u32, u32)> =
-        m_xd.elements.windows(2).filter(|w| w[0].0 == w[1].0).map(|w| w[0]).collect();
+    let shadowed: Vec<(u32, u32)> = m_xd.elements.windows(2).filter(|w| w[0].0 == w[1].0).map(|w| w[0]).collect();
     let shadowed: Relation<(u32, u32)> = shadowed.into();
     // best(X, P) :- m(X, P, D), !shadowed(X, D).
     let m_by_xd: Relation<((u32, u32), u32)> = m.iter().map(|&(x, p, dd)| ((x, dd), p)).collect();
@@ -381,9 +380,8 @@ fn grouped(machines: usize, paths: usize, seed: u64) -> Grouped {
             }
         }
     }
-    let mp = (0..paths)
-        .map(|i| (format!("m{}", i % machines.max(1)), format!("machine.p{}", rng.below(1 << 20))))
-        .collect();
+    let mp =
+        (0..paths).map(|i| (format!("m{}", i % machines.max(1)), format!("machine.p{}", rng.below(1 << 20)))).collect();
     Grouped { w, mp }
 }
 

@@ -109,6 +109,27 @@ impl Database {
         row.iter().map(|&v| self.interner.value(v).clone()).collect()
     }
 
+    /// Each interned id's rank in value order (numbers before symbols, numbers numerically,
+    /// symbols by bytes): comparing rows of ranks orders them as `decoded` does, without
+    /// decoding them.
+    pub fn value_ranks(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = (0..self.interner.len() as u32).collect();
+        ids.sort_unstable_by(|&a, &b| self.interner.value(a).cmp(self.interner.value(b)));
+        let mut rank = vec![0; ids.len()];
+        for (r, &id) in ids.iter().enumerate() {
+            rank[id as usize] = r as u32;
+        }
+        rank
+    }
+
+    /// A relation's rows in value order (as `decoded` orders them), still interned; `ranks`
+    /// from `value_ranks`.
+    pub fn rows_in_value_order<'a>(&'a self, rel: RelId, ranks: &[u32]) -> Vec<&'a [u32]> {
+        let mut rows: Vec<&[u32]> = self.rels[rel].iter().collect();
+        rows.sort_unstable_by(|a, b| a.iter().map(|&v| ranks[v as usize]).cmp(b.iter().map(|&v| ranks[v as usize])));
+        rows
+    }
+
     /// A relation's tuples as values, in the user-facing order.
     pub fn decoded(&self, rel: RelId) -> Vec<Vec<Const>> {
         let mut out: Vec<Vec<Const>> = self.rels[rel].iter().map(|r| self.decode_row(r)).collect();

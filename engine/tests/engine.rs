@@ -656,8 +656,9 @@ fn differential(seed: u64) -> Result<(bool, usize), TestCaseError> {
         .program
         .ok_or_else(|| TestCaseError::fail(format!("the permuted program does not load\n{permuted}")))?;
     let pe = Engine::new(p).map_err(|errs| TestCaseError::fail(format!("{errs:?}\n{permuted}")))?;
-    let pf = FactSet::from_json(&facts).unwrap().resolve(&pe.program).unwrap();
-    let fast_perm = pe.evaluate(&pf, EvalOptions::default());
+    // Its facts come through the streaming reader, which must agree with FactSet's path.
+    let pf = engine::facts::read_json(&facts, &pe).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+    let fast_perm = pe.evaluate_built(pf, EvalOptions::default());
     match (fast, naive) {
         (Ok(db), Ok(reference)) => {
             let dbp = fast_perm.map_err(|err| TestCaseError::fail(format!("permuted run failed: {err}")))?;
