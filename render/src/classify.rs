@@ -329,9 +329,9 @@ impl Classifier {
     /// Whether a path's value must never be shown at this contract.
     pub fn sensitive(&self, contract: Contract, path: &Path) -> bool {
         let Some(d) = self.contracts.get(&contract) else {
-            return false;
+            return true; // an unknown contract: fail closed, show nothing
         };
-        d.matcher.candidates(path).iter().any(|&(e, _)| self.meta.entries[e].sensitive)
+        d.matcher.secret(path)
     }
 
     /// The contract a config is written for, and why: the oldest contract from v1.13 on whose
@@ -415,10 +415,8 @@ impl Classifier {
             if data.inventory.contains(&ch.path) {
                 r.exists.push(&mut b, [id]);
             }
-            let mut secret = false;
-            data.matcher.candidates_into(&ch.path, &mut cands, &mut scratch);
+            let secret = data.matcher.candidates_into(&ch.path, &mut cands, &mut scratch);
             for &(e, spec) in &cands {
-                secret |= self.meta.entries[e].sensitive;
                 let row = [id, nums.get(&mut b, e as i64), nums.get(&mut b, spec)];
                 r.candidate.push(&mut b, row);
             }

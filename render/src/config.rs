@@ -35,8 +35,8 @@ impl Doc {
         }
     }
 
-    /// The path of the document itself (empty for v1alpha1, whose fields start at the root).
-    fn base(&self) -> Option<Path> {
+    /// The path of the document itself (none for v1alpha1, whose fields start at the root).
+    pub fn base(&self) -> Option<Path> {
         let kind = self.kind.as_ref()?;
         let mut p = Path::root(kind);
         if let Some(n) = &self.name {
@@ -97,14 +97,13 @@ impl Config {
         }
         chunks.push((start, current));
         for (start, chunk) in chunks {
-            let value: Value = match serde_yaml::from_str(&chunk) {
+            // Bounded after aliases expand, merge keys resolved, tags refused, keys made text.
+            let value: Value = match crate::yaml::parse(&chunk, MAX_CONFIG_BYTES) {
                 Ok(v) => v,
                 Err(e) => {
-                    let (line, col) = e.location().map_or((start, 1), |l| (start + l.line() - 1, l.column()));
-                    let msg = e.to_string();
-                    // serde_yaml appends "at line X column Y" relative to the chunk: drop it.
-                    let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
-                    errors.push(ConfigError { line, col, message: format!("not valid YAML: {msg}") });
+                    let (line, col) = (e.line.map_or(start, |l| start + l - 1), e.col.unwrap_or(1));
+                    let what = if e.line.is_some() { "not valid YAML: " } else { "" };
+                    errors.push(ConfigError { line, col, message: format!("{what}{}", e.message) });
                     continue;
                 }
             };

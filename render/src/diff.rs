@@ -64,19 +64,15 @@ pub fn changes(from: &Config, to: &Config) -> Vec<Change> {
 pub fn redacted_yaml(config: &Config, sensitive: &dyn Fn(&Path) -> bool) -> String {
     let mut docs = vec![];
     for d in &config.docs {
-        let base = match (&d.kind, &d.name) {
-            (None, _) => None,
-            (Some(k), None) => Some(Path::root(k)),
-            (Some(k), Some(n)) => {
-                let mut p = Path::root(k);
-                p.segs.push(crate::path::Seg::Name(n.clone()));
-                Some(p)
-            }
-        };
+        let base = d.base();
         let mut v = d.value.clone();
         if let Value::Mapping(m) = &mut v {
             for (k, x) in m.iter_mut() {
-                let Some(key) = k.as_str() else { continue };
+                // Keys are text after `Config::parse`; anything else is hidden, not shown.
+                let Some(key) = k.as_str() else {
+                    *x = Value::String(REDACTED.into());
+                    continue;
+                };
                 if base.is_some() && matches!(key, "apiVersion" | "kind" | "name") {
                     continue;
                 }
@@ -100,11 +96,14 @@ fn redact(path: &Path, v: &mut Value, sensitive: &dyn Fn(&Path) -> bool) {
     match v {
         Value::Mapping(m) => {
             for (k, x) in m.iter_mut() {
-                if let Some(key) = k.as_str() {
-                    redact(&path.child_key(key), x, sensitive);
+                match k.as_str() {
+                    Some(key) => redact(&path.child_key(key), x, sensitive),
+                    // Fail closed: a value whose key cannot be named cannot be checked.
+                    None => *x = Value::String(REDACTED.into()),
                 }
             }
         }
+        Value::Tagged(t) => redact(path, &mut t.value, sensitive),
         Value::Sequence(s) => {
             for (i, x) in s.iter_mut().enumerate() {
                 redact(&path.child_index(i), x, sensitive);

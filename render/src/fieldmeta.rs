@@ -173,7 +173,7 @@ impl FieldMeta {
     /// The matcher of one contract: every pattern of every entry that holds there.
     pub fn matcher(&self, contract: Contract) -> Matcher {
         let holding = self.entries.iter().enumerate().filter(|(_, e)| e.holds_at(contract));
-        Matcher::new(contract, holding.flat_map(|(i, e)| e.patterns.iter().map(move |p| (i, p))))
+        Matcher::new(contract, holding.flat_map(|(i, e)| e.patterns.iter().map(move |p| (i, p, e.sensitive))))
     }
 
     /// Checks the metadata against each contract's inventory: ambiguities (errors) and the
@@ -298,12 +298,14 @@ struct Node {
     loops: bool,
     /// (entry, specificity) of the patterns that end here.
     accept: Vec<(usize, i64)>,
+    /// A sensitive entry's pattern ends here: this path and everything under it is secret.
+    secret: bool,
 }
 
 impl Matcher {
-    fn new<'a>(contract: Contract, patterns: impl Iterator<Item = (usize, &'a Pattern)>) -> Matcher {
+    fn new<'a>(contract: Contract, patterns: impl Iterator<Item = (usize, &'a Pattern, bool)>) -> Matcher {
         let mut nodes = vec![Node::default()];
-        for (e, pat) in patterns {
+        for (e, pat, sensitive) in patterns {
             let mut at = 0;
             for seg in &pat.segs {
                 let fresh = nodes.len();
@@ -325,6 +327,7 @@ impl Matcher {
                 at = next;
             }
             nodes[at].accept.push((e, pat.specificity));
+            nodes[at].secret |= sensitive;
         }
         Matcher { contract, nodes }
     }
@@ -351,13 +354,27 @@ impl Matcher {
         out
     }
 
-    /// `candidates` into `out` (cleared first), with scratch space reused across paths.
-    pub fn candidates_into(&self, path: &Path, out: &mut Vec<(usize, i64)>, scratch: &mut (Vec<usize>, Vec<usize>)) {
+    /// Whether the path, or a path it lies under, matches a sensitive entry: redaction fails
+    /// closed whatever shape the value has (a token written as a list or a map).
+    pub fn secret(&self, path: &Path) -> bool {
+        self.candidates_into(path, &mut vec![], &mut (vec![], vec![]))
+    }
+
+    /// `candidates` into `out` (cleared first), with scratch space reused across paths;
+    /// returns `secret` for the path, found in the same walk.
+    pub fn candidates_into(
+        &self,
+        path: &Path,
+        out: &mut Vec<(usize, i64)>,
+        scratch: &mut (Vec<usize>, Vec<usize>),
+    ) -> bool {
         out.clear();
         let (set, next) = scratch;
         set.clear();
         self.enter(0, set);
+        let mut secret = false;
         for seg in &path.segs {
+            secret |= set.iter().any(|&n| self.nodes[n].secret);
             next.clear();
             for &n in set.iter() {
                 let node = &self.nodes[n];
@@ -383,9 +400,10 @@ impl Matcher {
             }
             std::mem::swap(set, next);
             if set.is_empty() {
-                return;
+                return secret;
             }
         }
+        secret |= set.iter().any(|&n| self.nodes[n].secret);
         for &n in set.iter() {
             for &(e, spec) in &self.nodes[n].accept {
                 match out.iter_mut().find(|x| x.0 == e) {
@@ -395,5 +413,6 @@ impl Matcher {
             }
         }
         out.sort_unstable();
+        secret
     }
 }

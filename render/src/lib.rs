@@ -22,3 +22,4 @@ pub mod path;
 pub mod render;
 pub mod secrets;
 pub mod vocab;
+pub mod yaml;

@@ -64,15 +64,13 @@ impl Manifests {
             for chunk in split_docs(text) {
                 let start = line;
                 line += chunk.matches('\n').count() + 1;
-                let value: Value = match serde_yaml::from_str(&chunk) {
+                // Bounded, merge keys resolved as kubectl resolves them, tags refused.
+                let value: Value = match crate::yaml::parse(&chunk, crate::config::MAX_CONFIG_BYTES) {
                     Ok(v) => v,
                     Err(e) => {
-                        let at = e.location().map_or(start, |l| start + l.line() - 1);
-                        let msg = e.to_string();
-                        errors.push(format!(
-                            "{file}:{at}: not valid YAML: {}",
-                            msg.split(" at line ").next().unwrap_or(&msg)
-                        ));
+                        let at = e.line.map_or(start, |l| start + l - 1);
+                        let what = if e.line.is_some() { "not valid YAML: " } else { "" };
+                        errors.push(format!("{file}:{at}: {what}{}", e.message));
                         continue;
                     }
                 };
@@ -83,7 +81,8 @@ impl Manifests {
                 let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
                 let at = format!("{file}:{start}");
                 let de = |e: serde_yaml::Error| {
-                    format!("{at}: {kind}: {}", e.to_string().split(" at line ").next().unwrap_or_default())
+                    let msg = crate::yaml::scrub(&e.to_string());
+                    format!("{at}: {kind}: {}", msg.split(" at line ").next().unwrap_or_default())
                 };
                 match (api.as_str(), kind.as_str()) {
                     ("ichor.maesh.dev/v1alpha1", "TalosCluster") => match serde_yaml::from_value(value) {

@@ -718,10 +718,8 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
     let mut set_by: BTreeMap<String, String> = BTreeMap::new();
     for p in &patches {
         let obj = object_name("TalosConfigPatch", &p.metadata);
-        let parsed: Result<Vec<Value>, String> = serde_yaml::Deserializer::from_str(&p.spec.patch)
-            .map(|d| serde_yaml::Value::deserialize(d).map_err(|e| e.to_string()))
-            .filter(|r| !matches!(r, Ok(Value::Null)))
-            .collect();
+        let parsed =
+            crate::yaml::parse_documents(&p.spec.patch, crate::config::MAX_CONFIG_BYTES).map_err(|e| e.message);
         let pdocs = match parsed {
             Ok(d) => d,
             Err(e) => {
@@ -822,5 +820,3 @@ pub fn inputs_hash(i: &Inputs, patches: &[&TalosConfigPatch]) -> String {
     let digest = Sha256::digest(text.as_bytes());
     digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
-
-use serde::Deserialize as _;

@@ -82,8 +82,13 @@ impl Bundle {
     }
 
     fn parse_text(text: &str) -> Result<Bundle, Vec<String>> {
-        let b: Bundle = serde_yaml::from_str(text).map_err(|e| {
-            let msg = e.to_string();
+        // Bounded and normalized first; then read again from the normalized text, so that serde
+        // names the key path of what is missing.
+        let value = crate::yaml::parse(text, crate::config::MAX_CONFIG_BYTES).map_err(|e| vec![e.message])?;
+        let normalized = serde_yaml::to_string(&value).unwrap_or_default();
+        let b: Bundle = serde_yaml::from_str(&normalized).map_err(|e| {
+            // Never a value of the bundle in a message: they are the cluster's keys.
+            let msg = crate::yaml::scrub(&e.to_string());
             vec![msg.split(" at line ").next().unwrap_or(&msg).replace("missing field", "missing key")]
         })?;
         let mut missing = vec![];

@@ -241,7 +241,7 @@ impl ObservedState {
     pub fn parse(text: &str) -> Result<ObservedState, Vec<StateError>> {
         let s: ObservedState = serde_yaml::from_str(text).map_err(|e| {
             let at = e.location().map(|l| format!("line {}, column {}", l.line(), l.column())).unwrap_or_default();
-            let msg = e.to_string();
+            let msg = render::yaml::scrub(&e.to_string());
             vec![StateError { field: at, message: msg.split(" at line ").next().unwrap_or(&msg).to_string() }]
         })?;
         let mut errors = vec![];
