@@ -73,7 +73,7 @@ fn refusals(rs: &[cilium::Refusal]) -> String {
 pub fn run(cmd: CniCommand) -> Result<Report> {
     match cmd {
         CniCommand::Schema(SchemaCommand::Derive { schema, chart, out }) => {
-            let text = std::fs::read_to_string(&schema).with_context(|| format!("reading {}", schema.display()))?;
+            let text = disk::read_text(&schema, disk::caps::FACTS, "a chart's values schema")?;
             let keys = cilium::derive_keys(&text, &chart).with_context(|| schema.display().to_string())?;
             match out {
                 Some(p) => {
@@ -91,7 +91,7 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
             }
         }
         CniCommand::Values(ValuesCommand::Validate { file, kube_proxy }) => {
-            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let text = disk::read_text(&file, disk::caps::TEXT, "a Cilium values file")?;
             let user: serde_json::Value =
                 serde_yaml::from_str(&text).with_context(|| format!("{}: not valid YAML", file.display()))?;
             let rs = cilium::validate(&user, &keys()?, kube_proxy == "replaced");

@@ -36,10 +36,8 @@ pub fn run(cmd: ContractCommand) -> Result<Report> {
             if !regex_lite_contract(&contract) {
                 bail!("contract {contract:?} is not of the form vX.Y (for example v1.14)");
             }
-            let text =
-                std::fs::read_to_string(&schema).with_context(|| format!("reading schema {}", schema.display()))?;
-            let ctext = std::fs::read_to_string(&corrections)
-                .with_context(|| format!("reading corrections {}", corrections.display()))?;
+            let text = crate::disk::read_text(&schema, crate::disk::caps::FACTS, "a config schema")?;
+            let ctext = crate::disk::read_text(&corrections, crate::disk::caps::TEXT, "schema corrections")?;
             let fixes =
                 render::inventory::parse_corrections(&ctext).with_context(|| corrections.display().to_string())?;
             let inv =

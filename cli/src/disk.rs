@@ -14,24 +14,59 @@ use render::manifests::Manifests;
 use runtime::plan::{PlanError, Planner};
 use std::path::{Path, PathBuf};
 
-/// Reads rule files from disk for the engine's loader.
+/// The size caps of what Ichor reads, enforced while reading (a file's reported size can lie:
+/// `/dev/zero` reports none). Each error names its cap.
+pub mod caps {
+    /// A machine config, a manifest file, a rules file, a rule-test file, a values file.
+    pub const TEXT: usize = 10 << 20;
+    /// An observed-state snapshot: a 5,000-machine cluster with pending paths fits in a few MiB.
+    pub const SNAPSHOT: usize = 64 << 20;
+    /// A FACTS.json for `rules eval`, and a schema for `contract derive` or `cni schema derive`.
+    pub const FACTS: usize = 256 << 20;
+}
+
+/// Reads rule files from disk for the engine's loader, each at most `caps::TEXT` bytes.
 pub struct FsSources;
 
 impl Sources for FsSources {
     fn read(&self, path: &str) -> std::io::Result<Vec<u8>> {
-        std::fs::read(path)
+        read_bounded(Path::new(path), caps::TEXT, "a rules file")
     }
 }
 
-/// Every file under `dir` (recursively) whose extension is one of `exts`, sorted.
+/// The bytes of `path`, refused past `limit` bytes while reading.
+fn read_bounded(path: &Path, limit: usize, what: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    if file.metadata()?.is_dir() {
+        return Err(std::io::Error::other("it is a directory, not a file"));
+    }
+    let mut bytes = vec![];
+    file.take(limit as u64 + 1).read_to_end(&mut bytes)?;
+    if bytes.len() > limit {
+        let mib = limit >> 20;
+        return Err(std::io::Error::other(format!("over the {limit}-byte ({mib} MiB) limit for {what}")));
+    }
+    Ok(bytes)
+}
+
+/// Every file under `dir` (recursively, following links but never into a directory twice, so
+/// that a loop of links ends) whose extension is one of `exts`, sorted.
 pub fn files_under(dir: &Path, exts: &[&str]) -> Result<Vec<PathBuf>> {
     let mut out = vec![];
+    let mut seen = std::collections::HashSet::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
+        let real = std::fs::canonicalize(&d).with_context(|| format!("reading directory {}", d.display()))?;
+        if !seen.insert(real) {
+            continue;
+        }
         let entries = std::fs::read_dir(&d).with_context(|| format!("reading directory {}", d.display()))?;
         for e in entries {
             let p = e?.path();
-            if p.is_dir() {
+            // A link that leads nowhere (or to itself) is skipped, as `find -L` reports and goes on.
+            let Ok(meta) = std::fs::metadata(&p) else { continue };
+            if meta.is_dir() {
                 stack.push(p);
             } else if p.extension().is_some_and(|x| exts.iter().any(|e| x == *e)) {
                 out.push(p);
@@ -61,7 +96,7 @@ fn rule_texts(dir: &Path) -> Result<Vec<(String, String)>> {
     rule_files(dir)?
         .into_iter()
         .map(|f| {
-            let text = std::fs::read_to_string(&f).with_context(|| format!("reading {f}"))?;
+            let text = read_text(Path::new(&f), caps::TEXT, "a rules file")?;
             Ok((f, text))
         })
         .collect()
@@ -78,7 +113,7 @@ pub fn ruleset(dir: Option<&Path>) -> Result<RuleSet> {
         return Ok(RuleSet::embedded());
     };
     let read = |p: PathBuf| -> Result<(String, String)> {
-        let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        let text = read_text(&p, caps::TEXT, "a rules directory's file")?;
         Ok((p.to_string_lossy().into_owned(), text))
     };
     let fieldmeta = read(dir.join("fieldmeta.yaml"))?;
@@ -106,7 +141,7 @@ pub fn planner(dir: Option<&Path>) -> Result<Planner> {
         None => Planner::embedded(),
         Some(dir) => {
             let messages = dir.join("messages.yaml");
-            let text = std::fs::read_to_string(&messages).with_context(|| format!("reading {}", messages.display()))?;
+            let text = read_text(&messages, caps::TEXT, "message templates")?;
             Planner::new(&rule_texts(dir)?, &program_root(dir, "operations"), (&loader_name(&messages), &text))
         }
     };
@@ -129,7 +164,7 @@ pub(crate) fn read_text(path: &Path, limit: usize, what: &str) -> Result<String>
             meta.len()
         );
     }
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = read_bounded(path, limit, what).with_context(|| format!("reading {}", path.display()))?;
     String::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {})", path.display(), e.utf8_error().valid_up_to()))
 }
@@ -153,7 +188,7 @@ pub fn read_config(path: &Path) -> Result<Config> {
 pub fn read_manifests(dir: &Path, c: &Classifier) -> Result<Manifests> {
     let mut texts = vec![];
     for f in files_under(dir, &["yaml", "yml"])? {
-        let text = std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        let text = read_text(&f, caps::TEXT, "a manifest file")?;
         texts.push((f.to_string_lossy().into_owned(), text));
     }
     let contracts: Vec<String> = c.known().iter().map(ToString::to_string).collect();

@@ -4,14 +4,14 @@
 //! or warns (findings), 2 on a bad snapshot or contradictory rules.
 
 use crate::{Diagnosed, Output, Report};
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use runtime::plan::{Action, PlanError};
 use runtime::state::ObservedState;
 use serde_json::json;
 use std::path::Path;
 
 pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) -> Result<Report> {
-    let text = std::fs::read_to_string(state).with_context(|| format!("reading {}", state.display()))?;
+    let text = crate::disk::read_text(state, crate::disk::caps::SNAPSHOT, "an observed-state snapshot")?;
     let s = ObservedState::parse(&text).map_err(|errs| {
         anyhow!(Diagnosed {
             diagnostics: errs.iter().map(|e| format!("{}: error: {e}\n", state.display())).collect(),

@@ -124,7 +124,7 @@ fn eval(
     // Facts stream from the text into interned rows: no tree of JSON values.
     let built = match facts {
         Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading facts {}", path.display()))?;
+            let text = disk::read_text(path, disk::caps::FACTS, "a facts file")?;
             engine::facts::read_json(&text, &engine).map_err(|errs| fact_errors(path, &errs))?
         }
         None => engine.fact_builder(),
@@ -264,7 +264,7 @@ fn test(dir: &Path) -> Result<Report> {
     let mut out = String::new();
     let (mut passed, mut failed) = (0, 0);
     for path in &cases_files {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = disk::read_text(path, disk::caps::TEXT, "a rule-test file")?;
         let cases = engine::ruletest::parse(&text).with_context(|| path.display().to_string())?;
         for case in &cases {
             let result = engine::ruletest::run(&engine, case);

@@ -13,7 +13,16 @@ struct Parser {
     toks: Vec<Token>,
     pos: usize,
     diags: Vec<Diagnostic>,
+    /// How deep the term being parsed is nested (parentheses, calls, unary minus, aggregates).
+    nesting: usize,
+    /// The depth of the last term parsed, as a tree.
+    depth: usize,
 }
+
+/// 256: no rule a person writes comes near it, and every later pass (checking, planning,
+/// evaluating, dropping) walks terms recursively; deeper input is a located error, never a
+/// stack overflow.
+pub const MAX_TERM_DEPTH: usize = 256;
 
 type PResult<T> = Result<T, ()>;
 
@@ -48,6 +57,26 @@ impl Parser {
         Err(())
     }
 
+    /// Enters one level of nesting, or fails past `MAX_TERM_DEPTH`.
+    fn nest(&mut self) -> PResult<()> {
+        self.nesting += 1;
+        self.check_depth(self.nesting)
+    }
+
+    fn check_depth(&mut self, depth: usize) -> PResult<()> {
+        if depth <= MAX_TERM_DEPTH {
+            return Ok(());
+        }
+        let span = self.span();
+        self.diags.push(Diagnostic::error(
+            span,
+            format!("the term is nested deeper than {MAX_TERM_DEPTH} levels: bind parts of it to variables with `=`"),
+        ));
+        // Skip the rest of the clause at once: nothing in it can be read.
+        self.nesting = 0;
+        Err(())
+    }
+
     fn expect(&mut self, tok: Tok, expected: &str) -> PResult<Span> {
         if *self.peek() == tok { Ok(self.bump().span) } else { self.error(expected) }
     }
@@ -55,6 +84,7 @@ impl Parser {
     /// Skips to the start of the next clause: just after the next `.`, or to the next directive,
     /// or to a token in column 1 of a later line (a clause left unfinished).
     fn recover(&mut self) {
+        self.nesting = 0;
         let line = self.span().line;
         loop {
             let span = self.span();
@@ -205,6 +235,28 @@ impl Parser {
         Ok(Atom { rel, args, span })
     }
 
+    /// A functor's arguments, one level deeper; the call's depth is one more than theirs.
+    fn call_args(&mut self) -> PResult<Vec<Term>> {
+        self.nest()?;
+        let mut depth = 0;
+        let mut args = vec![];
+        if *self.peek() != Tok::RParen {
+            loop {
+                args.push(self.term()?);
+                depth = depth.max(self.depth);
+                if *self.peek() == Tok::Comma {
+                    self.bump();
+                } else {
+                    break;
+                }
+            }
+        }
+        self.expect(Tok::RParen, "`,` or `)`")?;
+        self.nesting -= 1;
+        self.depth = depth + 1;
+        Ok(args)
+    }
+
     fn args(&mut self) -> PResult<Vec<Term>> {
         let mut args = vec![];
         if *self.peek() != Tok::RParen {
@@ -278,29 +330,41 @@ impl Parser {
 
     fn term(&mut self) -> PResult<Term> {
         let mut lhs = self.product()?;
+        let mut depth = self.depth;
         loop {
             let op = match self.peek() {
                 Tok::Plus => ArithOp::Add,
                 Tok::Minus => ArithOp::Sub,
-                _ => return Ok(lhs),
+                _ => {
+                    self.depth = depth;
+                    return Ok(lhs);
+                }
             };
             let span = self.bump().span;
             let rhs = self.product()?;
+            depth = 1 + depth.max(self.depth);
+            self.check_depth(depth + self.nesting)?;
             lhs = Term::Arith(op, Box::new(lhs), Box::new(rhs), span);
         }
     }
 
     fn product(&mut self) -> PResult<Term> {
         let mut lhs = self.unary()?;
+        let mut depth = self.depth;
         loop {
             let op = match self.peek() {
                 Tok::Star => ArithOp::Mul,
                 Tok::Slash => ArithOp::Div,
                 Tok::Percent => ArithOp::Rem,
-                _ => return Ok(lhs),
+                _ => {
+                    self.depth = depth;
+                    return Ok(lhs);
+                }
             };
             let span = self.bump().span;
             let rhs = self.unary()?;
+            depth = 1 + depth.max(self.depth);
+            self.check_depth(depth + self.nesting)?;
             lhs = Term::Arith(op, Box::new(lhs), Box::new(rhs), span);
         }
     }
@@ -310,9 +374,13 @@ impl Parser {
             let span = self.bump().span;
             if let Tok::Num(n) = *self.peek() {
                 self.bump();
+                self.depth = 1;
                 return Ok(Term::Num(-n, span));
             }
+            self.nest()?;
             let inner = self.unary()?;
+            self.nesting -= 1;
+            self.depth += 1;
             return Ok(Term::Arith(ArithOp::Sub, Box::new(Term::Num(0, span)), Box::new(inner), span));
         }
         self.primary()
@@ -320,6 +388,7 @@ impl Parser {
 
     fn primary(&mut self) -> PResult<Term> {
         let span = self.span();
+        self.depth = 1;
         match self.peek().clone() {
             Tok::Var(v) => {
                 self.bump();
@@ -339,7 +408,9 @@ impl Parser {
             }
             Tok::LParen => {
                 self.bump();
+                self.nest()?;
                 let t = self.term()?;
+                self.nesting -= 1;
                 self.expect(Tok::RParen, "`)`")?;
                 Ok(t)
             }
@@ -353,7 +424,7 @@ impl Parser {
                     return Err(());
                 };
                 self.expect(Tok::LParen, "`(` after the functor name")?;
-                let args = self.args()?;
+                let args = self.call_args()?;
                 Ok(Term::Call(f, args, span))
             }
             Tok::Ident(name) if AGGREGATES.contains(&name.as_str()) => {
@@ -364,18 +435,22 @@ impl Parser {
                     "min" => AggKind::Min,
                     _ => AggKind::Max,
                 };
+                self.nest()?;
                 let target = if kind == AggKind::Count { None } else { Some(Box::new(self.term()?)) };
+                let depth = 1 + if target.is_some() { self.depth } else { 0 };
                 self.expect(Tok::Colon, "`:` before the aggregate's body")?;
                 self.expect(Tok::LBrace, "`{` to open the aggregate's body")?;
                 let body = self.body(&Tok::RBrace)?;
                 self.expect(Tok::RBrace, "`}` to close the aggregate's body")?;
+                self.nesting -= 1;
+                self.depth = depth;
                 Ok(Term::Agg(kind, target, body, span))
             }
             Tok::Ident(name) => match Functor::from_name(&name, false) {
                 Some(f) => {
                     self.bump();
                     self.expect(Tok::LParen, "`(` after the functor name")?;
-                    let args = self.args()?;
+                    let args = self.call_args()?;
                     Ok(Term::Call(f, args, span))
                 }
                 None => self.error("a term (variable, constant, functor or aggregate)"),
@@ -388,7 +463,7 @@ impl Parser {
 /// Parses one file. Returns the items that parsed and every diagnostic (lexical and syntactic).
 pub fn parse(text: &str, file: u32) -> (Module, Vec<Diagnostic>) {
     let (toks, mut diags) = lex(text, file);
-    let mut p = Parser { toks, pos: 0, diags: vec![] };
+    let mut p = Parser { toks, pos: 0, diags: vec![], nesting: 0, depth: 0 };
     let module = p.module();
     diags.append(&mut p.diags);
     (module, diags)

@@ -120,6 +120,27 @@ fn correlated_constraint_variable_in_a_recursive_rule_is_refused_with_a_hint() {
     assert!(text.contains("bind that variable inside the aggregate with an atom"), "{text}");
 }
 
+// ---- issue 11: hostile rule texts end in a located error, never a stack overflow ----
+
+#[test]
+fn deeply_nested_terms_are_a_located_error() {
+    let d = 10_000;
+    let cases = [
+        format!("p(X) :- X = {}1{}.", "(".repeat(d), ")".repeat(d)),
+        format!("p(X) :- X = {}1.", "-".repeat(100_000)),
+        format!("p(X) :- X = {}.", vec!["1"; 100_000].join(" + ")),
+        format!("p(X) :- X = {}2{}.", "to_number(to_string(".repeat(d / 2), "))".repeat(d / 2)),
+    ];
+    for body in cases {
+        let text = diagnostics(&format!(".decl p(x: number)\n.output p\n{body}\n"));
+        assert!(text.contains("t.rules:3:"), "{}", &text[..text.len().min(300)]);
+        assert!(text.contains("nested deeper than 256 levels"), "{}", &text[..text.len().min(300)]);
+    }
+    // 200 levels are fine.
+    let ok = format!(".decl p(x: number)\n.output p\np(X) :- X = {}1{}.\n", "(".repeat(200), ")".repeat(200));
+    assert_eq!(diagnostics(&ok), "");
+}
+
 // ---- bad input: lexical and syntactic ----
 
 #[test]

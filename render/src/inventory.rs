@@ -133,11 +133,17 @@ fn resolve<'a>(node: &'a Json, defs: &'a serde_json::Map<String, Json>) -> Optio
 }
 
 fn type_name(node: &Json, defs: &serde_json::Map<String, Json>) -> String {
-    let Some(n) = resolve(node, defs) else {
+    type_at(node, defs, 0)
+}
+
+/// `type_name` at a depth of `oneOf` nesting: a `oneOf` that refers back to itself (nothing
+/// ends it) is free-form past 16 levels, not a stack overflow.
+fn type_at(node: &Json, defs: &serde_json::Map<String, Json>, depth: usize) -> String {
+    let Some(n) = resolve(node, defs).filter(|_| depth <= 16) else {
         return "any".into();
     };
     if let Some(alts) = n.get("oneOf").and_then(Json::as_array) {
-        let mut ts: Vec<String> = alts.iter().map(|a| type_name(a, defs)).collect();
+        let mut ts: Vec<String> = alts.iter().map(|a| type_at(a, defs, depth + 1)).collect();
         ts.sort();
         ts.dedup();
         return ts.join("|");
@@ -216,6 +222,10 @@ impl Inventory {
                 continue;
             }
             let (path, ty) = line.rsplit_once(' ').ok_or_else(|| format!("line {}: expected `path type`", i + 1))?;
+            // The path must be a pattern of the path syntax (an inventory is derived, but a
+            // hand-edited or truncated one must be an error, never a panic).
+            crate::path::Pattern::new(path)
+                .map_err(|e| format!("line {}: `{path}` is not a path pattern: {e}", i + 1))?;
             let mut node = &mut inv.root;
             for (j, s) in split_pattern(path).into_iter().enumerate() {
                 node = match s.as_str() {
@@ -320,8 +330,9 @@ fn split_pattern(p: &str) -> Vec<String> {
                 if b == "[*]" {
                     out.push(b);
                 } else {
-                    // A quoted key segment: store the key itself.
-                    let inner = &b[1..b.len() - 1];
+                    // A quoted key segment: store the key itself (an unterminated bracket, refused
+                    // by `Pattern::new` before, keeps its text).
+                    let inner = b.strip_prefix('[').and_then(|x| x.strip_suffix(']')).unwrap_or(&b);
                     out.push(serde_json::from_str::<String>(inner).unwrap_or_else(|_| inner.to_string()));
                 }
             }
