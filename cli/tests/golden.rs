@@ -181,3 +181,358 @@ fn tidy_every_contract_inventory_is_embedded_and_listed() {
         assert!(readme.contains(&format!("rules/contracts/{c}.paths")), "README.md does not list {c}");
     }
 }
+
+// ---- issue 11: hostile inputs, for every command ------------------------------------------
+
+/// Runs the binary with a 20 s wall clock and a 4 GiB address-space limit (`ulimit -v`), so
+/// that a hang or a runaway allocation fails the test instead of the machine.
+fn ichor_bounded(args: &[String]) -> (i32, String, String) {
+    use std::time::Duration;
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 4194304 2>/dev/null; exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_ichor"))
+        .args(args)
+        .current_dir(root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Output is drained while waiting (a full pipe would stall the child, not a hang of ours).
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(out) = rx.recv_timeout(Duration::from_secs(20)) else {
+        let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        panic!("ichor {args:?} ran past 20 s");
+    };
+    let out = out.unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// The contract of every run: exit 0, 1 or 2; no panic; exit 2 with a message and no stdout;
+/// `secret` (when given) in neither stream.
+fn check_run(args: &[String], secret: Option<&str>) {
+    let (code, out, err) = ichor_bounded(args);
+    assert!(matches!(code, 0..=2), "ichor {args:?} exited {code}\n{err}");
+    for bad in ["panicked", "stack overflow", "RUST_BACKTRACE"] {
+        assert!(!err.contains(bad), "ichor {args:?}: {bad}\n{err}");
+    }
+    if code == 2 {
+        assert!(
+            err.starts_with("ichor: error:") || err.contains(": error:"),
+            "ichor {args:?}: exit 2 without a message: {err}"
+        );
+        assert!(out.is_empty(), "ichor {args:?}: exit 2 with output on stdout");
+    }
+    if let Some(s) = secret {
+        assert!(!out.contains(s) && !err.contains(s), "ichor {args:?} printed the planted secret\n{out}\n{err}");
+    }
+}
+
+/// A reproducible stream of numbers (splitmix64).
+struct Mutator(u64);
+
+impl Mutator {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    /// One hostile edit of a valid input.
+    fn mutate(&mut self, text: &[u8]) -> Vec<u8> {
+        let mut t = text.to_vec();
+        let pos = self.below(t.len() + 1);
+        match self.below(14) {
+            0 => {
+                if !t.is_empty() {
+                    let i = self.below(t.len());
+                    t[i] ^= 1 << self.below(8);
+                }
+            }
+            1 => {
+                let bytes: &[u8] = b"\0\xff{}[]&*<!:-\n\"'\\|>%@`#";
+                t.insert(pos, bytes[self.below(bytes.len())]);
+            }
+            2 => t.truncate(pos),
+            3 => {
+                let mut b = b"\xef\xbb\xbf".to_vec();
+                b.extend(t);
+                t = b;
+            }
+            4 => t = String::from_utf8_lossy(&t).replace('\n', "\r\n").into_bytes(),
+            5 => t.splice(pos..pos, b"[".repeat(5000)).for_each(drop),
+            6 => t.splice(pos..pos, b"{a: ".repeat(3000)).for_each(drop),
+            // Alias amplification, a merge key, a tag, a non-text key.
+            7 => t.extend(b"\nx: &a [\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"]\ny: [*a, *a, *a, *a, *a, *a, *a, *a]\nz: [*y, *y, *y, *y, *y, *y, *y, *y]\n"),
+            8 => t.extend(b"\n<<: {version: v1alpha1}\n"),
+            9 => t.splice(pos..pos, b"!tag ".iter().copied()).for_each(drop),
+            10 => t.extend(b"\n~: 1\n5000: {true: 1.5}\n"),
+            11 => t.extend(format!("\nbig: \"{}\"\n", "x".repeat(1 << 20)).into_bytes()),
+            12 => {
+                let lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+                let keep = self.below(lines.len());
+                t = lines.iter().enumerate().filter(|(i, _)| *i != keep).map(|(_, l)| *l).collect::<Vec<_>>().join(&b'\n');
+            }
+            _ => t.extend(b"\0\0\xfe\xfe"),
+        }
+        t
+    }
+}
+
+/// Every command on mutated inputs of its kind: configs, manifests, snapshots, facts, rules,
+/// field metadata, contracts, values. `ICHOR_LONG_TESTS=1` runs ten times as many.
+#[test]
+fn hostile_inputs_end_in_exit_0_1_or_2_with_a_message() {
+    let per_kind = if std::env::var_os("ICHOR_LONG_TESTS").is_some() { 1500 } else { 150 };
+    let dir = std::env::temp_dir().join(format!("ichor-hostile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let read = |p: &str| std::fs::read(root().join(p)).unwrap();
+    let mut m = Mutator(0x1c40);
+    // A copy of the rules and of a cluster's manifests, one file of which is mutated per run.
+    let copy = |from: &str, to: &std::path::Path| {
+        let status = Command::new("cp").arg("-rL").arg(root().join(from)).arg(to).status().unwrap();
+        assert!(status.success());
+    };
+    let rules = dir.join("rules");
+    copy("rules", &rules);
+    let manifests = dir.join("manifests");
+    copy("examples/clusters/lab-v1.14", &manifests);
+    let input = dir.join("input");
+    type Case = (&'static str, Vec<&'static str>);
+    let cases: Vec<Case> = vec![
+        (
+            "examples/configs/v1.14/controlplane.yaml",
+            vec!["config", "diff", "--from", "examples/configs/v1.14/controlplane.yaml", "--to", "@"],
+        ),
+        (
+            "examples/configs/v1.13/controlplane.yaml",
+            vec![
+                "config",
+                "diff",
+                "--from",
+                "@",
+                "--to",
+                "examples/configs/v1.13/controlplane.yaml",
+                "--output",
+                "json",
+            ],
+        ),
+        ("examples/states/upgrade-start.yaml", vec!["plan", "--state", "@", "--explain"]),
+        ("examples/states/switch-replacing-start.yaml", vec!["plan", "--state", "@", "--output", "json"]),
+        ("examples/rules/plan.facts.json", vec!["rules", "eval", "examples/rules/plan.rules", "--facts", "@"]),
+        ("examples/rules/plan.rules", vec!["rules", "eval", "@", "--facts", "examples/rules/plan.facts.json"]),
+        ("tests/golden/cni-values/good.yaml", vec!["cni", "values", "validate", "@"]),
+    ];
+    for (base, args) in &cases {
+        let text = read(base);
+        for _ in 0..per_kind {
+            std::fs::write(&input, m.mutate(&text)).unwrap();
+            let args: Vec<String> = args.iter().map(|a| if *a == "@" { s(&input) } else { a.to_string() }).collect();
+            check_run(&args, None);
+        }
+    }
+    // Files inside directories: manifests, field metadata, an inventory, a rules file.
+    let in_dir: Vec<(std::path::PathBuf, Vec<String>)> = vec![
+        (
+            manifests.join("patches.yaml"),
+            vec!["render".into(), "--manifests".into(), s(&manifests), "--machine".into(), "cp1".into()],
+        ),
+        (
+            manifests.join("cluster.yaml"),
+            vec![
+                "config".into(),
+                "diff".into(),
+                "--manifests".into(),
+                s(&manifests),
+                "--machine".into(),
+                "cp1".into(),
+                "--node-config".into(),
+                "examples/configs/v1.14/controlplane.yaml".into(),
+            ],
+        ),
+        (rules.join("fieldmeta.yaml"), vec!["rules".into(), "check".into(), "--rules".into(), s(&rules)]),
+        (
+            rules.join("contracts/v1.14.paths"),
+            vec![
+                "config".into(),
+                "explain".into(),
+                "machine.install.disk".into(),
+                "--contract".into(),
+                "v1.14".into(),
+                "--rules".into(),
+                s(&rules),
+            ],
+        ),
+        (
+            rules.join("switch.rules"),
+            vec![
+                "plan".into(),
+                "--state".into(),
+                "examples/states/switch-replacing-start.yaml".into(),
+                "--rules".into(),
+                s(&rules),
+            ],
+        ),
+        (rules.join("tests/switch.yaml"), vec!["rules".into(), "test".into(), "--rules".into(), s(&rules)]),
+    ];
+    for (file, args) in &in_dir {
+        let original = std::fs::read(file).unwrap();
+        for _ in 0..per_kind / 3 {
+            std::fs::write(file, m.mutate(&original)).unwrap();
+            check_run(args, None);
+        }
+        std::fs::write(file, &original).unwrap();
+    }
+    // Missing files, directories, endless files, a loop of links.
+    std::os::unix::fs::symlink(".", rules.join("loop")).unwrap();
+    for args in [
+        vec!["config", "diff", "--from", "/nonexistent.yaml", "--to", "examples/configs/v1.14/controlplane.yaml"],
+        vec!["config", "diff", "--from", "/dev/zero", "--to", "examples/configs/v1.14/controlplane.yaml"],
+        vec!["config", "diff", "--from", "examples", "--to", "examples/configs/v1.14/controlplane.yaml"],
+        vec!["plan", "--state", "/dev/zero"],
+        vec!["rules", "eval", "examples/rules/plan.rules", "--facts", "/dev/zero"],
+        vec!["render", "--manifests", "/nonexistent", "--machine", "cp1"],
+    ] {
+        check_run(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>(), None);
+    }
+    check_run(&["rules".into(), "check".into(), "--rules".into(), s(&rules)], None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A secret planted at every sensitive path of the field metadata, in every YAML shape (a
+/// scalar, a list, a map, a merge key, a number key above it), never reaches stdout or stderr
+/// of `config diff`, in text or JSON, in either direction.
+#[test]
+fn planted_secrets_are_never_printed() {
+    use render::path::PatSeg;
+    use serde_yaml::{Mapping, Value};
+    let (_, text) = render::embedded::FIELDMETA;
+    let contracts: Vec<render::vocab::Contract> =
+        render::embedded::CONTRACTS.iter().filter_map(|(c, _)| render::vocab::Contract::parse(c)).collect();
+    let meta = render::fieldmeta::FieldMeta::parse(text, &contracts).unwrap();
+    let dir = std::env::temp_dir().join(format!("ichor-secrets-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = dir.join("base.yaml");
+    std::fs::write(&base, "version: v1alpha1\nmachine:\n  type: controlplane\n").unwrap();
+    let planted = dir.join("planted.yaml");
+    let secret = "PLANTED-s3cr3t-VALUE";
+    let shapes: Vec<Value> = vec![
+        Value::String(secret.into()),
+        serde_yaml::from_str(&format!("[{secret}]")).unwrap(),
+        serde_yaml::from_str(&format!("{{k: {secret}}}")).unwrap(),
+        serde_yaml::from_str(&format!("{{k: [{secret}, {{x: {secret}}}]}}")).unwrap(),
+    ];
+    let mut runs = 0;
+    // Every combination under ICHOR_LONG_TESTS=1; in CI, one contract and one direction per shape.
+    let long = std::env::var_os("ICHOR_LONG_TESTS").is_some();
+    for pat in meta.entries.iter().filter(|e| e.sensitive).flat_map(|e| &e.patterns) {
+        let wild = pat.segs.iter().any(|s| matches!(s, PatSeg::AnyMember | PatSeg::AnyDepth));
+        let typed =
+            matches!(pat.segs.first(), Some(PatSeg::Member(m)) if m.starts_with(|c: char| c.is_ascii_uppercase()));
+        for (shape_no, shape) in shapes.iter().enumerate() {
+            for number_keys in [false, true] {
+                if number_keys && !wild {
+                    continue;
+                }
+                // Build the document from the leaf up.
+                let mut segs: Vec<&PatSeg> = pat.segs.iter().collect();
+                let mut name = None;
+                if typed && matches!(segs.get(1), Some(PatSeg::Bracket(_) | PatSeg::AnyBracket)) {
+                    name = Some(match segs.remove(1) {
+                        PatSeg::Bracket(b) => b.clone(),
+                        _ => "n0".into(),
+                    });
+                }
+                let kind = typed.then(|| match segs.remove(0) {
+                    PatSeg::Member(m) => m.clone(),
+                    _ => unreachable!(),
+                });
+                let mut v = shape.clone();
+                let last = segs.len();
+                for (i, seg) in segs.iter().enumerate().rev() {
+                    v = match seg {
+                        PatSeg::Bracket(_) | PatSeg::AnyBracket => Value::Sequence(vec![v]),
+                        PatSeg::Member(k) if i + 1 == last && shape_no == 0 => {
+                            // The leaf through a merge key: `parent: {<<: {leaf: S}}`.
+                            let mut inner = Mapping::new();
+                            inner.insert(Value::String(k.clone()), v);
+                            let mut m = Mapping::new();
+                            m.insert(Value::String("<<".into()), Value::Mapping(inner));
+                            Value::Mapping(m)
+                        }
+                        PatSeg::Member(k) => Value::Mapping([(Value::String(k.clone()), v)].into_iter().collect()),
+                        PatSeg::AnyMember | PatSeg::AnyDepth => {
+                            let key = if number_keys { Value::Number(5000.into()) } else { Value::String("k0".into()) };
+                            Value::Mapping([(key, v)].into_iter().collect())
+                        }
+                    };
+                }
+                // `v` is the document's body: a merge key at the top becomes the document itself.
+                let mut doc = match v {
+                    Value::Mapping(m) => m,
+                    other => [(Value::String("value".into()), other)].into_iter().collect(),
+                };
+                let mut yaml = String::new();
+                match kind {
+                    Some(kind) => {
+                        doc.insert(Value::String("apiVersion".into()), Value::String("v1alpha1".into()));
+                        doc.insert(Value::String("kind".into()), Value::String(kind));
+                        if let Some(n) = name {
+                            doc.insert(Value::String("name".into()), Value::String(n));
+                        }
+                        yaml.push_str("version: v1alpha1\nmachine:\n  type: controlplane\n---\n");
+                        yaml.push_str(&serde_yaml::to_string(&doc).unwrap());
+                    }
+                    None => {
+                        doc.insert(Value::String("version".into()), Value::String("v1alpha1".into()));
+                        yaml.push_str(&serde_yaml::to_string(&doc).unwrap());
+                    }
+                }
+                std::fs::write(&planted, &yaml).unwrap();
+                let (b, p) = (base.to_string_lossy().into_owned(), planted.to_string_lossy().into_owned());
+                let contracts: &[&str] = if long { &["v1.13", "v1.14"] } else { &["v1.14"] };
+                let directions = if long || shape_no % 2 == 0 { vec![(&b, &p), (&p, &b)] } else { vec![(&p, &b)] };
+                for contract in contracts {
+                    for &(from, to) in &directions {
+                        for output in ["text", "json"] {
+                            let args: Vec<String> = [
+                                "config",
+                                "diff",
+                                "--from",
+                                from,
+                                "--to",
+                                to,
+                                "--contract",
+                                contract,
+                                "--output",
+                                output,
+                            ]
+                            .iter()
+                            .map(|a| a.to_string())
+                            .collect();
+                            check_run(&args, Some(secret));
+                            runs += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(runs > 200, "only {runs} runs");
+    let _ = std::fs::remove_dir_all(&dir);
+}
