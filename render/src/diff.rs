@@ -115,7 +115,48 @@ fn redact(path: &Path, v: &mut Value, sensitive: &dyn Fn(&Path) -> bool) {
 
 /// A unified diff (3 lines of context) between two texts, with file headers.
 pub fn unified(old: &str, new: &str, old_name: &str, new_name: &str) -> String {
-    similar::TextDiff::from_lines(old, new).unified_diff().context_radius(3).header(old_name, new_name).to_string()
+    unified_past(old, new, old_name, new_name, 10_000)
+}
+
+/// `unified`, with the line count past which the middle is one hunk.
+fn unified_past(old: &str, new: &str, old_name: &str, new_name: &str, large: usize) -> String {
+    let (a, b): (Vec<&str>, Vec<&str>) = (old.split_inclusive('\n').collect(), new.split_inclusive('\n').collect());
+    // Myers is O((N + M) * D): seconds for a 10^4-element list against another config. Past
+    // `large` lines that differ (10^4), the changed middle (after the common first and last
+    // lines) is shown as one replacement hunk, which is linear and still a valid unified diff.
+    let prefix = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let max_suffix = a.len().min(b.len()) - prefix;
+    let suffix = a.iter().rev().zip(b.iter().rev()).take(max_suffix).take_while(|(x, y)| x == y).count();
+    let (a_mid, b_mid) = (a.len() - prefix - suffix, b.len() - prefix - suffix);
+    if a_mid + b_mid <= large || a_mid == 0 && b_mid == 0 {
+        return similar::TextDiff::from_lines(old, new)
+            .unified_diff()
+            .context_radius(3)
+            .header(old_name, new_name)
+            .to_string();
+    }
+    let ctx = 3;
+    let start = prefix.saturating_sub(ctx);
+    let (a_end, b_end) = ((a.len() - suffix + ctx).min(a.len()), (b.len() - suffix + ctx).min(b.len()));
+    // Ranges as `diff -u` writes them: 1-based start (0 for an empty side) and length.
+    let range = |from: usize, to: usize| match to - from {
+        0 => format!("{from},0"),
+        1 => format!("{}", from + 1),
+        n => format!("{},{n}", from + 1),
+    };
+    let mut out = format!("--- {old_name}\n+++ {new_name}\n@@ -{} +{} @@\n", range(start, a_end), range(start, b_end));
+    let line = |out: &mut String, sign: char, l: &str| {
+        out.push(sign);
+        out.push_str(l);
+        if !l.ends_with('\n') {
+            out.push_str("\n\\ No newline at end of file\n");
+        }
+    };
+    a[start..prefix].iter().for_each(|l| line(&mut out, ' ', l));
+    a[prefix..a.len() - suffix].iter().for_each(|l| line(&mut out, '-', l));
+    b[prefix..b.len() - suffix].iter().for_each(|l| line(&mut out, '+', l));
+    a[a.len() - suffix..a_end].iter().for_each(|l| line(&mut out, ' ', l));
+    out
 }
 
 /// A value on one line, for change lists: scalars as YAML, containers as flow JSON.
@@ -124,5 +165,19 @@ pub fn short(v: &Value) -> String {
         Value::String(s) => serde_json::to_string(s).unwrap_or_default(),
         Value::Null => "null".into(),
         other => serde_json::to_string(other).unwrap_or_else(|_| "?".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Where Myers also finds one replacement hunk, the linear path writes the same text.
+    #[test]
+    fn large_diffs_are_one_hunk_written_as_similar_writes_it() {
+        let old = "a\nb\nc\nd\nx1\nx2\ne\nf\ng\nh\n";
+        let new = "a\nb\nc\nd\ny1\ny2\ny3\ne\nf\ng\nh\n";
+        let want = super::unified_past(old, new, "old", "new", usize::MAX);
+        assert_eq!(super::unified_past(old, new, "old", "new", 0), want);
+        let (old, new) = ("x\n", "y\nz\n");
+        assert_eq!(super::unified_past(old, new, "o", "n", 0), super::unified_past(old, new, "o", "n", usize::MAX));
     }
 }

@@ -332,13 +332,14 @@ impl Matcher {
         Matcher { contract, nodes }
     }
 
-    /// Adds `n` and what its `**` reaches without consuming a segment.
-    fn enter(&self, mut n: usize, set: &mut Vec<usize>) {
+    /// Adds `n` and what its `**` reaches without consuming a segment; notes a secret node.
+    fn enter(&self, mut n: usize, set: &mut Vec<usize>, secret: &mut bool) {
         loop {
             if set.contains(&n) {
                 return;
             }
             set.push(n);
+            *secret |= self.nodes[n].secret;
             match self.nodes[n].any_depth {
                 Some(d) => n = d,
                 None => return,
@@ -371,15 +372,14 @@ impl Matcher {
         out.clear();
         let (set, next) = scratch;
         set.clear();
-        self.enter(0, set);
         let mut secret = false;
+        self.enter(0, set, &mut secret);
         for seg in &path.segs {
-            secret |= set.iter().any(|&n| self.nodes[n].secret);
             next.clear();
             for &n in set.iter() {
                 let node = &self.nodes[n];
                 if node.loops {
-                    self.enter(n, next);
+                    self.enter(n, next, &mut secret);
                 }
                 let lit = match seg {
                     Seg::Field(f) | Seg::Key(f) if !node.members.is_empty() => node.members.get(f.as_str()),
@@ -388,14 +388,14 @@ impl Matcher {
                     _ => None,
                 };
                 if let Some(&c) = lit {
-                    self.enter(c, next);
+                    self.enter(c, next, &mut secret);
                 }
                 let any = match seg {
                     Seg::Field(_) | Seg::Key(_) => node.any_member,
                     Seg::Index(_) | Seg::Name(_) => node.any_bracket,
                 };
                 if let Some(c) = any {
-                    self.enter(c, next);
+                    self.enter(c, next, &mut secret);
                 }
             }
             std::mem::swap(set, next);
@@ -403,7 +403,6 @@ impl Matcher {
                 return secret;
             }
         }
-        secret |= set.iter().any(|&n| self.nodes[n].secret);
         for &n in set.iter() {
             for &(e, spec) in &self.nodes[n].accept {
                 match out.iter_mut().find(|x| x.0 == e) {
