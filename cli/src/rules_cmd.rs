@@ -37,6 +37,12 @@ pub enum RulesCommand {
         /// Print to stderr how long loading, reading the facts, evaluating and writing took.
         #[arg(long)]
         timings: bool,
+        /// Stop past this many tuples (all relations together, or one join step's rows).
+        #[arg(long, default_value_t = EvalOptions::default().max_tuples)]
+        max_tuples: usize,
+        /// Stop a recursive stratum past this many rounds.
+        #[arg(long, default_value_t = EvalOptions::default().max_rounds)]
+        max_rounds: usize,
     },
     /// Run the rule tests under DIR/tests/*.yaml against the rules in DIR.
     #[command(after_help = "Example:\n  ichor rules test --rules rules/")]
@@ -49,8 +55,9 @@ pub enum RulesCommand {
 pub fn run(cmd: RulesCommand) -> Result<Report> {
     match cmd {
         RulesCommand::Check { rules } => check(&rules),
-        RulesCommand::Eval { files, facts, output, explain, timings } => {
-            eval(&files, facts.as_deref(), output, &explain, timings)
+        RulesCommand::Eval { files, facts, output, explain, timings, max_tuples, max_rounds } => {
+            let budget = EvalOptions { max_tuples, max_rounds, ..EvalOptions::default() };
+            eval(&files, facts.as_deref(), output, &explain, timings, budget)
         }
         RulesCommand::Test { rules } => test(&rules),
     }
@@ -116,6 +123,7 @@ fn eval(
     output: Output,
     explain_args: &[String],
     timings: bool,
+    budget: EvalOptions,
 ) -> Result<Report> {
     let start = std::time::Instant::now();
     let files: Vec<String> = files.iter().map(|f| f.to_string_lossy().into_owned()).collect();
@@ -135,7 +143,7 @@ fn eval(
         let (rel, values) = explain::parse_tuple(e).with_context(|| format!("--explain {e:?}"))?;
         targets.push((rel, values));
     }
-    let opts = EvalOptions { provenance: !targets.is_empty(), ..EvalOptions::default() };
+    let opts = EvalOptions { provenance: !targets.is_empty(), ..budget };
     let db = engine.evaluate_built(built, opts).context("evaluation failed")?;
     let evaluated = start.elapsed();
     let mut explanations = vec![];

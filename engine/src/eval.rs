@@ -89,11 +89,14 @@ pub struct EvalOptions {
     pub provenance: bool,
     /// Stop with an error once the relations hold more tuples than this in total.
     pub max_tuples: usize,
+    /// Rounds of one recursive stratum at most: each round of `b(X + 1) :- b(X).` makes one
+    /// tuple, so the tuple budget alone would take hours to stop it.
+    pub max_rounds: usize,
 }
 
 impl Default for EvalOptions {
     fn default() -> Self {
-        EvalOptions { provenance: false, max_tuples: 50_000_000 }
+        EvalOptions { provenance: false, max_tuples: 10_000_000, max_rounds: 100_000 }
     }
 }
 
@@ -109,6 +112,11 @@ pub enum EvalError {
         "evaluation: stopped after {tuples} tuples (limit {limit}): does a rule make new values without bound, such as `p(N + 1) :- p(N).`?"
     )]
     TupleBudget { tuples: usize, limit: usize },
+    /// A recursive stratum ran more rounds than its budget (`EvalOptions::max_rounds`).
+    #[error(
+        "evaluation: stopped after {limit} rounds of recursion through `{relation}`: does a rule make new values without bound, such as `p(N + 1) :- p(N).`?"
+    )]
+    RoundBudget { relation: String, limit: usize },
 }
 
 /// Input facts, already interned against the evaluation's interner.
@@ -264,12 +272,13 @@ fn gallop<T>(mut slice: &[T], mut less: impl FnMut(&T) -> bool) -> &[T] {
 }
 
 /// Merge join of two sorted slices on their first `k` values.
+/// `f` returns whether to go on: the join stops at once when it says no (a tuple budget).
 fn join_slices<const W: usize, M>(
     mut a: &[Tup<W, M>],
     mut b: &[Tup<W, M>],
     k: usize,
-    f: &mut impl FnMut(&Tup<W, M>, &Tup<W, M>),
-) {
+    f: &mut impl FnMut(&Tup<W, M>, &Tup<W, M>) -> bool,
+) -> bool {
     while !a.is_empty() && !b.is_empty() {
         match key_cmp(&a[0].row, &b[0].row, k) {
             Ordering::Less => {
@@ -285,7 +294,9 @@ fn join_slices<const W: usize, M>(
                 let nb = b.iter().take_while(|x| key_cmp(&x.row, &b[0].row, k) == Ordering::Equal).count();
                 for x in &a[..na] {
                     for y in &b[..nb] {
-                        f(x, y);
+                        if !f(x, y) {
+                            return false;
+                        }
                     }
                 }
                 a = &a[na..];
@@ -293,6 +304,7 @@ fn join_slices<const W: usize, M>(
             }
         }
     }
+    true
 }
 
 /// Where a step reads its rows from: a finished sorted vector or a datafrog variable.
@@ -468,6 +480,14 @@ struct Ctx<'a, const W: usize> {
 }
 
 impl<const W: usize> Ctx<'_, W> {
+    /// Records that one step made more rows than the tuple budget.
+    fn over_budget(&self, tuples: usize, limit: usize) {
+        let mut e = self.error.borrow_mut();
+        if e.is_none() {
+            *e = Some(EvalError::TupleBudget { tuples, limit });
+        }
+    }
+
     fn fail(&self, rule: usize, message: String) {
         let mut e = self.error.borrow_mut();
         if e.is_none() {
@@ -960,7 +980,13 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         }
         self.check_error()?;
         let names: Vec<(usize, RelId)> = dyn_index.keys().map(|&i| (i, plan.indexes[i].rel)).collect();
+        let mut rounds = 0;
         while it.changed() {
+            rounds += 1;
+            if rounds > self.opts.max_rounds {
+                let relation = self.ctx.program.relations[self.ctx.program.strata[s][0]].name.clone();
+                return Err(EvalError::RoundBudget { relation, limit: self.opts.max_rounds });
+            }
             self.height += 1;
             let h = self.height;
             for &(idx, rel) in &names {
@@ -1127,6 +1153,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         // The left input: the previous step's rows, or its index directly.
         let left = outs[i - 1].as_ref().unwrap_or(&inputs[i - 1]);
         let prev_out: &[usize] = &rp.steps[i - 1].out;
+        let cap = self.opts.max_tuples;
         let k = step.key_len;
         let mut on_pair = |l: &Tup<W, M>, r: &Tup<W, M>| {
             for (j, v) in prev_out.iter().enumerate() {
@@ -1136,26 +1163,29 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                 env[*v] = r.row[j];
             }
             emit(&mut env, &mut results);
+            // One step's rows past the tuple budget: stop now, before memory runs out.
+            results.len() <= cap
         };
         left.with(|l_recent, l_stable| {
             inputs[i].with(|r_recent, r_stable| {
                 if full {
-                    for a in l_stable.iter().chain(std::iter::once(&l_recent)) {
+                    'all: for a in l_stable.iter().chain(std::iter::once(&l_recent)) {
                         for b in r_stable.iter().chain(std::iter::once(&r_recent)) {
-                            join_slices(a, b, k, &mut on_pair);
+                            if !join_slices(a, b, k, &mut on_pair) {
+                                break 'all;
+                            }
                         }
                     }
                 } else {
-                    for b in r_stable {
-                        join_slices(l_recent, b, k, &mut on_pair);
-                    }
-                    for a in l_stable {
-                        join_slices(a, r_recent, k, &mut on_pair);
-                    }
-                    join_slices(l_recent, r_recent, k, &mut on_pair);
+                    let _ = r_stable.iter().all(|b| join_slices(l_recent, b, k, &mut on_pair))
+                        && l_stable.iter().all(|a| join_slices(a, r_recent, k, &mut on_pair))
+                        && join_slices(l_recent, r_recent, k, &mut on_pair);
                 }
             })
         });
+        if results.len() > cap {
+            self.ctx.over_budget(results.len(), cap);
+        }
         results
     }
 }

@@ -394,7 +394,9 @@ fn regex_constant_that_does_not_compile_is_a_load_error() {
 #[test]
 fn runaway_program_is_stopped() {
     let e = engine(".decl n(x: number)\n.output n\nn(0).\nn(X + 1) :- n(X).\n");
-    let err = e.evaluate(&e.empty_facts(), EvalOptions { provenance: false, max_tuples: 1000 }).unwrap_err();
+    let err = e
+        .evaluate(&e.empty_facts(), EvalOptions { provenance: false, max_tuples: 1000, ..Default::default() })
+        .unwrap_err();
     assert_eq!(err, engine::EvalError::TupleBudget { tuples: err_tuples(&err), limit: 1000 });
     assert!(err.to_string().contains("limit 1000"), "{err}");
 }
@@ -404,6 +406,41 @@ fn err_tuples(e: &engine::EvalError) -> usize {
         engine::EvalError::TupleBudget { tuples, .. } => *tuples,
         _ => 0,
     }
+}
+
+/// Issue 11: one tuple a round would take hours to reach the tuple budget; the round budget
+/// stops it.
+#[test]
+fn unbounded_arithmetic_recursion_stops_at_the_round_budget() {
+    let e = engine(".decl b(x: number)\n.output b\nb(0).\nb(Y) :- b(X), Y = X + 1.\n");
+    let err = e.evaluate(&e.empty_facts(), EvalOptions { max_rounds: 1000, ..Default::default() }).unwrap_err();
+    assert_eq!(err, engine::EvalError::RoundBudget { relation: "b".into(), limit: 1000 });
+}
+
+/// Issue 11: a three-way cross product of 2,000 facts (8 * 10^9 rows) stops inside the join
+/// once one step passes the tuple budget, before memory runs out.
+#[test]
+fn a_cross_product_stops_inside_the_join() {
+    let e = engine(
+        ".decl a(x: number)\n.input a\n.decl p(x: number, y: number, z: number)\n.output p\np(X, Y, Z) :- a(X), a(Y), a(Z).\n",
+    );
+    let mut f = FactSet::default();
+    (0..2000).for_each(|i| f.add("a", vec![Const::Num(i)]));
+    let facts = f.resolve(&e.program).unwrap();
+    let err = e.evaluate(&facts, EvalOptions { max_tuples: 1_000_000, ..Default::default() }).unwrap_err();
+    assert!(matches!(err, engine::EvalError::TupleBudget { limit: 1_000_000, .. }), "{err}");
+}
+
+/// Issue 11: a body of 5 * 10^4 atoms took 14 s to load; past 1,000 literals it is refused.
+#[test]
+fn a_huge_body_is_a_located_error() {
+    let body = vec!["a(X)"; 50_000].join(", ");
+    let text = diagnostics(&format!(".decl a(x: number)\n.input a\n.decl p(x: number)\n.output p\np(X) :- {body}.\n"));
+    assert!(
+        text.starts_with("t.rules:5:") && text.contains("more than 1000 literals"),
+        "{}",
+        &text[..200.min(text.len())]
+    );
 }
 
 // ---- datafrog 2.0.1 ----
@@ -797,7 +834,10 @@ fn parser_and_checker_never_panic_on_mutated_texts() {
             if let Some(p) = loaded.program
                 && let Ok(e) = Engine::new(p)
             {
-                let _ = e.evaluate(&e.empty_facts(), EvalOptions { provenance: true, max_tuples: 10_000 });
+                let _ = e.evaluate(
+                    &e.empty_facts(),
+                    EvalOptions { provenance: true, max_tuples: 10_000, ..Default::default() },
+                );
             }
             Ok(())
         })
