@@ -25,13 +25,66 @@ pub mod caps {
     pub const FACTS: usize = 256 << 20;
 }
 
-/// Reads rule files from disk for the engine's loader, each at most `caps::TEXT` bytes.
-pub struct FsSources;
+/// Reads rule files from disk for the engine's loader, each at most `caps::TEXT` bytes, and
+/// only inside `dir`: an `.include` that leads elsewhere (`/etc/passwd`, `../../x`) is refused
+/// before anything is read, so no other file's text reaches a diagnostic.
+pub struct FsSources {
+    dir: PathBuf,
+}
+
+impl FsSources {
+    /// Files inside `dir` (a rules directory), or inside the deepest directory that holds
+    /// every one of `files` when `dir` is `None`.
+    pub fn within(dir: Option<&Path>, files: &[String]) -> Result<FsSources> {
+        let dir = match dir {
+            Some(d) => absolute(d),
+            None => {
+                let mut common: Option<PathBuf> = None;
+                for f in files {
+                    let parent = absolute(Path::new(f)).parent().map(Path::to_path_buf).unwrap_or_default();
+                    common = Some(match common {
+                        None => parent,
+                        Some(c) => {
+                            c.ancestors().find(|a| parent.starts_with(a)).unwrap_or(Path::new("/")).to_path_buf()
+                        }
+                    });
+                }
+                common.unwrap_or_else(|| PathBuf::from("/"))
+            }
+        };
+        Ok(FsSources { dir })
+    }
+}
 
 impl Sources for FsSources {
     fn read(&self, path: &str) -> std::io::Result<Vec<u8>> {
-        read_bounded(Path::new(path), caps::TEXT, "a rules file")
+        // Lexically (the loader folds `..` the same way): a link inside the directory is the
+        // directory owner's choice; a path written to leave it is refused.
+        let real = absolute(Path::new(path));
+        if !real.starts_with(&self.dir) {
+            return Err(std::io::Error::other(format!(
+                "it is outside {}: an include stays inside the rules' directory",
+                self.dir.display()
+            )));
+        }
+        read_bounded(&real, caps::TEXT, "a rules file")
     }
+}
+
+/// `p` from the working directory, with `.` and `..` folded without touching the disk.
+fn absolute(p: &Path) -> PathBuf {
+    let joined = std::env::current_dir().unwrap_or_default().join(p);
+    let mut out = PathBuf::new();
+    for c in joined.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// The bytes of `path`, refused past `limit` bytes while reading.

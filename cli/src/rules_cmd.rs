@@ -64,8 +64,8 @@ pub fn run(cmd: RulesCommand) -> Result<Report> {
 }
 
 /// Loads and compiles, or fails with every diagnostic; on success, the warnings rendered.
-fn load(files: &[String]) -> Result<(Engine, String)> {
-    match Engine::load(files, &disk::FsSources) {
+fn load(files: &[String], dir: Option<&Path>) -> Result<(Engine, String)> {
+    match Engine::load(files, &disk::FsSources::within(dir, files)?) {
         Ok((engine, warnings)) => {
             let text = engine::diag::render(&warnings, &engine.program.sources);
             Ok((engine, text))
@@ -83,7 +83,7 @@ fn load(files: &[String]) -> Result<(Engine, String)> {
 
 fn check(dir: &Path) -> Result<Report> {
     let files = disk::rule_files(dir)?;
-    let (engine, warnings) = load(&files)?;
+    let (engine, warnings) = load(&files, Some(dir))?;
     // Each host's program, from its root under programs/, with the relations the host binds.
     if std::path::Path::new(&disk::program_root(dir, "operations")).is_file() {
         disk::planner(Some(dir))?;
@@ -127,7 +127,7 @@ fn eval(
 ) -> Result<Report> {
     let start = std::time::Instant::now();
     let files: Vec<String> = files.iter().map(|f| f.to_string_lossy().into_owned()).collect();
-    let (engine, warnings) = load(&files)?;
+    let (engine, warnings) = load(&files, None)?;
     let loaded = start.elapsed();
     // Facts stream from the text into interned rows: no tree of JSON values.
     let built = match facts {
@@ -254,7 +254,7 @@ fn text_output(engine: &Engine, db: &Database, explanations: &[Explanation]) -> 
 
 fn test(dir: &Path) -> Result<Report> {
     let files = disk::rule_files(dir)?;
-    let (engine, warnings) = load(&files)?;
+    let (engine, warnings) = load(&files, Some(dir))?;
     let tests_dir = dir.join("tests");
     let mut cases_files = vec![];
     if tests_dir.is_dir() {

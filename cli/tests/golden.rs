@@ -536,3 +536,64 @@ fn planted_secrets_are_never_printed() {
     assert!(runs > 200, "only {runs} runs");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Fuzz targets (issue 11), one per parser, run in process as a bounded loop on stable Rust:
+/// mutated configs, patches, snapshots, Cilium values, facts, inventories and field metadata
+/// never panic their parser. `ICHOR_LONG_TESTS=1` runs ten times as many. (Rule texts have their
+/// own target in engine/tests: 100,000 mutated texts through the parser and checker.)
+#[test]
+fn fuzz_every_parser_in_process() {
+    let rounds = if std::env::var_os("ICHOR_LONG_TESTS").is_some() { 20_000 } else { 2_000 };
+    let read = |p: &str| std::fs::read(root().join(p)).unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let keys = render::inventory::Inventory::parse(render::embedded::CILIUM_KEYS.1).unwrap();
+    let contracts: Vec<render::vocab::Contract> =
+        render::embedded::CONTRACTS.iter().filter_map(|(c, _)| render::vocab::Contract::parse(c)).collect();
+    let engine = {
+        let loaded = engine::load_str("plan.rules", &text(&read("examples/rules/plan.rules")));
+        engine::Engine::new(loaded.program.unwrap()).unwrap()
+    };
+    type Target<'a> = (&'a str, Box<dyn Fn(&str) + 'a>);
+    let targets: Vec<(Vec<u8>, Target)> = vec![
+        (
+            read("examples/configs/v1.14/controlplane.yaml"),
+            ("config", Box::new(|t| drop(render::config::Config::parse(t)))),
+        ),
+        (
+            read("examples/clusters/lab-v1.14/patches.yaml"),
+            ("patch", Box::new(|t| drop(render::yaml::parse_documents(t, 1 << 20)))),
+        ),
+        (
+            read("examples/states/upgrade-start.yaml"),
+            ("snapshot", Box::new(|t| drop(runtime::state::ObservedState::parse(t)))),
+        ),
+        (
+            read("tests/golden/cni-values/good.yaml"),
+            (
+                "values",
+                Box::new(|t| {
+                    if let Ok(v) = serde_yaml::from_str::<serde_json::Value>(t) {
+                        drop(render::cilium::validate(&v, &keys, true));
+                    }
+                }),
+            ),
+        ),
+        (read("examples/rules/plan.facts.json"), ("facts", Box::new(|t| drop(engine::facts::read_json(t, &engine))))),
+        (
+            read("rules/contracts/v1.14.paths"),
+            ("inventory", Box::new(|t| drop(render::inventory::Inventory::parse(t)))),
+        ),
+        (
+            read("rules/fieldmeta.yaml"),
+            ("fieldmeta", Box::new(|t| drop(render::fieldmeta::FieldMeta::parse(t, &contracts)))),
+        ),
+    ];
+    let mut m = Mutator(0xf022);
+    for (base, (name, parse)) in &targets {
+        for _ in 0..rounds / targets.len() {
+            let input = text(&m.mutate(base));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse(&input)));
+            assert!(r.is_ok(), "the {name} parser panicked on:\n{}", &input[..input.len().min(2000)]);
+        }
+    }
+}
