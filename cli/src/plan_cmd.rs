@@ -32,6 +32,7 @@ pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) ->
     let findings = plan.actions.iter().any(|(a, _)| {
         matches!(a, Action::Wait { .. } | Action::Pause { .. } | Action::Fail { .. } | Action::Warn { .. })
     });
+    let roots: Vec<usize> = plan.actions.iter().flat_map(|(_, p)| p.iter().copied()).collect();
     let stdout = match output {
         Output::Json => {
             let actions: Vec<serde_json::Value> = plan
@@ -40,12 +41,12 @@ pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) ->
                 .map(|(a, proofs)| {
                     let mut v = a.to_json();
                     if explain {
-                        v["proofs"] = proofs.iter().map(|p| p.to_json()).collect();
+                        v["proofs"] = json!(proofs);
                     }
                     v
                 })
                 .collect();
-            let v = json!({
+            let mut v = json!({
                 "operation": plan.operation,
                 "kind": plan.kind,
                 "phase": plan.phase,
@@ -53,6 +54,10 @@ pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) ->
                 "actions": actions,
                 "ciliumJobMode": plan.cilium_job_mode,
             });
+            if explain {
+                // Every proof step once; actions name their proofs by id.
+                v["proofs"] = plan.proofs.to_json(&roots);
+            }
             serde_json::to_string_pretty(&v)? + "\n"
         }
         Output::Text => {
@@ -67,13 +72,16 @@ pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) ->
                 out += "Actions, in order:\n";
                 for (i, (a, proofs)) in plan.actions.iter().enumerate() {
                     out += &format!("  {}. {a}\n", i + 1);
-                    if explain {
-                        for p in proofs {
-                            for line in p.to_string().lines() {
-                                out += &format!("       {line}\n");
-                            }
-                        }
+                    if explain && !proofs.is_empty() {
+                        let ids: Vec<String> = proofs.iter().map(|p| format!("[{p}]")).collect();
+                        out += &format!("       proof: {}\n", ids.join(" "));
                     }
+                }
+            }
+            if explain && !roots.is_empty() {
+                out += "Proofs (each step once; `from` names its premises):\n";
+                for line in plan.proofs.render(&roots).lines() {
+                    out += &format!("  {line}\n");
                 }
             }
             if let Some(m) = &plan.cilium_job_mode {

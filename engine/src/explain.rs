@@ -48,6 +48,28 @@ pub enum Proof {
     },
 }
 
+/// One proof step, shared: its premises are other nodes of the same `ProofGraph`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProofNode {
+    pub fact: String,
+    /// `None` for an input fact.
+    pub rule: Option<RuleRef>,
+    pub bindings: Vec<(String, Const)>,
+    pub premises: Vec<usize>,
+    pub negations: Vec<String>,
+    pub constraints: Vec<String>,
+    pub aggregates: Vec<AggProof>,
+}
+
+/// Proofs of many tuples with every shared step built and kept once: the explanation of a
+/// plan whose actions share their premises is linear in the facts used, not in the number of
+/// paths through them. Node ids are positions in `nodes`.
+#[derive(Clone, Debug, Default)]
+pub struct ProofGraph {
+    pub nodes: Vec<ProofNode>,
+    index: std::collections::HashMap<(RelId, usize), usize>,
+}
+
 /// Why a tuple does not hold, for one rule whose head could produce it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WhyNot {
@@ -70,6 +92,8 @@ pub enum ExplainError {
     Arity { relation: String, expected: usize, found: usize },
     #[error("the evaluation ran without provenance: evaluate again with provenance on")]
     NoProvenance,
+    #[error("{0} does not hold")]
+    NotDerived(String),
 }
 
 /// A tuple written as `rel("a", 1)` that does not parse: what was expected and found.
@@ -153,7 +177,9 @@ pub fn explain(program: &Program, db: &Database, rel: &str, values: &[Const]) ->
     if let Some(row) = db.encode(values)
         && let Some(i) = db.rels[r].find(&row)
     {
-        return Ok(Explanation::Holds(ctx.prove(r, i)));
+        let mut g = ProofGraph::default();
+        let root = ctx.node(&mut g, r, i);
+        return Ok(Explanation::Holds(g.tree(root)));
     }
     let input = program.relations[r].input;
     let rules = program.rules_for(r).filter_map(|rule| ctx.why_not(rule, values)).collect();
@@ -164,14 +190,173 @@ type Env = Vec<Option<Const>>;
 /// Called with each complete body instance (bindings, premises); true stops the search.
 type Found<'a> = dyn FnMut(&Env, &[(RelId, usize)]) -> bool + 'a;
 
+impl ProofGraph {
+    /// Adds the proof of `rel(values)` (it must hold: see `explain` for one that may not) and
+    /// returns its node, sharing every step already in the graph.
+    pub fn add(&mut self, program: &Program, db: &Database, rel: RelId, row: &[u32]) -> Result<usize, ExplainError> {
+        if !db.provenance {
+            return Err(ExplainError::NoProvenance);
+        }
+        let values = db.decode_row(row);
+        let i = db.rels[rel]
+            .find(row)
+            .ok_or_else(|| ExplainError::NotDerived(Database::format_tuple(program, rel, &values)))?;
+        Ok(Ctx { program, db, budget: 2_000_000 }.node(self, rel, i))
+    }
+
+    /// Node `id` and every node below it, as one tree (shared steps repeated).
+    pub fn tree(&self, id: usize) -> Proof {
+        let n = &self.nodes[id];
+        match &n.rule {
+            None => Proof::Input { fact: n.fact.clone() },
+            Some(rule) => Proof::Rule {
+                fact: n.fact.clone(),
+                rule: rule.clone(),
+                bindings: n.bindings.clone(),
+                premises: n.premises.iter().map(|&p| self.tree(p)).collect(),
+                negations: n.negations.clone(),
+                constraints: n.constraints.clone(),
+                aggregates: n.aggregates.clone(),
+            },
+        }
+    }
+
+    /// The nodes reachable from `roots`, in the order first met (depth first).
+    pub fn reachable(&self, roots: &[usize]) -> Vec<usize> {
+        let mut seen = vec![false; self.nodes.len()];
+        let mut out = vec![];
+        let mut stack: Vec<usize> = roots.iter().rev().copied().collect();
+        while let Some(n) = stack.pop() {
+            if std::mem::replace(&mut seen[n], true) {
+                continue;
+            }
+            out.push(n);
+            stack.extend(self.nodes[n].premises.iter().rev());
+        }
+        out
+    }
+
+    /// Keeps only the nodes reachable from `roots`, numbered from 1 in the order they are first
+    /// met (so a printed explanation reads top down); returns each old id's new one.
+    pub fn renumber(&mut self, roots: &[usize]) -> Vec<Option<usize>> {
+        let order = self.reachable(roots);
+        let mut map = vec![None; self.nodes.len()];
+        for (new, &old) in order.iter().enumerate() {
+            map[old] = Some(new + 1);
+        }
+        let mut nodes = Vec::with_capacity(order.len() + 1);
+        // Id 0 is never a proof: ids count from 1, as people number them.
+        nodes.push(ProofNode {
+            fact: String::new(),
+            rule: None,
+            bindings: vec![],
+            premises: vec![],
+            negations: vec![],
+            constraints: vec![],
+            aggregates: vec![],
+        });
+        for &old in &order {
+            let mut n = self.nodes[old].clone();
+            n.premises = n.premises.iter().filter_map(|&p| map[p]).collect();
+            nodes.push(n);
+        }
+        self.nodes = nodes;
+        self.index.clear();
+        map
+    }
+
+    /// The nodes reachable from `roots` as text, each once: `[id] fact  <- rule at file:line
+    /// with bindings`, then its premises by id, its negations, constraints and aggregates.
+    pub fn render(&self, roots: &[usize]) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        for id in self.reachable(roots) {
+            let n = &self.nodes[id];
+            let _ = match &n.rule {
+                None => writeln!(out, "[{id}] {}  <- fact", n.fact),
+                Some(rule) => {
+                    let b: Vec<String> = n.bindings.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                    let with = if b.is_empty() { "no variables".into() } else { b.join(", ") };
+                    let r = writeln!(out, "[{id}] {}  <- rule at {}:{} with {with}", n.fact, rule.file, rule.line);
+                    for line in rule.doc.iter().flat_map(|d| d.lines()) {
+                        let _ = writeln!(out, "      /// {line}");
+                    }
+                    r
+                }
+            };
+            if !n.premises.is_empty() {
+                let p: Vec<String> = n.premises.iter().map(|p| format!("[{p}]")).collect();
+                let _ = writeln!(out, "      from {}", p.join(" "));
+            }
+            for x in n.negations.iter().chain(&n.constraints) {
+                let _ = writeln!(out, "      {x}");
+            }
+            for a in &n.aggregates {
+                let _ =
+                    writeln!(out, "      {} holds, over {} tuple(s): {}", a.text, a.tuples.len(), a.tuples.join(" "));
+            }
+        }
+        out
+    }
+
+    /// The nodes reachable from `roots`, as JSON: `[{"id", "fact", "rule", "bindings",
+    /// "premises": [ids], ...}]`.
+    pub fn to_json(&self, roots: &[usize]) -> Json {
+        self.reachable(roots)
+            .into_iter()
+            .map(|id| {
+                let n = &self.nodes[id];
+                let b: serde_json::Map<String, Json> = n.bindings.iter().map(|(k, v)| (k.clone(), const_json(v))).collect();
+                let rule = match &n.rule {
+                    None => json!("input"),
+                    Some(r) => json!({"file": r.file, "line": r.line, "doc": r.doc}),
+                };
+                json!({
+                    "id": id,
+                    "fact": n.fact,
+                    "rule": rule,
+                    "bindings": b,
+                    "premises": n.premises,
+                    "negations": n.negations,
+                    "constraints": n.constraints,
+                    "aggregates": n.aggregates.iter().map(|a| json!({"aggregate": a.text, "tuples": a.tuples})).collect::<Vec<_>>(),
+                })
+            })
+            .collect()
+    }
+}
+
 impl Ctx<'_> {
-    fn prove(&mut self, rel: RelId, i: usize) -> Proof {
+    /// The node of the tuple at row `i` of `rel`, built once per graph.
+    fn node(&mut self, g: &mut ProofGraph, rel: RelId, i: usize) -> usize {
+        if let Some(&id) = g.index.get(&(rel, i)) {
+            return id;
+        }
+        let id = self.prove(g, rel, i);
+        g.index.insert((rel, i), id);
+        id
+    }
+
+    fn leaf(g: &mut ProofGraph, fact: String) -> usize {
+        g.nodes.push(ProofNode {
+            fact,
+            rule: None,
+            bindings: vec![],
+            premises: vec![],
+            negations: vec![],
+            constraints: vec![],
+            aggregates: vec![],
+        });
+        g.nodes.len() - 1
+    }
+
+    fn prove(&mut self, g: &mut ProofGraph, rel: RelId, i: usize) -> usize {
         let data = &self.db.rels[rel];
         let values = self.db.decode_row(data.row(i));
         let fact = Database::format_tuple(self.program, rel, &values);
         let (rule_id, height) = (data.rule[i], data.height[i]);
         if rule_id == INPUT {
-            return Proof::Input { fact };
+            return Self::leaf(g, fact);
         }
         // The recorded rule first; any rule whose instance has lower premises will do.
         let mut order: Vec<usize> = vec![rule_id as usize];
@@ -189,15 +374,15 @@ impl Ctx<'_> {
                 true
             });
             if let Some((env, prem)) = found {
-                return self.build(rule, fact, &env, &prem);
+                return self.build(g, rule, fact, &env, &prem);
             }
         }
         // Unreachable when provenance is consistent; say so rather than loop.
-        Proof::Input { fact: format!("{fact} (no derivation found below height {height})") }
+        Self::leaf(g, format!("{fact} (no derivation found below height {height})"))
     }
 
-    fn build(&mut self, rule: &Rule, fact: String, env: &Env, prem: &[(RelId, usize)]) -> Proof {
-        let premises = prem.iter().map(|&(r, i)| self.prove(r, i)).collect();
+    fn build(&mut self, g: &mut ProofGraph, rule: &Rule, fact: String, env: &Env, prem: &[(RelId, usize)]) -> usize {
+        let premises = prem.iter().map(|&(r, i)| self.node(g, r, i)).collect();
         let mut negations = vec![];
         let mut constraints = vec![];
         let mut aggregates = vec![];
@@ -238,8 +423,10 @@ impl Ctx<'_> {
             .filter(|((n, _), v)| !n.starts_with('_') && v.is_some())
             .map(|((n, _), v)| (n.clone(), v.clone().unwrap()))
             .collect();
-        let r = self.program.rules[rule.aux_of.unwrap_or(rule.id)].clone();
-        Proof::Rule { fact, rule: rule_ref(self.program, &r), bindings, premises, negations, constraints, aggregates }
+        let r = &self.program.rules[rule.aux_of.unwrap_or(rule.id)];
+        let rule = Some(rule_ref(self.program, r));
+        g.nodes.push(ProofNode { fact, rule, bindings, premises, negations, constraints, aggregates });
+        g.nodes.len() - 1
     }
 
     /// Backtracking search for a body instance with premises below `height`; calls `k` with

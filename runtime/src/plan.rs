@@ -8,8 +8,8 @@
 
 use crate::facts::Rels;
 use crate::state::ObservedState;
-use engine::explain::{Explanation, Proof};
-use engine::{Const, Database, Engine, EvalOptions, MemSources};
+use engine::explain::ProofGraph;
+use engine::{Database, Engine, EvalOptions, MemSources};
 use handlebars::Handlebars;
 use render::api::{KubeProxyMode, OperationKind, Role};
 use serde::Serialize;
@@ -214,7 +214,10 @@ pub struct Plan {
     pub kind: OperationKind,
     pub phase: String,
     pub confirmation: Option<String>,
-    pub actions: Vec<(Action, Vec<Proof>)>,
+    /// Each action with the ids of its proofs in `proofs` (none unless explained).
+    pub actions: Vec<(Action, Vec<usize>)>,
+    /// Every proof step of the plan's actions, each kept once however many actions share it.
+    pub proofs: ProofGraph,
     /// The mode every Cilium Job outside a switch uses (`cilium_job_mode` in rules/switch.rules).
     pub cilium_job_mode: Option<KubeProxyMode>,
 }
@@ -314,15 +317,12 @@ impl Planner {
         let p = &self.engine.program;
         let text = |id: u32| db.sym(id).to_string();
         let num = |id: u32| db.num(id);
-        let proof = |rel: engine::RelId, row: &[u32]| -> Option<Proof> {
+        let graph = std::cell::RefCell::new(ProofGraph::default());
+        let proof = |rel: engine::RelId, row: &[u32]| -> Option<usize> {
             if !explain {
                 return None;
             }
-            let values: Vec<Const> = row.iter().map(|&v| db.value(v).clone()).collect();
-            match engine::explain::explain(p, &db, &p.relations[rel].name, &values) {
-                Ok(Explanation::Holds(pr)) => Some(pr),
-                _ => None,
-            }
+            graph.borrow_mut().add(p, &db, rel, row).ok()
         };
         let cps = s.machines.iter().filter(|m| m.role == Role::Controlplane).count();
         let target = s
@@ -365,8 +365,8 @@ impl Planner {
             }
             d
         };
-        let mut actions: Vec<(Action, Vec<Proof>)> = vec![];
-        let mut push = |a: Action, p: Option<Proof>| actions.push((a, p.into_iter().collect()));
+        let mut actions: Vec<(Action, Vec<usize>)> = vec![];
+        let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
         for row @ [t, m, d] in r.act_pause.rows(&db) {
             let msg = self.message(&text(t), &data(json!({"machine": text(m), "detail": text(d)})));
             push(Action::Pause { message: msg }, proof(r.act_pause.id(), &row));
@@ -398,7 +398,7 @@ impl Planner {
         for row @ [m] in r.act_drain.rows(&db) {
             push(Action::Drain { machine: text(m) }, proof(r.act_drain.id(), &row));
         }
-        let mut applies: BTreeMap<String, (Vec<String>, Vec<Proof>)> = BTreeMap::new();
+        let mut applies: BTreeMap<String, (Vec<String>, Vec<usize>)> = BTreeMap::new();
         for row @ [m, path] in r.act_apply.rows(&db) {
             let e = applies.entry(text(m)).or_default();
             e.0.push(text(path));
@@ -408,7 +408,7 @@ impl Planner {
             paths.sort();
             actions.push((Action::Apply { machine: m, paths }, proofs));
         }
-        let mut push = |a: Action, p: Option<Proof>| actions.push((a, p.into_iter().collect()));
+        let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
         for row @ [m] in r.act_done.rows(&db) {
             push(Action::Done { machine: text(m) }, proof(r.act_done.id(), &row));
         }
@@ -467,7 +467,15 @@ impl Planner {
         // The order of action kinds is the rules' (`action_order`); within a kind, as decoded.
         let rank: HashMap<&str, i64> = r.action_order.rows(&db).map(|[a, n]| (db.sym(a), num(n))).collect();
         actions.sort_by_key(|(a, _)| rank.get(a.kind()).copied().unwrap_or(i64::MAX));
-        if let Err(e) = self.contradictions(&actions, s) {
+        let mut proofs = graph.into_inner();
+        if explain {
+            let roots: Vec<usize> = actions.iter().flat_map(|(_, p)| p.iter().copied()).collect();
+            let map = proofs.renumber(&roots);
+            for (_, ids) in &mut actions {
+                ids.iter_mut().for_each(|id| *id = map[*id].unwrap_or(0));
+            }
+        }
+        if let Err(e) = self.contradictions(&actions, &proofs, s) {
             // Contradicting actions are always reported with their proofs.
             return if explain { Err(e) } else { self.plan_with(s, true) };
         }
@@ -486,13 +494,19 @@ impl Planner {
             phase,
             confirmation,
             actions,
+            proofs,
             cilium_job_mode,
         })
     }
 
     /// Actions that cannot all be performed: reported with both proofs, never executed.
-    fn contradictions(&self, actions: &[(Action, Vec<Proof>)], s: &ObservedState) -> Result<(), PlanError> {
-        let show = |i: usize| actions[i].1.iter().map(ToString::to_string).collect::<String>();
+    fn contradictions(
+        &self,
+        actions: &[(Action, Vec<usize>)],
+        proofs: &ProofGraph,
+        s: &ObservedState,
+    ) -> Result<(), PlanError> {
+        let show = |i: usize| proofs.render(&actions[i].1);
         let find = |pred: &dyn Fn(&Action) -> bool| -> Vec<usize> {
             (0..actions.len()).filter(|&i| pred(&actions[i].0)).collect()
         };
