@@ -169,3 +169,168 @@ fn every_action_kind_is_its_serialized_tag_and_ranked_by_the_rules() {
         assert!(backbone.contains(&format!("action_order(\"{}\", ", a.kind())), "action_order lacks {}", a.kind());
     }
 }
+
+// ---- issue 12: properties of every plan, over random upgrade snapshots -------------------
+
+/// A reproducible stream (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const COMPONENTS: [(&str, &str, &str); 3] = [
+    ("kube-apiserver", "KubeAPIServerConfig.image", "registry.k8s.io/kube-apiserver"),
+    ("kube-controller-manager", "KubeControllerManagerConfig.image", "registry.k8s.io/kube-controller-manager"),
+    ("kube-scheduler", "KubeSchedulerConfig.image", "registry.k8s.io/kube-scheduler"),
+];
+
+/// A well-formed upgrade snapshot from v1.36.4 to v1.36.5 at a random point: each component
+/// either done (the node's config on the target, its pod on the target) or not (still pending,
+/// the pod on the old image), markers of progress that may or may not match the node, holds,
+/// readiness, clocks around their 20-minute limit, the sync done or not.
+fn random_upgrade(r: &mut Rng) -> String {
+    let cps = 1 + r.below(3);
+    let workers = r.below(4);
+    let controller = r.below(cps + workers);
+    let mut text = String::from(
+        "now: \"2026-11-29T10:00:00Z\"\ncluster:\n  name: lab\n  kubernetesVersion: v1.36.5\n  releaseSetKubernetes: v1.36.5\n  cni: {preset: cilium, kubeProxy: enabled, handover: disabled}\nmachines:\n",
+    );
+    let mut progress = String::new();
+    for i in 0..cps + workers {
+        let cp = i < cps;
+        let name = if cp { format!("cp{i}") } else { format!("w{i}") };
+        let kubelet_done = r.chance(30);
+        let mut pending = vec![];
+        let mut pods = vec![];
+        if cp {
+            for (pod, path, image) in COMPONENTS {
+                let done = kubelet_done || r.chance(50);
+                let tag = if done { "v1.36.5" } else { "v1.36.4" };
+                if !done {
+                    pending.push(format!(
+                        "{{path: {path}, class: reboot-required, appliedBy: kubernetes, new: \"{image}:v1.36.5\"}}"
+                    ));
+                }
+                pods.push(format!("{pod}: {{image: \"{image}:{tag}\", ready: {}}}", r.chance(90)));
+            }
+        }
+        if !kubelet_done {
+            pending.push("{path: KubeletConfig.image, class: reboot-required, appliedBy: kubernetes, new: \"ghcr.io/siderolabs/kubelet:v1.36.5\"}".into());
+        }
+        let kubelet = if kubelet_done { "v1.36.5" } else { "v1.36.4" };
+        text += &format!(
+            "  - name: {name}\n    role: {}\n    talosVersion: v1.14.3\n    kubeletVersion: {kubelet}\n    ready: {}\n    hold: {}\n    runsController: {}\n    pending: [{}]\n    staticPods: {{{}}}\n",
+            if cp { "controlplane" } else { "worker" },
+            r.chance(85),
+            r.chance(10),
+            i == controller,
+            pending.join(", "),
+            pods.join(", "),
+        );
+        if r.chance(30) {
+            let stage = ["apiservers", "controlplane", "kube-proxy", "kubelets"][r.below(4) as usize];
+            let phase = if r.chance(70) { "Applying" } else { "Done" };
+            // Clocks from 40 minutes ago to now, around the 20-minute limit.
+            let ago = r.below(40);
+            progress += &format!(
+                "    {name}: {{phase: {phase}, stage: {stage}, startedAt: \"2026-11-29T09:{:02}:00Z\"}}\n",
+                59 - ago.min(59)
+            );
+        }
+    }
+    let kp = if r.chance(50) { "v1.36.5" } else { "v1.36.4" };
+    text += &format!(
+        "workload:\n  ciliumKubeProxyReplacement: \"false\"\n  kubeProxyDaemonSet: {{desired: 4, updated: 4, ready: 4, generation: 2, observedGeneration: 2, image: \"registry.k8s.io/kube-proxy:{kp}\"}}\n"
+    );
+    let phase = if progress.is_empty() && r.chance(50) { "Pending" } else { "Running" };
+    text += &format!(
+        "operation:\n  name: upgrade\n  kind: kubernetes\n  targetKubernetes: v1.36.5\n  maxUnavailable: {}\n  phase: {phase}\n  done: [{}]\n",
+        1 + r.below(3),
+        if r.chance(40) { "manifestsSynced" } else { "" }
+    );
+    if !progress.is_empty() {
+        text += &format!("  machines:\n{progress}");
+    }
+    text
+}
+
+/// The properties issue 12 names, on every plan of random snapshots: a Running operation
+/// acts, waits, pauses or completes; a held machine is never touched; a pausing plan changes
+/// nothing else; no kubelet starts while any API server is behind; planning is deterministic.
+/// `ICHOR_LONG_TESTS=1`: 100,000 snapshots.
+#[test]
+fn every_upgrade_plan_keeps_the_operation_properties() {
+    use runtime::plan::Action;
+    let cases = if std::env::var_os("ICHOR_LONG_TESTS").is_some() { 100_000 } else { 500 };
+    let planner = Planner::embedded().unwrap();
+    let mut r = Rng(0x12);
+    for _ in 0..cases {
+        let text = random_upgrade(&mut r);
+        let s = ObservedState::parse(&text).unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+        let plan = match planner.plan(&s) {
+            Ok(p) => p,
+            Err(e) => panic!("{e}\n{text}"),
+        };
+        let ctx =
+            || format!("\n{text}\nplan: {:#?}", plan.actions.iter().map(|(a, _)| a.to_string()).collect::<Vec<_>>());
+        assert!(plan.phase != "Running" || !plan.actions.is_empty(), "a Running plan that does nothing{}", ctx());
+        let touches = |a: &Action| -> Option<String> {
+            match a {
+                Action::Start { machine, .. }
+                | Action::PullImage { machine, .. }
+                | Action::Cordon { machine }
+                | Action::Drain { machine }
+                | Action::Apply { machine, .. } => Some(machine.clone()),
+                _ => None,
+            }
+        };
+        for (a, _) in &plan.actions {
+            if let Some(m) = touches(a) {
+                assert!(!s.machines.iter().any(|x| x.name == m && x.hold), "held {m} touched{}", ctx());
+            }
+        }
+        let stops = plan.actions.iter().any(|(a, _)| matches!(a, Action::Pause { .. } | Action::Fail { .. }));
+        if stops {
+            for (a, _) in &plan.actions {
+                let changes = touches(a).is_some()
+                    || matches!(
+                        a,
+                        Action::SyncManifests { .. }
+                            | Action::Delete { .. }
+                            | Action::CiliumJob { .. }
+                            | Action::Complete
+                    );
+                assert!(!changes, "a pausing plan also does {a}{}", ctx());
+            }
+        }
+        let behind = s
+            .machines
+            .iter()
+            .any(|m| m.static_pods.get("kube-apiserver").is_some_and(|p| !p.ready || !p.image.ends_with(":v1.36.5")));
+        for (a, _) in &plan.actions {
+            if let Action::Start { stage, .. } = a {
+                assert!(!(behind && stage == "kubelets"), "a kubelet starts while an API server is behind{}", ctx());
+            }
+        }
+        let again = planner.plan(&s).unwrap();
+        assert_eq!(
+            again.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
+            plan.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
+            "planning twice differs{}",
+            ctx()
+        );
+    }
+}
