@@ -69,6 +69,7 @@ pub struct Rels {
     pub action_order: Output<2>,
     pub current_kube_proxy_mode: Output<1>,
     pub cilium_job_mode: Output<1>,
+    pub upgrade_order: Output<3>,
 }
 
 impl Rels {
@@ -133,6 +134,7 @@ impl Rels {
             action_order: b.output("action_order", [("action", S), ("rank", N)]),
             current_kube_proxy_mode: b.output("current_kube_proxy_mode", [("mode", S)]),
             cilium_job_mode: b.output("cilium_job_mode", [("mode", S)]),
+            upgrade_order: b.output("upgrade_order", [("machine", S), ("rank", N), ("index", N)]),
         };
         b.finish()?;
         Ok(rels)

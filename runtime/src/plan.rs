@@ -482,7 +482,12 @@ impl Planner {
         let phase = r.phase.rows(&db).next().map(|[ph]| text(ph)).unwrap_or_else(|| s.operation.phase.clone());
         let confirmation = (s.operation.phase == "Pending").then(|| {
             let t = if s.operation.kind == OperationKind::Cni { "ConfirmSwitch" } else { "ConfirmUpgrade" };
-            self.message(t, &base)
+            // The order is the rules' (`upgrade_order`): ranked there, listed here.
+            let mut order: Vec<(i64, i64, &str)> =
+                r.upgrade_order.rows(&db).map(|[m, rank, i]| (num(rank), num(i), db.sym(m))).collect();
+            order.sort_unstable();
+            let names: Vec<&str> = order.iter().map(|o| o.2).collect();
+            self.message(t, &data(json!({"order": names.join(", ")})))
         });
         let cilium_job_mode = match r.cilium_job_mode.rows(&db).next() {
             Some([m]) => Some(mode(&db, "cilium_job_mode", m)?),
