@@ -31,6 +31,8 @@ pub struct Rels {
     pub next_in_order: Input<2>,
     pub last_in_order: Input<1>,
     pub pending_value: Input<3>,
+    pub pending_restart: Input<3>,
+    pub cilium_values_refused: Input<2>,
     pub target_kubernetes: Input<1>,
     pub release_set_kubernetes: Input<1>,
     pub cni: Input<2>,
@@ -95,6 +97,8 @@ impl Rels {
             next_in_order: b.input("next_in_order", [("a", S), ("b", S)]),
             last_in_order: b.input("last_in_order", [("machine", S)]),
             pending_value: b.input("pending_value", [("machine", S), ("path", S), ("value", S)]),
+            pending_restart: b.input("pending_restart", [("machine", S), ("path", S), ("service", S)]),
+            cilium_values_refused: b.input("cilium_values_refused", [("mode", S), ("refusal", S)]),
             target_kubernetes: b.input("target_kubernetes", [("version", S)]),
             release_set_kubernetes: b.input("release_set_kubernetes", [("version", S)]),
             cni: b.input("cni", [("preset", S), ("handover", S)]),
@@ -141,8 +145,9 @@ impl Rels {
     }
 }
 
-/// Builds the facts of one reconcile. The snapshot was checked by `ObservedState::parse`.
-pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState) -> FactBuilder {
+/// Builds the facts of one reconcile. The snapshot was checked by `ObservedState::parse`;
+/// `keys` is the Cilium chart's key inventory the values are validated against.
+pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::inventory::Inventory) -> FactBuilder {
     let mut b = engine.fact_builder();
     let now = epoch(&s.now).unwrap_or(0);
     let n = b.num(now);
@@ -188,6 +193,15 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState) -> FactBuilder {
     }
     // The cluster.
     let c = &s.cluster;
+    // The one validation, for each mode a Job could run with: the rules decide which applies.
+    if let Some(values) = &c.cilium_values {
+        for mode in render::api::KubeProxyMode::ALL {
+            for refusal in render::cilium::validate(values, keys, *mode == render::api::KubeProxyMode::Replaced) {
+                let row = [b.sym(mode.name()), b.sym(&refusal.to_string())];
+                r.cilium_values_refused.push(&mut b, row);
+            }
+        }
+    }
     let id = b.sym(&c.release_set_kubernetes);
     r.release_set_kubernetes.push(&mut b, [id]);
     let row = [b.sym(c.cni.preset.name()), b.sym(c.cni.handover.name())];
@@ -234,6 +248,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState) -> FactBuilder {
             let owner = pp.applied_by.map_or("none", |k| k.name());
             let row = [name, b.sym(&pp.path), b.sym(pp.class.name()), b.sym(owner)];
             r.pending.push(&mut b, row);
+            for svc in &pp.restarts {
+                let row = [name, b.sym(&pp.path), b.sym(svc)];
+                r.pending_restart.push(&mut b, row);
+            }
             if let Some(v) = &pp.new {
                 let row = [name, b.sym(&pp.path), b.sym(v)];
                 r.pending_value.push(&mut b, row);

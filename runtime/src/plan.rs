@@ -228,9 +228,9 @@ pub enum PlanError {
     /// The rules do not load, or do not declare what this host needs.
     #[error("the operation rules do not load; fix them and run `ichor rules check`")]
     Load(#[from] engine::LoadError),
-    /// The message templates do not load.
+    /// A file the planner reads beside the rules (the message templates, the Cilium keys) does not load.
     #[error("{file}: {problem}")]
-    Templates { file: String, problem: String },
+    File { file: String, problem: String },
     #[error("evaluating the operation rules")]
     Eval(#[from] engine::EvalError),
     /// The rules derived a value this host cannot decode (a column the binding cannot type).
@@ -245,6 +245,8 @@ pub struct Planner {
     pub engine: Engine,
     rels: Rels,
     hb: Handlebars<'static>,
+    /// The pinned Cilium chart's value keys, parsed once: every Job's values are validated.
+    cilium_keys: render::inventory::Inventory,
 }
 
 /// RFC 3339 UTC from seconds since 1970.
@@ -280,17 +282,18 @@ impl Planner {
         let rels = Rels::bind(&engine.program).map_err(engine::LoadError::from)?;
         let (file, text) = messages;
         let templates: BTreeMap<String, String> = serde_yaml::from_str(text)
-            .map_err(|e| PlanError::Templates { file: file.to_string(), problem: e.to_string() })?;
+            .map_err(|e| PlanError::File { file: file.to_string(), problem: e.to_string() })?;
         let mut hb = Handlebars::new();
         hb.set_strict_mode(true);
         hb.register_escape_fn(handlebars::no_escape);
         for (name, t) in &templates {
-            hb.register_template_string(name, t).map_err(|e| PlanError::Templates {
-                file: file.to_string(),
-                problem: format!("template {name}: {e}"),
-            })?;
+            hb.register_template_string(name, t)
+                .map_err(|e| PlanError::File { file: file.to_string(), problem: format!("template {name}: {e}") })?;
         }
-        Ok(Planner { engine, rels, hb })
+        let (file, keys) = render::embedded::CILIUM_KEYS;
+        let cilium_keys = render::inventory::Inventory::parse(keys)
+            .map_err(|e| PlanError::File { file: file.to_string(), problem: e.to_string() })?;
+        Ok(Planner { engine, rels, hb, cilium_keys })
     }
 
     /// The shipped rules and templates.
@@ -312,7 +315,7 @@ impl Planner {
 
     pub fn plan_with(&self, s: &ObservedState, explain: bool) -> Result<Plan, PlanError> {
         let r = &self.rels;
-        let facts = crate::facts::facts(&self.engine, r, s);
+        let facts = crate::facts::facts(&self.engine, r, s, &self.cilium_keys);
         let db = self.engine.evaluate_built(facts, EvalOptions { provenance: true, ..EvalOptions::default() })?;
         let p = &self.engine.program;
         let text = |id: u32| db.sym(id).to_string();
