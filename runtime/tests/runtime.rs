@@ -334,3 +334,128 @@ fn every_upgrade_plan_keeps_the_operation_properties() {
         );
     }
 }
+
+/// A well-formed kube-proxy switch snapshot in either direction at a random point: the status
+/// set or not, cilium-config's live value, the Cilium and kube-proxy DaemonSets present,
+/// rolled out or not, machines pending their KubeProxyConfig or switched, holds, clocks.
+fn random_switch(r: &mut Rng) -> String {
+    let target = if r.chance(50) { "replaced" } else { "enabled" };
+    let other = if target == "replaced" { "enabled" } else { "replaced" };
+    let handover = ["automatic", "manual", "disabled"][r.below(3) as usize];
+    let mut text = format!(
+        "now: \"2026-11-29T10:00:00Z\"\ncluster:\n  name: lab\n  kubernetesVersion: v1.36.4\n  releaseSetKubernetes: v1.36.4\n  cni: {{preset: cilium, kubeProxy: {target}, handover: {handover}, handoverDone: {}{}}}\n",
+        r.chance(50),
+        if r.chance(50) { ", bootstrapPatch: ichor-system/cilium-bootstrap" } else { "" }
+    );
+    if r.chance(50) {
+        text += &format!("  statusKubeProxy: {}\n", if r.chance(50) { target } else { other });
+    }
+    text += &format!("  annotations: {{ichor.maesh.dev/confirm-kube-proxy-switch: {target}}}\nmachines:\n");
+    let cps = 1 + r.below(3);
+    let workers = r.below(3);
+    let mut progress = String::new();
+    for i in 0..cps + workers {
+        let cp = i < cps;
+        let name = if cp { format!("cp{i}") } else { format!("w{i}") };
+        let pending = if r.chance(50) {
+            "[{path: KubeProxyConfig.enabled, class: reboot-required, appliedBy: cni}]"
+        } else {
+            "[]"
+        };
+        text += &format!(
+            "  - {{name: {name}, role: {}, talosVersion: v1.14.3, kubeletVersion: v1.36.4, ready: {}, hold: {}, runsController: {}, pending: {pending}}}\n",
+            if cp { "controlplane" } else { "worker" },
+            r.chance(90),
+            r.chance(10),
+            i == cps + workers - 1,
+        );
+        if r.chance(25) {
+            let phase = if r.chance(70) { "Applying" } else { "Done" };
+            progress += &format!(
+                "    {name}: {{phase: {phase}, stage: switch, startedAt: \"2026-11-29T09:{:02}:00Z\"}}\n",
+                20 + r.below(40)
+            );
+        }
+    }
+    text += "workload:\n";
+    if r.chance(80) {
+        text += &format!("  ciliumKubeProxyReplacement: \"{}\"\n", r.chance(50));
+    }
+    let (d, u) = (4, if r.chance(70) { 4 } else { 2 });
+    text += &format!(
+        "  ciliumDaemonSet: {{desired: {d}, updated: {u}, ready: {u}, generation: 5, observedGeneration: {}}}\n",
+        if r.chance(80) { 5 } else { 4 }
+    );
+    if r.chance(60) {
+        text += "  kubeProxyDaemonSet: {desired: 4, updated: 4, ready: 4, generation: 2, observedGeneration: 2, image: \"registry.k8s.io/kube-proxy:v1.36.4\"}\n  kubeProxyConfigMaps: [kube-proxy]\n";
+    }
+    text += &format!("  kubernetesServiceAnswers: {}\n", r.chance(70));
+    let phase = if progress.is_empty() && r.chance(50) { "Pending" } else { "Running" };
+    text += &format!("operation:\n  name: switch\n  kind: cni\n  targetKubeProxy: {target}\n  phase: {phase}\n");
+    if r.chance(40) {
+        let reason = ["VerifyingNewSide", "AwaitingCNIChange"][r.below(2) as usize];
+        text +=
+            &format!("  waitingSince: {{{reason}: \"2026-11-{}T09:00:00Z\"}}\n", if r.chance(50) { 29 } else { 28 });
+    }
+    if !progress.is_empty() {
+        text += &format!("  machines:\n{progress}");
+    }
+    text
+}
+
+/// Issue 12's properties over random switches: a Running operation acts, waits, pauses or
+/// completes; a held machine is never touched; a pausing plan changes nothing else; every
+/// Cilium Job carries the switch's target; deletions and restores go through a control plane
+/// that is not held; planning is deterministic. `ICHOR_LONG_TESTS=1`: 100,000 snapshots.
+#[test]
+fn every_switch_plan_keeps_the_operation_properties() {
+    use runtime::plan::Action;
+    let cases = if std::env::var_os("ICHOR_LONG_TESTS").is_some() { 100_000 } else { 500 };
+    let planner = Planner::embedded().unwrap();
+    let mut r = Rng(0x66);
+    for _ in 0..cases {
+        let text = random_switch(&mut r);
+        let s = ObservedState::parse(&text).unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+        let plan = planner.plan(&s).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let ctx =
+            || format!("\n{text}\nplan: {:#?}", plan.actions.iter().map(|(a, _)| a.to_string()).collect::<Vec<_>>());
+        assert!(plan.phase != "Running" || !plan.actions.is_empty(), "a Running plan that does nothing{}", ctx());
+        let target = s.operation.target_kube_proxy.unwrap();
+        let held_cp =
+            |m: &str| s.machines.iter().any(|x| x.name == m && (x.hold || x.role != render::api::Role::Controlplane));
+        let stops = plan.actions.iter().any(|(a, _)| matches!(a, Action::Pause { .. } | Action::Fail { .. }));
+        for (a, _) in &plan.actions {
+            match a {
+                Action::Start { machine, .. } | Action::Apply { machine, .. } => {
+                    assert!(
+                        !s.machines.iter().any(|x| &x.name == machine && x.hold),
+                        "held {machine} touched{}",
+                        ctx()
+                    );
+                }
+                Action::CiliumJob { mode, .. } => assert_eq!(*mode, target, "a Job for the other mode{}", ctx()),
+                Action::Delete { via, .. } | Action::RestoreKubeProxy { via } => {
+                    assert!(!held_cp(via), "through {via}, not a control plane that is not held{}", ctx())
+                }
+                _ => {}
+            }
+            let changes = matches!(
+                a,
+                Action::Start { .. }
+                    | Action::Apply { .. }
+                    | Action::Delete { .. }
+                    | Action::RestoreKubeProxy { .. }
+                    | Action::CiliumJob { .. }
+                    | Action::Complete
+            );
+            assert!(!(stops && changes), "a pausing plan also does {a}{}", ctx());
+        }
+        let again = planner.plan(&s).unwrap();
+        assert_eq!(
+            again.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
+            plan.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
+            "planning twice differs{}",
+            ctx()
+        );
+    }
+}
