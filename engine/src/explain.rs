@@ -61,6 +61,21 @@ pub struct ProofNode {
     pub aggregates: Vec<AggProof>,
 }
 
+impl ProofNode {
+    /// A step no rule derived: an input fact (or a note in its place).
+    fn input(fact: String) -> ProofNode {
+        ProofNode {
+            fact,
+            rule: None,
+            bindings: vec![],
+            premises: vec![],
+            negations: vec![],
+            constraints: vec![],
+            aggregates: vec![],
+        }
+    }
+}
+
 /// Proofs of many tuples with every shared step built and kept once: the explanation of a
 /// plan whose actions share their premises is linear in the facts used, not in the number of
 /// paths through them. Node ids are positions in `nodes`.
@@ -246,15 +261,7 @@ impl ProofGraph {
         }
         let mut nodes = Vec::with_capacity(order.len() + 1);
         // Id 0 is never a proof: ids count from 1, as people number them.
-        nodes.push(ProofNode {
-            fact: String::new(),
-            rule: None,
-            bindings: vec![],
-            premises: vec![],
-            negations: vec![],
-            constraints: vec![],
-            aggregates: vec![],
-        });
+        nodes.push(ProofNode::input(String::new()));
         for &old in &order {
             let mut n = self.nodes[old].clone();
             n.premises = n.premises.iter().filter_map(|&p| map[p]).collect();
@@ -338,15 +345,7 @@ impl Ctx<'_> {
     }
 
     fn leaf(g: &mut ProofGraph, fact: String) -> usize {
-        g.nodes.push(ProofNode {
-            fact,
-            rule: None,
-            bindings: vec![],
-            premises: vec![],
-            negations: vec![],
-            constraints: vec![],
-            aggregates: vec![],
-        });
+        g.nodes.push(ProofNode::input(fact));
         g.nodes.len() - 1
     }
 

@@ -267,26 +267,43 @@ fn random_upgrade(r: &mut Rng) -> String {
     text
 }
 
-/// The properties issue 12 names, on every plan of random snapshots: a Running operation
-/// acts, waits, pauses or completes; a held machine is never touched; a pausing plan changes
-/// nothing else; no kubelet starts while any API server is behind; planning is deterministic.
-/// `ICHOR_LONG_TESTS=1`: 100,000 snapshots.
-#[test]
-fn every_upgrade_plan_keeps_the_operation_properties() {
-    use runtime::plan::Action;
+/// Plans `cases` random snapshots from `generate` (500, or 100,000 with `ICHOR_LONG_TESTS=1`)
+/// and checks on each what holds for every operation: a Running plan acts, waits, pauses or
+/// completes; planning twice gives the same plan; then `check`, the kind's own properties,
+/// with a context printer for its messages.
+fn check_plans(
+    seed: u64,
+    generate: fn(&mut Rng) -> String,
+    check: impl Fn(&ObservedState, &runtime::plan::Plan, &dyn Fn() -> String),
+) {
     let cases = if std::env::var_os("ICHOR_LONG_TESTS").is_some() { 100_000 } else { 500 };
     let planner = Planner::embedded().unwrap();
-    let mut r = Rng(0x12);
+    let mut r = Rng(seed);
     for _ in 0..cases {
-        let text = random_upgrade(&mut r);
+        let text = generate(&mut r);
         let s = ObservedState::parse(&text).unwrap_or_else(|e| panic!("{e:?}\n{text}"));
-        let plan = match planner.plan(&s) {
-            Ok(p) => p,
-            Err(e) => panic!("{e}\n{text}"),
-        };
+        let plan = planner.plan(&s).unwrap_or_else(|e| panic!("{e}\n{text}"));
         let ctx =
             || format!("\n{text}\nplan: {:#?}", plan.actions.iter().map(|(a, _)| a.to_string()).collect::<Vec<_>>());
         assert!(plan.phase != "Running" || !plan.actions.is_empty(), "a Running plan that does nothing{}", ctx());
+        check(&s, &plan, &ctx);
+        let again = planner.plan(&s).unwrap();
+        assert_eq!(
+            again.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
+            plan.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
+            "planning twice differs{}",
+            ctx()
+        );
+    }
+}
+
+/// The properties issue 12 names, on every plan of random upgrade snapshots (with those of
+/// `check_plans`): a held machine is never touched; a pausing plan changes nothing else; no
+/// kubelet starts while any API server is behind.
+#[test]
+fn every_upgrade_plan_keeps_the_operation_properties() {
+    use runtime::plan::Action;
+    check_plans(0x12, random_upgrade, |s, plan, ctx| {
         let touches = |a: &Action| -> Option<String> {
             match a {
                 Action::Start { machine, .. }
@@ -325,14 +342,7 @@ fn every_upgrade_plan_keeps_the_operation_properties() {
                 assert!(!(behind && stage == "kubelets"), "a kubelet starts while an API server is behind{}", ctx());
             }
         }
-        let again = planner.plan(&s).unwrap();
-        assert_eq!(
-            again.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
-            plan.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
-            "planning twice differs{}",
-            ctx()
-        );
-    }
+    });
 }
 
 /// A well-formed kube-proxy switch snapshot in either direction at a random point: the status
@@ -403,23 +413,13 @@ fn random_switch(r: &mut Rng) -> String {
     text
 }
 
-/// Issue 12's properties over random switches: a Running operation acts, waits, pauses or
-/// completes; a held machine is never touched; a pausing plan changes nothing else; every
-/// Cilium Job carries the switch's target; deletions and restores go through a control plane
-/// that is not held; planning is deterministic. `ICHOR_LONG_TESTS=1`: 100,000 snapshots.
+/// Issue 12's properties over random switches (with those of `check_plans`): a held machine
+/// is never touched; a pausing plan changes nothing else; every Cilium Job carries the
+/// switch's target; deletions and restores go through a control plane that is not held.
 #[test]
 fn every_switch_plan_keeps_the_operation_properties() {
     use runtime::plan::Action;
-    let cases = if std::env::var_os("ICHOR_LONG_TESTS").is_some() { 100_000 } else { 500 };
-    let planner = Planner::embedded().unwrap();
-    let mut r = Rng(0x66);
-    for _ in 0..cases {
-        let text = random_switch(&mut r);
-        let s = ObservedState::parse(&text).unwrap_or_else(|e| panic!("{e:?}\n{text}"));
-        let plan = planner.plan(&s).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let ctx =
-            || format!("\n{text}\nplan: {:#?}", plan.actions.iter().map(|(a, _)| a.to_string()).collect::<Vec<_>>());
-        assert!(plan.phase != "Running" || !plan.actions.is_empty(), "a Running plan that does nothing{}", ctx());
+    check_plans(0x66, random_switch, |s, plan, ctx| {
         let target = s.operation.target_kube_proxy.unwrap();
         let held_cp =
             |m: &str| s.machines.iter().any(|x| x.name == m && (x.hold || x.role != render::api::Role::Controlplane));
@@ -450,12 +450,5 @@ fn every_switch_plan_keeps_the_operation_properties() {
             );
             assert!(!(stops && changes), "a pausing plan also does {a}{}", ctx());
         }
-        let again = planner.plan(&s).unwrap();
-        assert_eq!(
-            again.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
-            plan.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
-            "planning twice differs{}",
-            ctx()
-        );
-    }
+    });
 }
