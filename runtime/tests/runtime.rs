@@ -267,6 +267,38 @@ fn random_upgrade(r: &mut Rng) -> String {
     text
 }
 
+/// `s` with the status changes `plan` makes recorded, as the executor records them (a start
+/// with its time, a machine done, a cluster-wide step done, a status field set); nodes and the
+/// workload cluster are left as they were.
+fn with_status_changes(s: &ObservedState, plan: &runtime::plan::Plan) -> ObservedState {
+    use runtime::plan::Action;
+    use runtime::state::MachineProgress;
+    let mut after = s.clone();
+    for (a, _) in &plan.actions {
+        match a {
+            Action::Start { machine, stage } => {
+                let p =
+                    MachineProgress { phase: "Applying".into(), stage: Some(stage.clone()), started_at: s.now.clone() };
+                after.operation.machines.insert(machine.clone(), p);
+            }
+            Action::Done { machine } => {
+                if let Some(p) = after.operation.machines.get_mut(machine) {
+                    p.phase = "Done".into();
+                }
+            }
+            Action::StepDone { step } => after.operation.done.push(step.clone()),
+            Action::SetStatus { field, value } if field == "cni.kubeProxy" => {
+                after.cluster.status_kube_proxy = render::api::KubeProxyMode::parse(value);
+            }
+            _ => {}
+        }
+    }
+    if after.operation.phase == "Pending" && !plan.actions.is_empty() {
+        after.operation.phase = plan.phase.clone();
+    }
+    after
+}
+
 /// Plans `cases` random snapshots from `generate` (500, or 100,000 with `ICHOR_LONG_TESTS=1`)
 /// and checks on each what holds for every operation: a Running plan acts, waits, pauses or
 /// completes; planning twice gives the same plan; then `check`, the kind's own properties,
@@ -287,6 +319,28 @@ fn check_plans(
             || format!("\n{text}\nplan: {:#?}", plan.actions.iter().map(|(a, _)| a.to_string()).collect::<Vec<_>>());
         assert!(plan.phase != "Running" || !plan.actions.is_empty(), "a Running plan that does nothing{}", ctx());
         check(&s, &plan, &ctx);
+        // The plan's own status changes recorded, as the executor records them: planning again
+        // never repeats a finished cluster-wide step or a status already set.
+        let after = with_status_changes(&s, &plan);
+        let next = planner.plan(&after).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        for (a, _) in &next.actions {
+            match a {
+                runtime::plan::Action::StepDone { step } => {
+                    assert!(!after.operation.done.contains(step), "step {step} repeated{}", ctx())
+                }
+                runtime::plan::Action::SyncManifests { .. } => assert!(
+                    !after.operation.done.iter().any(|d| d == "manifestsSynced"),
+                    "the manifest sync repeated{}",
+                    ctx()
+                ),
+                runtime::plan::Action::SetStatus { field, value } if field == "cni.kubeProxy" => assert!(
+                    after.cluster.status_kube_proxy.map(|m| m.name()) != Some(value.as_str()),
+                    "status.{field} set again to {value}{}",
+                    ctx()
+                ),
+                _ => {}
+            }
+        }
         let again = planner.plan(&s).unwrap();
         assert_eq!(
             again.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
