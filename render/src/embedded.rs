@@ -24,3 +24,7 @@ pub const FIELDMETA: (&str, &str) = ("rules/fieldmeta.yaml", include_str!("../..
 /// The Cilium chart's value keys and types (derived from its values.schema.json).
 pub const CILIUM_KEYS: (&str, &str) =
     ("rules/cilium/values.1.20.0.keys", include_str!("../../rules/cilium/values.1.20.0.keys"));
+
+/// The Cilium chart embedded in this build: Jobs install it and nothing newer is stepped back
+/// (CNI page: "a recorded patch newer than the embedded chart is never stepped back").
+pub const CILIUM_CHART_VERSION: &str = "1.20.0";

@@ -33,6 +33,19 @@ impl fmt::Display for Contract {
     }
 }
 
+impl Serialize for Contract {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Contract {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Contract, D::Error> {
+        let s = String::deserialize(d)?;
+        Contract::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("{s:?} is not a contract (vX.Y)")))
+    }
+}
+
 /// What applying one changed path takes, from the least to the most disruptive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -49,6 +49,17 @@ pub struct Rels {
     pub consent: Input<1>,
     pub spec_kube_proxy: Input<1>,
     pub status_kube_proxy: Input<1>,
+    pub home_kpr: Input<1>,
+    pub argocd_application: Input<2>,
+    pub cilium_api_server: Input<2>,
+    pub cilium_config_read: Input<0>,
+    pub cilium_chart_running: Input<1>,
+    pub embedded_cilium_chart: Input<1>,
+    pub kube_proxy_object: Input<2>,
+    pub kube_proxy_manifest_rendered: Input<1>,
+    pub machine_contract: Input<2>,
+    pub machine_condition: Input<3>,
+    pub removed_apis_unknown: Input<1>,
     pub act_pause: Output<3>,
     pub act_fail: Output<3>,
     pub act_set_status: Output<2>,
@@ -64,7 +75,8 @@ pub struct Rels {
     pub act_restore_kube_proxy: Output<1>,
     pub act_cilium_job: Output<1>,
     pub act_step_done: Output<1>,
-    pub act_wait: Output<4>,
+    pub act_wait: Output<5>,
+    pub act_clear_clock: Output<1>,
     pub act_warn: Output<3>,
     pub act_complete: Output<0>,
     pub phase: Output<1>,
@@ -116,6 +128,17 @@ impl Rels {
             consent: b.input("consent", [("mode", S)]),
             spec_kube_proxy: b.input("spec_kube_proxy", [("mode", S)]),
             status_kube_proxy: b.input("status_kube_proxy", [("mode", S)]),
+            home_kpr: b.input("home_kpr", [("value", S)]),
+            argocd_application: b.input("argocd_application", [("health", S), ("sync", S)]),
+            cilium_api_server: b.input("cilium_api_server", [("host", S), ("port", S)]),
+            cilium_config_read: b.input("cilium_config_read", []),
+            cilium_chart_running: b.input("cilium_chart_running", [("version", S)]),
+            embedded_cilium_chart: b.input("embedded_cilium_chart", [("version", S)]),
+            kube_proxy_object: b.input("kube_proxy_object", [("kind", S), ("name", S)]),
+            kube_proxy_manifest_rendered: b.input("kube_proxy_manifest_rendered", [("machine", S)]),
+            machine_contract: b.input("machine_contract", [("machine", S), ("contract", S)]),
+            machine_condition: b.input("machine_condition", [("machine", S), ("type", S), ("reason", S)]),
+            removed_apis_unknown: b.input("removed_apis_unknown", [("reason", S)]),
             act_pause: b.output("act_pause", [("template", S), ("machine", S), ("detail", S)]),
             act_fail: b.output("act_fail", [("machine", S), ("template", S), ("detail", S)]),
             act_set_status: b.output("act_set_status", [("field", S), ("value", S)]),
@@ -131,7 +154,8 @@ impl Rels {
             act_restore_kube_proxy: b.output("act_restore_kube_proxy", [("via", S)]),
             act_cilium_job: b.output("act_cilium_job", [("mode", S)]),
             act_step_done: b.output("act_step_done", [("step", S)]),
-            act_wait: b.output("act_wait", [("template", S), ("detail", S), ("since", N), ("limit", N)]),
+            act_wait: b.output("act_wait", [("template", S), ("detail", S), ("clock", S), ("since", N), ("limit", N)]),
+            act_clear_clock: b.output("act_clear_clock", [("clock", S)]),
             act_warn: b.output("act_warn", [("template", S), ("a", S), ("b", S)]),
             act_complete: b.output("act_complete", []),
             phase: b.output("phase", [("phase", S)]),
@@ -213,6 +237,12 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
         let id = b.sym(pch);
         r.bootstrap_patch.push(&mut b, [id]);
     }
+    if let Some(v) = &c.cni.home_kube_proxy_replacement {
+        let id = b.sym(v);
+        r.home_kpr.push(&mut b, [id]);
+    }
+    let id = b.sym(render::embedded::CILIUM_CHART_VERSION);
+    r.embedded_cilium_chart.push(&mut b, [id]);
     let id = b.sym(c.cni.kube_proxy.name());
     r.spec_kube_proxy.push(&mut b, [id]);
     if let Some(k) = c.status_kube_proxy {
@@ -257,6 +287,17 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
                 r.pending_value.push(&mut b, row);
             }
         }
+        if let Some(c) = m.contract {
+            let row = [name, b.sym(&c.to_string())];
+            r.machine_contract.push(&mut b, row);
+        }
+        if m.role == render::api::Role::Controlplane && m.kube_proxy_manifest_rendered != Some(false) {
+            r.kube_proxy_manifest_rendered.push(&mut b, [name]);
+        }
+        for (kind, reason) in &m.conditions {
+            let row = [name, b.sym(kind), b.sym(reason)];
+            r.machine_condition.push(&mut b, row);
+        }
         for (component, pod) in &m.static_pods {
             let row = [name, b.sym(component), b.sym(&pod.image), b.sym(if pod.ready { "true" } else { "false" })];
             r.static_pod.push(&mut b, row);
@@ -275,6 +316,38 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     if let Some(v) = &w.cilium_kube_proxy_replacement {
         let id = b.sym(v);
         r.cilium_kpr.push(&mut b, [id]);
+    }
+    if w.cilium_config_read {
+        r.cilium_config_read.push(&mut b, []);
+    }
+    if w.cilium_k8s_service_host.is_some() || w.cilium_k8s_service_port.is_some() {
+        let row = [
+            b.sym(w.cilium_k8s_service_host.as_deref().unwrap_or("")),
+            b.sym(w.cilium_k8s_service_port.as_deref().unwrap_or("")),
+        ];
+        r.cilium_api_server.push(&mut b, row);
+    }
+    if let Some(v) = &w.cilium_chart_version {
+        let id = b.sym(v);
+        r.cilium_chart_running.push(&mut b, [id]);
+    }
+    if let Some(a) = &w.argocd_application {
+        let row = [b.sym(&a.health), b.sym(&a.sync)];
+        r.argocd_application.push(&mut b, row);
+    }
+    // Unobserved: present while the DaemonSet or a ConfigMap is (deleting a missing one is a no-op).
+    let others = w.kube_proxy_daemon_set.is_some() || !w.kube_proxy_config_maps.is_empty();
+    for (kind, seen) in
+        [("ServiceAccount", w.kube_proxy_service_account), ("ClusterRoleBinding", w.kube_proxy_cluster_role_binding)]
+    {
+        if seen.unwrap_or(others) {
+            let row = [b.sym(kind), b.sym("kube-proxy")];
+            r.kube_proxy_object.push(&mut b, row);
+        }
+    }
+    if let Some(why) = &w.removed_apis_check_failed {
+        let id = b.sym(why);
+        r.removed_apis_unknown.push(&mut b, [id]);
     }
     if let Some(d) = &w.cilium_daemon_set {
         let row =

@@ -123,11 +123,18 @@ pub enum Action {
     StepDone {
         step: String,
     },
+    /// Requeue and wait on a named clock: `waitingSince.<clock>` (recorded by the executor when
+    /// not yet held), or `machines/<name>` (the machine's marker, recorded by its start).
     Wait {
         reason: String,
         message: String,
-        since: Option<String>,
+        clock: String,
+        since: String,
         limit_minutes: i64,
+    },
+    /// Remove `waitingSince.<clock>`: no wait runs on it any more.
+    ClearClock {
+        clock: String,
     },
     Warn {
         message: String,
@@ -170,7 +177,10 @@ impl fmt::Display for Action {
                 write!(f, "run the Cilium Helm Job {name} with --kube-proxy={mode}")
             }
             Action::StepDone { step } => write!(f, "record step {step} as done"),
-            Action::Wait { message, .. } => write!(f, "wait: {message}"),
+            Action::Wait { message, clock, .. } => {
+                write!(f, "wait: {message} [clock {clock}]")
+            }
+            Action::ClearClock { clock } => write!(f, "clear clock {clock} (its wait is over)"),
             Action::Warn { message } => write!(f, "warn: {message}"),
             Action::Complete => write!(f, "complete the operation"),
         }
@@ -197,6 +207,7 @@ impl Action {
             Action::CiliumJob { .. } => "ciliumJob",
             Action::StepDone { .. } => "stepDone",
             Action::Wait { .. } => "wait",
+            Action::ClearClock { .. } => "clearClock",
             Action::Warn { .. } => "warn",
             Action::Complete => "complete",
         }
@@ -448,17 +459,19 @@ impl Planner {
         for row @ [st] in r.act_step_done.rows(&db) {
             push(Action::StepDone { step: text(st) }, proof(r.act_step_done.id(), &row));
         }
-        for row @ [t, d, since, limit] in r.act_wait.rows(&db) {
-            let (t, since, limit) = (text(t), num(since), num(limit));
-            let since = (since > 0).then(|| rfc3339(since));
+        for row @ [t, d, clock, since, limit] in r.act_wait.rows(&db) {
+            let (t, since, limit) = (text(t), rfc3339(num(since)), num(limit));
             let msg = self.message(
                 &t,
-                &data(json!({"machine": text(d), "detail": text(d), "since": since.clone().unwrap_or_default(), "limit": limit / 60})),
+                &data(json!({"machine": text(d), "detail": text(d), "since": since, "limit": limit / 60})),
             );
             push(
-                Action::Wait { reason: t, message: msg, since, limit_minutes: limit / 60 },
+                Action::Wait { reason: t, message: msg, clock: text(clock), since, limit_minutes: limit / 60 },
                 proof(r.act_wait.id(), &row),
             );
+        }
+        for row @ [c] in r.act_clear_clock.rows(&db) {
+            push(Action::ClearClock { clock: text(c) }, proof(r.act_clear_clock.id(), &row));
         }
         for row @ [t, a, b] in r.act_warn.rows(&db) {
             let msg = self.message(&text(t), &data(json!({"a": text(a), "b": text(b)})));

@@ -61,6 +61,12 @@ pub struct Cni {
     /// inline-manifest entry.
     #[serde(default)]
     pub bootstrap_patch: Option<String>,
+    /// What the values' home says for kubeProxyReplacement (`true`/`false`): the bootstrap
+    /// patch's inline-manifest entry, or the cilium Application's Helm values in Git after the
+    /// hand-over. Absent when not read. Once it says the switch's target, `AwaitingCNIChange`
+    /// is over and the plan waits for the rollout.
+    #[serde(default)]
+    pub home_kube_proxy_replacement: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -83,6 +89,18 @@ pub struct Machine {
     /// Control-plane static pods by component: image and readiness.
     #[serde(default)]
     pub static_pods: BTreeMap<String, StaticPod>,
+    /// The config contract the machine's Talos speaks (`v1.14`, ...), when known.
+    #[serde(default)]
+    pub contract: Option<render::vocab::Contract>,
+    /// A control plane's Talos has rendered kube-proxy's manifest (`k8s.Manifest` resources):
+    /// the restore goes through such a machine. Absent: not observed, assumed rendered (the
+    /// restore reads what Talos has and applies nothing when there is nothing).
+    #[serde(default)]
+    pub kube_proxy_manifest_rendered: Option<bool>,
+    /// The TalosMachine's conditions that are True or False with a reason, by type (for
+    /// example `Ready: KubeProxySwitchPending`).
+    #[serde(default)]
+    pub conditions: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -112,6 +130,28 @@ pub struct Workload {
     /// cilium-config's kube-proxy-replacement (`true`/`false`); absent when there is no cilium-config.
     #[serde(default)]
     pub cilium_kube_proxy_replacement: Option<String>,
+    /// cilium-config's `k8s-service-host` and `k8s-service-port`, as read with it. When
+    /// `ciliumConfigRead` is true, an absent key is a missing key.
+    #[serde(default)]
+    pub cilium_k8s_service_host: Option<String>,
+    #[serde(default)]
+    pub cilium_k8s_service_port: Option<String>,
+    /// The whole cilium-config was read (its absent keys are absent, not unknown).
+    #[serde(default)]
+    pub cilium_config_read: bool,
+    /// The Cilium chart version of the Helm release running (`1.20.4`).
+    #[serde(default)]
+    pub cilium_chart_version: Option<String>,
+    /// The Argo CD Application `cilium` (after the hand-over): absent when it does not exist.
+    #[serde(default)]
+    pub argocd_application: Option<ArgoApplication>,
+    /// kube-system ServiceAccount kube-proxy exists. Absent: not observed, assumed present while
+    /// kube-proxy's DaemonSet or a ConfigMap is (a delete of a missing object is a no-op).
+    #[serde(default)]
+    pub kube_proxy_service_account: Option<bool>,
+    /// ClusterRoleBinding kube-proxy exists; absent as for the ServiceAccount.
+    #[serde(default)]
+    pub kube_proxy_cluster_role_binding: Option<bool>,
     #[serde(default)]
     pub cilium_daemon_set: Option<DaemonSet>,
     #[serde(default)]
@@ -125,6 +165,19 @@ pub struct Workload {
     /// APIs requested that the target release removes: `{api, removedIn}`.
     #[serde(default)]
     pub removed_apis_in_use: Vec<RemovedApi>,
+    /// Why the API server's removed-API scrape failed, when it did (recorded as Unknown: a
+    /// warning, never a gate).
+    #[serde(default)]
+    pub removed_apis_check_failed: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArgoApplication {
+    /// health.status: Healthy, Progressing, Degraded, Missing, Unknown.
+    pub health: String,
+    /// sync.status: Synced, OutOfSync, Unknown.
+    pub sync: String,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -165,7 +218,9 @@ pub struct Operation {
     /// Per-machine progress held in status (the resume markers).
     #[serde(default)]
     pub machines: BTreeMap<String, MachineProgress>,
-    /// Wait clocks held in status, by reason (AwaitingCNIChange, VerifyingNewSide).
+    /// Wait clocks held in status, by the name the wait gave (`AwaitingCNIChange`,
+    /// `VerifyingNewSide/CiliumRollingOut`, ...): recorded by a wait, cleared by the plan once
+    /// no wait runs on it.
     #[serde(default)]
     pub waiting_since: BTreeMap<String, String>,
     /// Steps done once for the whole cluster (manifestsSynced, kubeProxyDeleted, ...).
@@ -295,6 +350,23 @@ impl ObservedState {
                     err(format!("machines[{i}].{f}"), format!("{v:?} is not a version (vX.Y.Z)"));
                 }
             }
+        }
+        let w = &s.workload;
+        for (field, v) in [
+            ("workload.ciliumKubeProxyReplacement", &w.cilium_kube_proxy_replacement),
+            ("cluster.cni.homeKubeProxyReplacement", &s.cluster.cni.home_kube_proxy_replacement),
+        ] {
+            if let Some(v) = v
+                && v != "true"
+                && v != "false"
+            {
+                err(field.into(), format!("{v:?} is not true or false"));
+            }
+        }
+        if let Some(v) = &w.cilium_chart_version
+            && !version_ok(v)
+        {
+            err("workload.ciliumChartVersion".into(), format!("{v:?} is not a version (X.Y.Z)"));
         }
         for m in s.operation.machines.keys() {
             if !s.machines.iter().any(|x| &x.name == m) {

@@ -159,7 +159,8 @@ fn every_action_kind_is_its_serialized_tag_and_ranked_by_the_rules() {
         Action::RestoreKubeProxy { via: m() },
         Action::CiliumJob { mode: render::api::KubeProxyMode::Replaced, name: m(), values: serde_json::Value::Null },
         Action::StepDone { step: m() },
-        Action::Wait { reason: m(), message: m(), since: None, limit_minutes: 0 },
+        Action::Wait { reason: m(), message: m(), clock: m(), since: m(), limit_minutes: 0 },
+        Action::ClearClock { clock: m() },
         Action::Warn { message: m() },
         Action::Complete,
     ];
@@ -255,14 +256,24 @@ fn random_upgrade(r: &mut Rng) -> String {
     text += &format!(
         "workload:\n  ciliumKubeProxyReplacement: \"false\"\n  kubeProxyDaemonSet: {{desired: 4, updated: 4, ready: 4, generation: 2, observedGeneration: 2, image: \"registry.k8s.io/kube-proxy:{kp}\"}}\n"
     );
+    if r.chance(20) {
+        text += "  removedApisCheckFailed: \"the metrics endpoint answered 503\"\n";
+    }
     let phase = if progress.is_empty() && r.chance(50) { "Pending" } else { "Running" };
     text += &format!(
         "operation:\n  name: upgrade\n  kind: kubernetes\n  targetKubernetes: v1.36.5\n  maxUnavailable: {}\n  phase: {phase}\n  done: [{}]\n",
         1 + r.below(3),
         if r.chance(40) { "manifestsSynced" } else { "" }
     );
+    if r.chance(40) {
+        let clock = ["ApiServersReady", "KubeProxyRollingOut", "LockHeld", "SomethingFinished"][r.below(4) as usize];
+        text += &format!("  waitingSince: {{{clock}: \"2026-11-29T09:{:02}:00Z\"}}\n", 59 - r.below(40));
+    }
     if !progress.is_empty() {
         text += &format!("  machines:\n{progress}");
+    }
+    if r.chance(10) {
+        text += "otherOperations: [{name: other, kind: cni, phase: Running}]\n";
     }
     text
 }
@@ -289,6 +300,12 @@ fn with_status_changes(s: &ObservedState, plan: &runtime::plan::Plan) -> Observe
             Action::StepDone { step } => after.operation.done.push(step.clone()),
             Action::SetStatus { field, value } if field == "cni.kubeProxy" => {
                 after.cluster.status_kube_proxy = render::api::KubeProxyMode::parse(value);
+            }
+            Action::Wait { clock, since, .. } if !clock.starts_with("machines/") => {
+                after.operation.waiting_since.entry(clock.clone()).or_insert_with(|| since.clone());
+            }
+            Action::ClearClock { clock } => {
+                after.operation.waiting_since.remove(clock);
             }
             _ => {}
         }
@@ -318,6 +335,7 @@ fn check_plans(
         let ctx =
             || format!("\n{text}\nplan: {:#?}", plan.actions.iter().map(|(a, _)| a.to_string()).collect::<Vec<_>>());
         assert!(plan.phase != "Running" || !plan.actions.is_empty(), "a Running plan that does nothing{}", ctx());
+        clocks_hold(&s, &plan, &ctx);
         check(&s, &plan, &ctx);
         // The plan's own status changes recorded, as the executor records them: planning again
         // never repeats a finished cluster-wide step or a status already set.
@@ -341,6 +359,14 @@ fn check_plans(
                 _ => {}
             }
         }
+        // A wait that goes on runs on the clock recorded for it, not a fresh one.
+        for (a, _) in &next.actions {
+            if let runtime::plan::Action::Wait { clock, since, .. } = a
+                && let Some(t) = after.operation.waiting_since.get(clock)
+            {
+                assert_eq!(since, t, "the wait on {clock} restarted its clock{}", ctx());
+            }
+        }
         let again = planner.plan(&s).unwrap();
         assert_eq!(
             again.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
@@ -348,6 +374,28 @@ fn check_plans(
             "planning twice differs{}",
             ctx()
         );
+    }
+}
+
+/// Every wait names its clock and a limit; a clock the snapshot holds runs on from its start
+/// or is cleared; a wait past its limit is never planned (the plan pauses instead).
+fn clocks_hold(s: &ObservedState, plan: &runtime::plan::Plan, ctx: &dyn Fn() -> String) {
+    use runtime::plan::Action;
+    let now = runtime::state::epoch(&s.now).unwrap();
+    for (a, _) in &plan.actions {
+        if let Action::Wait { clock, since, limit_minutes, .. } = a {
+            assert!(!clock.is_empty() && *limit_minutes > 0, "a wait without a named clock and limit: {a}{}", ctx());
+            let t = runtime::state::epoch(since).unwrap();
+            assert!(now - t <= limit_minutes * 60, "a wait past its limit: {a}{}", ctx());
+            if let Some(held) = s.operation.waiting_since.get(clock) {
+                assert_eq!(since, held, "the wait on {clock} ignores the clock held in status{}", ctx());
+            }
+        }
+    }
+    for clock in s.operation.waiting_since.keys() {
+        let runs = plan.actions.iter().any(|(a, _)| matches!(a, Action::Wait { clock: c, .. } if c == clock));
+        let cleared = plan.actions.iter().any(|(a, _)| matches!(a, Action::ClearClock { clock: c } if c == clock));
+        assert!(runs != cleared, "clock {clock} neither runs on nor is cleared (or both){}", ctx());
     }
 }
 
@@ -407,13 +455,15 @@ fn random_switch(r: &mut Rng) -> String {
     let other = if target == "replaced" { "enabled" } else { "replaced" };
     let handover = ["automatic", "manual", "disabled"][r.below(3) as usize];
     let mut text = format!(
-        "now: \"2026-11-29T10:00:00Z\"\ncluster:\n  name: lab\n  kubernetesVersion: v1.36.4\n  releaseSetKubernetes: v1.36.4\n  cni: {{preset: cilium, kubeProxy: {target}, handover: {handover}, handoverDone: {}{}}}\n",
+        "now: \"2026-11-29T10:00:00Z\"\ncluster:\n  name: lab\n  kubernetesVersion: v1.36.4\n  releaseSetKubernetes: v1.36.4\n  cni: {{preset: cilium, kubeProxy: {target}, handover: {handover}, handoverDone: {}{}{}}}\n",
         r.chance(50),
-        if r.chance(50) { ", bootstrapPatch: ichor-system/cilium-bootstrap" } else { "" }
+        if r.chance(50) { ", bootstrapPatch: ichor-system/cilium-bootstrap" } else { "" },
+        if r.chance(40) { format!(", homeKubeProxyReplacement: \"{}\"", r.chance(50)) } else { String::new() }
     );
     if r.chance(50) {
         text += &format!("  statusKubeProxy: {}\n", if r.chance(50) { target } else { other });
     }
+
     text += &format!("  annotations: {{ichor.maesh.dev/confirm-kube-proxy-switch: {target}}}\nmachines:\n");
     let cps = 1 + r.below(3);
     let workers = r.below(3);
@@ -427,11 +477,12 @@ fn random_switch(r: &mut Rng) -> String {
             "[]"
         };
         text += &format!(
-            "  - {{name: {name}, role: {}, talosVersion: v1.14.3, kubeletVersion: v1.36.4, ready: {}, hold: {}, runsController: {}, pending: {pending}}}\n",
+            "  - {{name: {name}, role: {}, talosVersion: v1.14.3, kubeletVersion: v1.36.4, ready: {}, hold: {}, runsController: {}, pending: {pending}, kubeProxyManifestRendered: {}}}\n",
             if cp { "controlplane" } else { "worker" },
             r.chance(90),
             r.chance(10),
             i == cps + workers - 1,
+            r.chance(80),
         );
         if r.chance(25) {
             let phase = if r.chance(70) { "Applying" } else { "Done" };
@@ -453,13 +504,38 @@ fn random_switch(r: &mut Rng) -> String {
     if r.chance(60) {
         text += "  kubeProxyDaemonSet: {desired: 4, updated: 4, ready: 4, generation: 2, observedGeneration: 2, image: \"registry.k8s.io/kube-proxy:v1.36.4\"}\n  kubeProxyConfigMaps: [kube-proxy]\n";
     }
+    if r.chance(50) {
+        text +=
+            &format!("  kubeProxyServiceAccount: {}\n  kubeProxyClusterRoleBinding: {}\n", r.chance(50), r.chance(50));
+    }
+    if r.chance(30) {
+        text += "  ciliumConfigRead: true\n";
+        if r.chance(70) {
+            text += "  ciliumK8sServiceHost: localhost\n  ciliumK8sServicePort: \"7445\"\n";
+        }
+    }
+    if r.chance(20) {
+        text += &format!("  ciliumChartVersion: \"{}\"\n", ["1.19.3", "1.20.0", "1.21.0"][r.below(3) as usize]);
+    }
+    if r.chance(30) {
+        let (h, sy) =
+            [("Healthy", "Synced"), ("Progressing", "OutOfSync"), ("Degraded", "Synced")][r.below(3) as usize];
+        text += &format!("  argocdApplication: {{health: {h}, sync: {sy}}}\n");
+    }
     text += &format!("  kubernetesServiceAnswers: {}\n", r.chance(70));
     let phase = if progress.is_empty() && r.chance(50) { "Pending" } else { "Running" };
     text += &format!("operation:\n  name: switch\n  kind: cni\n  targetKubeProxy: {target}\n  phase: {phase}\n");
     if r.chance(40) {
-        let reason = ["VerifyingNewSide", "AwaitingCNIChange"][r.below(2) as usize];
-        text +=
-            &format!("  waitingSince: {{{reason}: \"2026-11-{}T09:00:00Z\"}}\n", if r.chance(50) { 29 } else { 28 });
+        let clock = [
+            "AwaitingCNIChange",
+            "VerifyingNewSide/CiliumRollingOut",
+            "VerifyingNewSide/ServiceAnswering",
+            "VerifyingNewSide/KubeProxyRestored",
+            "VerifyingNewSide/CiliumSteppingAside",
+            "VerifyingNewSide",
+        ][r.below(6) as usize];
+        let at = ["2026-11-28T09:00:00Z", "2026-11-29T09:00:00Z", "2026-11-29T09:31:00Z", "2026-11-29T09:50:00Z"];
+        text += &format!("  waitingSince: {{{clock}: \"{}\"}}\n", at[r.below(4) as usize]);
     }
     if !progress.is_empty() {
         text += &format!("  machines:\n{progress}");
@@ -505,4 +581,35 @@ fn every_switch_plan_keeps_the_operation_properties() {
             assert!(!(stops && changes), "a pausing plan also does {a}{}", ctx());
         }
     });
+}
+
+/// The README's snapshot example names every field there is, and parses and plans as written.
+#[test]
+fn the_readme_snapshot_example_is_a_valid_snapshot_with_every_field() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let start = readme.find("```yaml\nnow:").expect("the README's snapshot example") + 8;
+    let text = &readme[start..start + readme[start..].find("```").unwrap()];
+    let s = ObservedState::parse(text).unwrap_or_else(|e| panic!("{e:?}"));
+    Planner::embedded().unwrap().plan(&s).unwrap();
+    // Every field of the format is shown: serialized back, no key is missing from the text.
+    let json = serde_json::to_value(&s).unwrap();
+    let mut missing = vec![];
+    fn keys(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => m.iter().for_each(|(k, v)| {
+                out.push(k.clone());
+                keys(v, out)
+            }),
+            serde_json::Value::Array(a) => a.iter().for_each(|v| keys(v, out)),
+            _ => {}
+        }
+    }
+    let mut all = vec![];
+    keys(&json, &mut all);
+    for k in all {
+        if !text.contains(&format!("{k}:")) {
+            missing.push(k);
+        }
+    }
+    assert!(missing.is_empty(), "fields the README's example does not show: {missing:?}");
 }
