@@ -8,3 +8,5 @@
 pub mod facts;
 pub mod plan;
 pub mod state;
+#[cfg(feature = "io")]
+pub mod talos;
