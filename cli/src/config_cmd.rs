@@ -35,13 +35,25 @@ pub enum ConfigCommand {
     /// Compare two Talos configs: every changed path with its class and reason, the verdict,
     /// and a redacted unified diff.
     #[command(
-        after_help = "Examples:\n  ichor config diff --from running.yaml --to desired.yaml\n  ichor config diff --from running.yaml --to desired.yaml --contract v1.14 --output json\n\nExit: 0 no changes, 1 changes (or Talos would refuse the config), 2 error."
+        after_help = "Examples:\n  ichor config diff --from running.yaml --to desired.yaml\n  ichor config diff --from running.yaml --to desired.yaml --contract v1.14 --output json\n  ichor config diff --node w1 --talosconfig talosconfig --to desired.yaml\n\nExit: 0 no changes, 1 changes (or Talos would refuse the config), 2 error."
     )]
     Diff {
-        #[arg(long, required_unless_present = "manifests", conflicts_with = "manifests")]
+        #[arg(long, required_unless_present_any = ["manifests", "node"], conflicts_with_all = ["manifests", "node"])]
         from: Option<PathBuf>,
         #[arg(long, required_unless_present = "manifests", conflicts_with = "manifests")]
         to: Option<PathBuf>,
+        /// Compare with the live node's running config (read through Talos's API) instead of
+        /// `--from`; needs `--talosconfig`.
+        #[arg(long, requires = "talosconfig", conflicts_with = "manifests")]
+        node: Option<String>,
+        #[arg(long, requires = "node")]
+        talosconfig: Option<PathBuf>,
+        /// The talosconfig context (default: its current one).
+        #[arg(long, requires = "node")]
+        context: Option<String>,
+        /// Each Talos call's own deadline, in seconds.
+        #[arg(long, default_value_t = 10)]
+        timeout: u64,
         /// A folder of manifests: render `--machine` from them and compare with `--node-config`.
         #[arg(long, requires_all = ["machine", "node_config"])]
         manifests: Option<PathBuf>,
@@ -63,7 +75,24 @@ pub enum ConfigCommand {
 pub fn run(cmd: ConfigCommand) -> Result<Report> {
     match cmd {
         ConfigCommand::Explain { path, contract, output, rules } => explain(&path, &contract, output, rules.as_deref()),
-        ConfigCommand::Diff { from, to, manifests, machine, node_config, contract, output, rules } => {
+        ConfigCommand::Diff {
+            from,
+            to,
+            node,
+            talosconfig,
+            context,
+            timeout,
+            manifests,
+            machine,
+            node_config,
+            contract,
+            output,
+            rules,
+        } => {
+            if let (Some(node), Some(talosconfig), Some(to)) = (node, talosconfig, to.as_ref()) {
+                let args = crate::talos_cmd::NodeArgs { node, talosconfig, context, timeout };
+                return crate::talos_cmd::node_diff(&args, to, contract.as_deref(), output, rules.as_deref());
+            }
             let c = disk::classifier(rules.as_deref())?;
             if let (Some(dir), Some(machine), Some(node)) = (manifests, machine, node_config) {
                 return machine_diff(&c, &dir, &machine, &node, contract.as_deref(), output);

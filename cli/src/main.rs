@@ -12,6 +12,7 @@ mod disk;
 mod plan_cmd;
 mod render_cmd;
 mod rules_cmd;
+mod talos_cmd;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::Write;
@@ -77,6 +78,53 @@ enum Command {
     /// Talos config contracts: derive a contract's path inventory from its schema.
     #[command(subcommand)]
     Contract(contract_cmd::ContractCommand),
+    /// Apply a config to a live node with no reboot, only when every changed path is
+    /// live-applicable (otherwise refuse, with the reasons).
+    #[command(
+        after_help = "Example:\n  ichor apply --node w1 --talosconfig sim/talosconfig desired.yaml --dry-run\n\nExit: 0 applied (or nothing to apply), 1 refused (nothing applied), 2 error."
+    )]
+    Apply {
+        #[command(flatten)]
+        node: talos_cmd::NodeArgs,
+        /// The whole config to apply (multi-document YAML).
+        desired: std::path::PathBuf,
+        /// Ask Talos's own dry run: nothing is applied.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        contract: Option<String>,
+        #[arg(long)]
+        rules: Option<std::path::PathBuf>,
+    },
+    /// Simulated systems for tests and demos.
+    #[command(subcommand)]
+    Sim(SimCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum SimCommand {
+    /// Serve a simulated Talos fleet (Talos's gRPC API over mTLS on loopback, each node
+    /// behaving as its Talos version does) until interrupted. A fixture, not Talos.
+    #[command(
+        after_help = "Example:\n  ichor sim talos --nodes 4 --controlplanes 1 --talos v1.14.3 --talos v1.13.9 --talosconfig sim-talosconfig"
+    )]
+    Talos {
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        #[arg(long, default_value_t = 1)]
+        controlplanes: usize,
+        /// Talos versions, given to the nodes in turn (default v1.14.3).
+        #[arg(long)]
+        talos: Vec<String>,
+        #[arg(long, default_value = "127.0.0.1:50000")]
+        listen: String,
+        /// Where to write a talosconfig (admin) for the fleet.
+        #[arg(long)]
+        talosconfig: std::path::PathBuf,
+        /// Inject a fault: NODE=hang|unavailable|gone|latency:MS (repeatable).
+        #[arg(long)]
+        fault: Vec<String>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -145,6 +193,12 @@ fn main() -> ExitCode {
         Command::Crds => render_cmd::crds_cmd(),
         Command::Plan { state, output, explain, rules } => plan_cmd::run(&state, output, explain, rules.as_deref()),
         Command::Cni(cmd) => cni_cmd::run(cmd),
+        Command::Apply { node, desired, dry_run, contract, rules } => {
+            talos_cmd::apply(&node, &desired, dry_run, contract.as_deref(), rules.as_deref())
+        }
+        Command::Sim(SimCommand::Talos { nodes, controlplanes, talos, listen, talosconfig, fault }) => {
+            talos_cmd::sim(nodes, controlplanes, &talos, &listen, &talosconfig, &fault)
+        }
     };
     match result {
         Ok(report) => match write_all(std::io::stdout().lock(), &report.stdout) {

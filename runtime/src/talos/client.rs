@@ -175,6 +175,10 @@ impl Client {
         self.endpoints[attempt as usize % self.endpoints.len()].1.clone()
     }
 
+    fn endpoint(&self, attempt: u32) -> &str {
+        &self.endpoints[attempt as usize % self.endpoints.len()].0
+    }
+
     fn request<T>(&self, node: &str, msg: T) -> Request<T> {
         let mut r = Request::new(msg);
         r.set_timeout(self.deadline);
@@ -186,12 +190,12 @@ impl Client {
         r
     }
 
-    fn map(&self, node: &str, call: &'static str, s: Status) -> TalosError {
+    fn map(&self, node: &str, call: &'static str, endpoint: &str, s: Status) -> TalosError {
         let (node, message) = (node.to_string(), s.message().to_string());
         match s.code() {
             Code::InvalidArgument => TalosError::Refused { node, call, message },
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
-                TalosError::TryLater { node, call, message }
+                TalosError::TryLater { node, call, message: format!("{message}, through endpoint {endpoint}") }
             }
             Code::PermissionDenied => TalosError::PermissionDenied {
                 node,
@@ -206,17 +210,21 @@ impl Client {
     }
 
     /// Runs one call under its own deadline.
-    async fn once<T, F>(&self, node: &str, call: &'static str, fut: F) -> Result<T, TalosError>
+    async fn once<T, F>(&self, node: &str, call: &'static str, attempt: u32, fut: F) -> Result<T, TalosError>
     where
         F: std::future::Future<Output = Result<T, Status>>,
     {
+        let endpoint = self.endpoint(attempt);
         match tokio::time::timeout(self.deadline, fut).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(s)) => Err(self.map(node, call, s)),
+            Ok(Err(s)) => Err(self.map(node, call, endpoint, s)),
             Err(_) => Err(TalosError::TryLater {
                 node: node.to_string(),
                 call,
-                message: format!("no answer within its deadline of {} ms", self.deadline.as_millis()),
+                message: format!(
+                    "no answer within its deadline of {} ms, through endpoint {endpoint}",
+                    self.deadline.as_millis()
+                ),
             }),
         }
     }
@@ -229,7 +237,7 @@ impl Client {
     {
         let mut attempt = 0;
         loop {
-            match self.once(node, call, f(self.channel(attempt))).await {
+            match self.once(node, call, attempt, f(self.channel(attempt))).await {
                 Err(e) if e.is_transient() && attempt + 1 < self.read_attempts => {
                     tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
                     attempt += 1;
@@ -271,6 +279,7 @@ impl Client {
             .once(
                 node,
                 "ApplyConfiguration",
+                0,
                 MachineServiceClient::new(self.channel(0)).apply_configuration(self.request(node, req)),
             )
             .await?
@@ -343,7 +352,7 @@ impl Client {
             image_ref: image.into(),
         };
         let pulled = self
-            .once(node, "ImageService.Pull", async {
+            .once(node, "ImageService.Pull", 0, async {
                 let mut stream =
                     ImageServiceClient::new(self.channel(0)).pull(self.request(node, req)).await?.into_inner();
                 while let Some(msg) = stream.next().await {
@@ -360,6 +369,7 @@ impl Client {
                 self.once(
                     node,
                     "ImagePull",
+                    0,
                     MachineServiceClient::new(self.channel(0)).image_pull(self.request(node, req)),
                 )
                 .await
@@ -373,7 +383,7 @@ impl Client {
     pub async fn kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         use futures::StreamExt;
         let bytes = self
-            .once(node, "Kubeconfig", async {
+            .once(node, "Kubeconfig", 0, async {
                 let mut stream =
                     MachineServiceClient::new(self.channel(0)).kubeconfig(self.request(node, ())).await?.into_inner();
                 let mut all = vec![];

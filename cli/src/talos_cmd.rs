@@ -1,0 +1,256 @@
+//! Commands that talk to Talos nodes: `ichor config diff --node`, `ichor apply --node`, and
+//! `ichor sim talos` (the simulated fleet, a test and demo fixture).
+//!
+//! Start at `node_diff` and `apply`: both read the talosconfig (`disk`), read the node's
+//! running config through COSI (`runtime::talos::client`), and classify the change with the
+//! same `config_cmd::diff_report` as `ichor config diff`; `apply` then applies with no reboot
+//! only when every changed path is live-applicable. Errors name the file and field, or the
+//! node and the call; key material is never printed.
+
+use crate::config_cmd::diff_report;
+use crate::{Output, Report, disk};
+use anyhow::{Context, Result, bail};
+use render::vocab::{Class, Verdict};
+use runtime::talos::client::{ApplyMode, Client, TalosError};
+use runtime::talos::config::TalosConfig;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Where a node is reached.
+#[derive(clap::Args, Debug)]
+pub struct NodeArgs {
+    /// The node, as the talosconfig's endpoints reach it (its `node` header).
+    #[arg(long)]
+    pub node: String,
+    #[arg(long)]
+    pub talosconfig: PathBuf,
+    /// The talosconfig context (default: its current one).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Each call's own deadline, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub timeout: u64,
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+/// The client, made inside the I/O runtime (its channels belong to it).
+fn client(a: &NodeArgs, rt: &tokio::runtime::Runtime) -> Result<Client> {
+    let _inside = rt.enter();
+    let file = a.talosconfig.display().to_string();
+    let text = disk::read_text(&a.talosconfig, disk::caps::TEXT, "a talosconfig")?;
+    let cfg = TalosConfig::parse(&text, &file)?;
+    let (name, ctx) = cfg.context(a.context.as_deref(), &file)?;
+    let creds = ctx.credentials(name, &file, now())?;
+    Ok(Client::new(ctx, &creds, Duration::from_secs(a.timeout.max(1)))?)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the I/O runtime")
+}
+
+/// Talos's words, without the config diff Talos 1.13 appends (it would print secrets).
+fn talos_error(e: TalosError) -> anyhow::Error {
+    match e {
+        TalosError::Refused { node, call, message } => {
+            let head = message.split("\ndiff:").next().unwrap_or(&message).to_string();
+            let cut = if head.len() < message.len() {
+                " (Talos's diff left out: it may carry secrets; `ichor config diff --node` shows it redacted)"
+            } else {
+                ""
+            };
+            anyhow::anyhow!("{node}: Talos refused {call}: {head}{cut}")
+        }
+        e => e.into(),
+    }
+}
+
+fn running(rt: &tokio::runtime::Runtime, c: &Client, node: &str) -> Result<render::config::Config> {
+    let text = rt.block_on(c.running_config(node)).map_err(talos_error)?;
+    render::config::Config::parse(&text).map_err(|errs| {
+        anyhow::anyhow!(
+            "{node}: the running config read through COSI does not parse: line {}: {}",
+            errs[0].line,
+            errs[0].message
+        )
+    })
+}
+
+/// `ichor config diff --node`: what applying DESIRED would do to the live node.
+pub fn node_diff(
+    a: &NodeArgs,
+    to: &Path,
+    contract: Option<&str>,
+    output: Output,
+    rules: Option<&Path>,
+) -> Result<Report> {
+    let c = disk::classifier(rules)?;
+    let desired = disk::read_config(to)?;
+    let rt = runtime()?;
+    let client = client(a, &rt)?;
+    let old = running(&rt, &client, &a.node)?;
+    let from = format!("{} (running)", a.node);
+    diff_report(&c, (&old, &from), (&desired, &to.to_string_lossy()), contract, output, None)
+}
+
+/// `ichor apply --node`: applies DESIRED with no reboot when every changed path is
+/// live-applicable; otherwise refuses with the reasons and applies nothing.
+pub fn apply(
+    a: &NodeArgs,
+    desired_path: &Path,
+    dry_run: bool,
+    contract: Option<&str>,
+    rules: Option<&Path>,
+) -> Result<Report> {
+    let c = disk::classifier(rules)?;
+    let desired = disk::read_config(desired_path)?;
+    let desired_text = disk::read_text(desired_path, render::config::MAX_CONFIG_BYTES, "a machine configuration")?;
+    let rt = runtime()?;
+    let client = client(a, &rt)?;
+    let old = running(&rt, &client, &a.node)?;
+    let from = format!("{} (running)", a.node);
+    let mut report =
+        diff_report(&c, (&old, &from), (&desired, &desired_path.to_string_lossy()), contract, Output::Text, None)?;
+    let contract = match contract {
+        Some(n) => c.contract(n)?,
+        None => c.infer_contract(&[&old, &desired]).0,
+    };
+    let changes = render::diff::changes(&old, &desired);
+    let outcome = c.classify_machine(contract, &changes, Some(&desired), None, false)?;
+    if outcome.verdict == Verdict::NoChanges && outcome.rejected.is_empty() {
+        report.stdout += &format!("\nNothing to apply: {} already runs this configuration.\n", a.node);
+        report.findings = false;
+        return Ok(report);
+    }
+    let blocking: Vec<String> = changes
+        .iter()
+        .zip(&outcome.changes)
+        .filter(|(_, k)| k.class != Class::Safe)
+        .map(|(ch, k)| format!("{} ({})", ch.path, k.class))
+        .collect();
+    if !blocking.is_empty() || !outcome.rejected.is_empty() {
+        report.stdout += "\nRefused: nothing was applied.\n";
+        if !blocking.is_empty() {
+            report.stdout += &format!(
+                "  Not live-applicable: {}. Apply them with a reboot (or the operation that owns them), not with `ichor apply`.\n",
+                blocking.join(", ")
+            );
+        }
+        if !outcome.rejected.is_empty() {
+            report.stdout += "  Talos would refuse the configuration (above); fix it first.\n";
+        }
+        report.findings = true;
+        return Ok(report);
+    }
+    let applied = rt
+        .block_on(client.apply(&a.node, desired_text.as_bytes(), ApplyMode::NoReboot, dry_run))
+        .map_err(talos_error)?;
+    if applied.mode != "NO_REBOOT" {
+        bail!("{}: Talos answered mode {} to a NO_REBOOT apply: {}", a.node, applied.mode, applied.details);
+    }
+    report.stdout += &format!(
+        "\n{} {}: {}\n",
+        if dry_run { "Dry run on" } else { "Applied to" },
+        a.node,
+        applied.details.replace('\n', " ")
+    );
+    for w in &applied.warnings {
+        report.stdout += &format!("  warning: {w}\n");
+    }
+    report.findings = false;
+    Ok(report)
+}
+
+/// `ichor sim talos`: serves a simulated fleet until interrupted.
+pub fn sim(
+    nodes: usize,
+    controlplanes: usize,
+    talos: &[String],
+    listen: &str,
+    talosconfig: &Path,
+    faults: &[String],
+) -> Result<Report> {
+    use runtime::talos::sim::{Fault, Fleet, fleet_spec};
+    if nodes == 0 {
+        bail!("--nodes: a fleet needs at least one node");
+    }
+    let addr: std::net::SocketAddr =
+        listen.parse().with_context(|| format!("--listen {listen:?}: not an address (host:port)"))?;
+    let versions: Vec<String> = if talos.is_empty() { vec!["v1.14.3".into()] } else { talos.to_vec() };
+    let mut parsed = vec![];
+    for f in faults {
+        let (node, what) = f
+            .split_once('=')
+            .with_context(|| format!("--fault {f:?}: expected NODE=hang|unavailable|gone|latency:MS"))?;
+        let fault = match what {
+            "hang" => Fault::Hang,
+            "unavailable" => Fault::Unavailable,
+            "gone" => Fault::Gone,
+            l => match l.strip_prefix("latency:").and_then(|ms| ms.parse().ok()) {
+                Some(ms) => Fault::Latency(Duration::from_millis(ms)),
+                None => bail!("--fault {f:?}: expected NODE=hang|unavailable|gone|latency:MS"),
+            },
+        };
+        parsed.push((node.to_string(), fault));
+    }
+    let rt = runtime()?;
+    rt.block_on(async {
+        let fleet = Fleet::start(fleet_spec(nodes, controlplanes.min(nodes), &versions), addr).await?;
+        for (node, fault) in &parsed {
+            if !fleet.nodes().contains(node) {
+                bail!("--fault: no node {node:?} in the fleet ({})", fleet.nodes().join(", "));
+            }
+            fleet.set_fault(node, Some(*fault));
+        }
+        let text = fleet.talosconfig(&["os:admin"])?;
+        write_private(talosconfig, &text)?;
+        eprintln!(
+            "ichor sim talos: a simulated Talos fleet (a test and demo fixture, not Talos) on {}\n  nodes: {}\n  talosconfig: {}\n  stop with Ctrl-C",
+            fleet.addr,
+            fleet.nodes().join(", "),
+            talosconfig.display()
+        );
+        shutdown_signal().await;
+        Ok::<(), anyhow::Error>(())
+    })?;
+    Ok(Report::default())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Writes a file only its owner can read (it holds a private key).
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        use std::io::Write;
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            o.mode(0o600);
+        }
+        let mut f = o.open(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        f.write_all(text.as_bytes()).with_context(|| format!("writing {}", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
