@@ -267,6 +267,147 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
+/// Changing only some paths of a config: the executor applies a step's paths, not the whole
+/// render (the upgrade changes one stage's images at a time).
+impl Config {
+    /// The document a path lives in, in `self`: its index and the path's segments inside it.
+    fn locate<'p>(&self, p: &'p Path) -> Option<(usize, &'p [Seg])> {
+        let typed = self.docs.iter().enumerate().find_map(|(i, d)| {
+            let base = d.base()?;
+            p.segs.starts_with(&base.segs).then_some((i, &p.segs[base.segs.len()..]))
+        });
+        // A path whose first segment is capitalized names a typed document (`KubeletConfig`);
+        // the v1alpha1 document's fields are lower-case (`machine`, `cluster`).
+        let is_typed = matches!(p.segs.first(), Some(Seg::Field(k)) if k.starts_with(|c: char| c.is_ascii_uppercase()));
+        if is_typed {
+            return typed;
+        }
+        typed.or_else(|| self.docs.iter().position(|d| d.kind.is_none()).map(|i| (i, &p.segs[..])))
+    }
+
+    /// This config with each of `paths` set as `desired` has it (removed where `desired` has
+    /// none); a document `desired` adds is added with its identity. Everything else is kept.
+    pub fn with_paths(&self, desired: &Config, paths: &[Path]) -> Config {
+        let mut out = self.clone();
+        for p in paths {
+            let wanted = desired.locate(p).and_then(|(i, segs)| get(&desired.docs[i].value, segs).cloned());
+            let (i, segs) = match out.locate(p) {
+                Some(found) => found,
+                None => {
+                    // A document the desired config adds: its identity first.
+                    let Some((di, _)) = desired.locate(p) else { continue };
+                    let d = &desired.docs[di];
+                    let mut identity = serde_yaml::Mapping::new();
+                    if let Value::Mapping(m) = &d.value {
+                        for k in ["apiVersion", "kind", "name"] {
+                            if let Some(v) = m.get(k) {
+                                identity.insert(Value::String(k.into()), v.clone());
+                            }
+                        }
+                    }
+                    out.docs.push(Doc {
+                        kind: d.kind.clone(),
+                        name: d.name.clone(),
+                        value: Value::Mapping(identity),
+                        line: 0,
+                    });
+                    match out.locate(p) {
+                        Some(found) => found,
+                        None => continue,
+                    }
+                }
+            };
+            set(&mut out.docs[i].value, segs, wanted);
+        }
+        out
+    }
+
+    /// The config as multi-document YAML.
+    pub fn to_yaml(&self) -> String {
+        self.docs.iter().map(|d| serde_yaml::to_string(&d.value).unwrap_or_default()).collect::<Vec<_>>().join("---\n")
+    }
+}
+
+fn key(s: &Seg) -> Option<Value> {
+    match s {
+        Seg::Field(k) | Seg::Key(k) | Seg::Name(k) => Some(Value::String(k.clone())),
+        Seg::Index(_) => None,
+    }
+}
+
+fn get<'v>(v: &'v Value, segs: &[Seg]) -> Option<&'v Value> {
+    let Some((first, rest)) = segs.split_first() else { return Some(v) };
+    let next = match first {
+        Seg::Index(i) => v.as_sequence()?.get(*i)?,
+        s => v.as_mapping()?.get(key(s)?)?,
+    };
+    get(next, rest)
+}
+
+fn set(v: &mut Value, segs: &[Seg], to: Option<Value>) {
+    let Some((first, rest)) = segs.split_first() else {
+        if let Some(t) = to {
+            *v = t;
+        }
+        return;
+    };
+    match first {
+        Seg::Index(i) => {
+            if !v.is_sequence() {
+                if to.is_none() {
+                    return;
+                }
+                *v = Value::Sequence(vec![]);
+            }
+            let Some(seq) = v.as_sequence_mut() else { return };
+            if rest.is_empty() && to.is_none() {
+                if *i < seq.len() {
+                    seq.remove(*i);
+                }
+                return;
+            }
+            while seq.len() <= *i {
+                seq.push(Value::Null);
+            }
+            set(&mut seq[*i], rest, to);
+        }
+        s => {
+            let Some(k) = key(s) else { return };
+            if !v.is_mapping() {
+                if to.is_none() {
+                    return;
+                }
+                *v = Value::Mapping(Default::default());
+            }
+            let Some(m) = v.as_mapping_mut() else { return };
+            if rest.is_empty() && to.is_none() {
+                m.remove(&k);
+                return;
+            }
+            if !m.contains_key(&k) {
+                if to.is_none() {
+                    return;
+                }
+                m.insert(k.clone(), Value::Null);
+            }
+            let removing = to.is_none();
+            if let Some(child) = m.get_mut(&k) {
+                set(child, rest, to);
+                // A removal that empties its parent removes the parent too (an empty mapping is
+                // not the absent one: Talos 1.13 compares them as different).
+                let emptied = match child {
+                    Value::Mapping(c) => c.is_empty(),
+                    Value::Sequence(c) => c.is_empty(),
+                    _ => false,
+                };
+                if removing && emptied {
+                    m.remove(&k);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

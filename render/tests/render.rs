@@ -498,3 +498,34 @@ mod cilium_values {
         assert_eq!(v["tls"]["secretsNamespace"]["name"], json!("cilium-secrets"));
     }
 }
+
+/// `Config::with_paths` changes exactly the named paths (set from the desired config, removed
+/// where it has none, a document it adds added with its identity) and keeps everything else.
+#[test]
+fn with_paths_changes_only_the_named_paths() {
+    use render::config::Config;
+    use render::path::Path;
+    let running = Config::parse(
+        "version: v1alpha1\nmachine:\n  kubelet:\n    image: k:1\n  env:\n    A: a\n---\napiVersion: v1alpha1\nkind: KubeSchedulerConfig\nimage: s:1\n",
+    )
+    .unwrap();
+    let desired = Config::parse(
+        "version: v1alpha1\nmachine:\n  kubelet:\n    image: k:2\n---\napiVersion: v1alpha1\nkind: KubeSchedulerConfig\nimage: s:2\n---\napiVersion: v1alpha1\nkind: KubeAPIServerConfig\nimage: a:2\n",
+    )
+    .unwrap();
+    let p = |s: &str| Path::parse(s).unwrap();
+    let out = running.with_paths(&desired, &[p("machine.kubelet.image"), p("KubeAPIServerConfig.image")]);
+    let changed: Vec<String> = render::diff::changes(&running, &out).iter().map(|c| c.path.to_string()).collect();
+    assert_eq!(changed, ["KubeAPIServerConfig.image", "machine.kubelet.image"]);
+    let text = out.to_yaml();
+    assert!(
+        text.contains("kind: KubeAPIServerConfig") && text.contains("A: a") && text.contains("image: s:1"),
+        "{text}"
+    );
+    let reparsed = Config::parse(&text).unwrap();
+    assert!(render::diff::changes(&out, &reparsed).is_empty());
+    // A path the desired config lacks is removed.
+    let out = running.with_paths(&desired, &[p("machine.env.A")]);
+    let changed: Vec<String> = render::diff::changes(&running, &out).iter().map(|c| c.path.to_string()).collect();
+    assert_eq!(changed, ["machine.env.A"]);
+}

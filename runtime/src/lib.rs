@@ -5,8 +5,12 @@
 //! to facts) and `plan::Planner` (evaluate, decode, check, explain). The executor that talks to
 //! Talos and Kubernetes is a later issue; `plan::Action` is its vocabulary.
 
+pub mod assemble;
+#[cfg(feature = "io")]
+pub mod exec;
 pub mod facts;
 pub mod plan;
 pub mod state;
+pub mod status;
 #[cfg(feature = "io")]
 pub mod talos;

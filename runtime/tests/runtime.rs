@@ -278,44 +278,6 @@ fn random_upgrade(r: &mut Rng) -> String {
     text
 }
 
-/// `s` with the status changes `plan` makes recorded, as the executor records them (a start
-/// with its time, a machine done, a cluster-wide step done, a status field set); nodes and the
-/// workload cluster are left as they were.
-fn with_status_changes(s: &ObservedState, plan: &runtime::plan::Plan) -> ObservedState {
-    use runtime::plan::Action;
-    use runtime::state::MachineProgress;
-    let mut after = s.clone();
-    for (a, _) in &plan.actions {
-        match a {
-            Action::Start { machine, stage } => {
-                let p =
-                    MachineProgress { phase: "Applying".into(), stage: Some(stage.clone()), started_at: s.now.clone() };
-                after.operation.machines.insert(machine.clone(), p);
-            }
-            Action::Done { machine } => {
-                if let Some(p) = after.operation.machines.get_mut(machine) {
-                    p.phase = "Done".into();
-                }
-            }
-            Action::StepDone { step } => after.operation.done.push(step.clone()),
-            Action::SetStatus { field, value } if field == "cni.kubeProxy" => {
-                after.cluster.status_kube_proxy = render::api::KubeProxyMode::parse(value);
-            }
-            Action::Wait { clock, since, .. } if !clock.starts_with("machines/") => {
-                after.operation.waiting_since.entry(clock.clone()).or_insert_with(|| since.clone());
-            }
-            Action::ClearClock { clock } => {
-                after.operation.waiting_since.remove(clock);
-            }
-            _ => {}
-        }
-    }
-    if after.operation.phase == "Pending" && !plan.actions.is_empty() {
-        after.operation.phase = plan.phase.clone();
-    }
-    after
-}
-
 /// Plans `cases` random snapshots from `generate` (500, or 100,000 with `ICHOR_LONG_TESTS=1`)
 /// and checks on each what holds for every operation: a Running plan acts, waits, pauses or
 /// completes; planning twice gives the same plan; then `check`, the kind's own properties,
@@ -339,7 +301,7 @@ fn check_plans(
         check(&s, &plan, &ctx);
         // The plan's own status changes recorded, as the executor records them: planning again
         // never repeats a finished cluster-wide step or a status already set.
-        let after = with_status_changes(&s, &plan);
+        let after = runtime::status::record(&s, &plan, &[]);
         let next = planner.plan(&after).unwrap_or_else(|e| panic!("{e}\n{text}"));
         for (a, _) in &next.actions {
             match a {

@@ -808,9 +808,11 @@ impl Fleet {
             .map_err(|e| SimError::Node { node: String::new(), problem: format!("the embedded rules: {e}") })?;
         let (events, _) = tokio::sync::broadcast::channel(4096);
         let shared = Arc::new(Shared { nodes: Mutex::new(map), endpoint_node, classifier, events });
-        let listener =
-            tokio::net::TcpListener::bind(bind).await.map_err(|source| SimError::Listen { addr: bind, source })?;
-        let addr = listener.local_addr().map_err(|source| SimError::Listen { addr: bind, source })?;
+        // TCP_NODELAY, as apid serves: without it every small answer waits for a delayed ACK.
+        let incoming = tonic::transport::server::TcpIncoming::bind(bind)
+            .map_err(|source| SimError::Listen { addr: bind, source })?
+            .with_nodelay(Some(true));
+        let addr = incoming.local_addr().map_err(|source| SimError::Listen { addr: bind, source })?;
         let tls = ServerTlsConfig::new()
             .identity(Identity::from_pem(&pki.server_crt_pem, &pki.server_key_pem))
             .client_ca_root(Certificate::from_pem(&pki.ca_pem));
@@ -825,7 +827,6 @@ impl Fleet {
             ))
             .add_service(ImageServiceServer::with_interceptor(svc.clone(), check_client))
             .add_service(StateServer::with_interceptor(svc, check_client));
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         tokio::spawn(async move {
             let _ = server
                 .serve_with_incoming_shutdown(incoming, async {

@@ -1,0 +1,62 @@
+//! A plan's status changes, recorded as the executor records them in the TalosOperation's
+//! status (and the cluster's `status.cni.kubeProxy`): the resume markers with their time,
+//! machines done or failed, cluster-wide steps done, clocks recorded under the names the waits
+//! give and cleared when the plan clears them, the phase, and why it paused.
+//!
+//! Start at `record`. Pure: the controller writes its result; tests replay plans with it.
+
+use crate::plan::{Action, Plan};
+use crate::state::{MachineProgress, ObservedState};
+
+/// `s` with the status changes of `plan` recorded (nodes and the workload cluster as they were).
+/// `failed` adds steps the executor failed (a Talos refusal): machine and message.
+pub fn record(s: &ObservedState, plan: &Plan, failed: &[(String, String)]) -> ObservedState {
+    let mut after = s.clone();
+    let op = &mut after.operation;
+    for (a, _) in &plan.actions {
+        match a {
+            Action::Start { machine, stage } => {
+                let p =
+                    MachineProgress { phase: "Applying".into(), stage: Some(stage.clone()), started_at: s.now.clone() };
+                op.machines.insert(machine.clone(), p);
+            }
+            Action::Done { machine } => {
+                if let Some(p) = op.machines.get_mut(machine) {
+                    p.phase = "Done".into();
+                }
+            }
+            Action::Fail { machine, message } => {
+                if let Some(p) = op.machines.get_mut(machine) {
+                    p.phase = "Failed".into();
+                }
+                op.paused_reason = Some(message.clone());
+            }
+            // A paused operation keeps the reason it paused for.
+            Action::Pause { message } if op.paused_reason.is_none() || s.operation.phase != "Paused" => {
+                op.paused_reason = Some(message.clone());
+            }
+            Action::StepDone { step } if !op.done.contains(step) => op.done.push(step.clone()),
+            Action::SetStatus { field, value } if field == "cni.kubeProxy" => {
+                after.cluster.status_kube_proxy = render::api::KubeProxyMode::parse(value);
+            }
+            Action::Wait { clock, since, .. } if !clock.starts_with("machines/") => {
+                op.waiting_since.entry(clock.clone()).or_insert_with(|| since.clone());
+            }
+            Action::ClearClock { clock } => {
+                op.waiting_since.remove(clock);
+            }
+            _ => {}
+        }
+    }
+    for (machine, message) in failed {
+        let p = op.machines.entry(machine.clone()).or_insert_with(|| MachineProgress {
+            phase: "Failed".into(),
+            stage: None,
+            started_at: s.now.clone(),
+        });
+        p.phase = "Failed".into();
+        op.paused_reason = Some(message.clone());
+    }
+    op.phase = if failed.is_empty() { plan.phase.clone() } else { "Paused".into() };
+    after
+}
