@@ -9,6 +9,10 @@ pub mod assemble;
 #[cfg(feature = "io")]
 pub mod exec;
 pub mod facts;
+#[cfg(feature = "io")]
+pub mod kube;
+#[cfg(feature = "io")]
+pub mod kubeapi;
 pub mod plan;
 pub mod state;
 pub mod status;

@@ -1,0 +1,275 @@
+//! The executor's Kubernetes side through kube-rs (feature `io`): `KubeCluster` implements
+//! `exec::KubePort` against any `kube_client::Client` (a real cluster, or `kubeapi::Api`).
+//!
+//! Start at `KubeCluster`. Cordon and uncordon patch `spec.unschedulable`; a drain evicts the
+//! node's pods through the Eviction API (PodDisruptionBudgets respected, DaemonSet and mirror
+//! pods left), retrying a refused eviction until its deadline, then failing with the pod and
+//! the budget; the bootstrap-manifest sync and the kube-proxy restore server-side-apply the
+//! objects Talos rendered on the named control plane (read through the Talos client) under
+//! Talos's field manager; deletions carry the object's UID as a precondition; the Cilium Job is
+//! created once under its values' hash (an existing one is left as it is).
+
+use crate::exec::KubePort;
+use crate::plan::ObjectRef;
+use crate::talos::client::Client as Talos;
+use kube_client::api::{
+    Api, DeleteParams, DynamicObject, EvictParams, ListParams, Patch, PatchParams, PostParams, Preconditions,
+    PropagationPolicy,
+};
+use kube_client::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value as Json, json};
+use std::time::Duration;
+
+/// The kube-proxy objects in Talos's rendered manifests (ADR 0066's amendment).
+pub const KUBE_PROXY_OBJECTS: [(&str, &str); 4] = [
+    ("DaemonSet", "kube-proxy"),
+    ("ServiceAccount", "kube-proxy"),
+    ("ClusterRoleBinding", "kube-proxy"),
+    ("ConfigMap", "kube-proxy"),
+];
+
+/// The namespace and ServiceAccount of the Cilium Job (it holds the rights Helm needs, which
+/// the controller does not).
+pub const JOB_NAMESPACE: &str = "kube-system";
+pub const JOB_SERVICE_ACCOUNT: &str = "ichor-cni";
+/// The image of the Cilium Job (Ichor's own, carrying the embedded chart).
+pub const JOB_IMAGE: &str = "ghcr.io/maesh/ichor:v0.1.0";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("{what}: {source}")]
+    Api { what: String, source: kube_client::Error },
+    #[error("draining {node}: pod {pod} could not be evicted within {secs} s ({why}); the operation pauses")]
+    DrainTimedOut { node: String, pod: String, secs: u64, why: String },
+    #[error("{0}")]
+    Talos(#[from] crate::talos::client::TalosError),
+    #[error("{0}")]
+    Manifest(String),
+}
+
+fn api_err(what: impl Into<String>) -> impl FnOnce(kube_client::Error) -> KubeError {
+    let what = what.into();
+    move |source| KubeError::Api { what, source }
+}
+
+fn is_status(e: &kube_client::Error, code: u16) -> bool {
+    matches!(e, kube_client::Error::Api(s) if s.code == code)
+}
+
+pub struct KubeCluster {
+    pub client: kube_client::Client,
+    pub talos: Talos,
+    /// How long a drain keeps retrying an eviction a budget refuses.
+    pub drain_timeout: Duration,
+}
+
+/// The API resource of a kind (the plural is the lower-cased kind with an `s`, as for every
+/// kind Talos renders and Ichor touches).
+pub fn resource(api_version: &str, kind: &str) -> ApiResource {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()))
+}
+
+fn api_version_of(kind: &str) -> &'static str {
+    match kind {
+        "DaemonSet" | "Deployment" => "apps/v1",
+        "ClusterRoleBinding" | "ClusterRole" | "Role" | "RoleBinding" => "rbac.authorization.k8s.io/v1",
+        "Job" => "batch/v1",
+        _ => "v1",
+    }
+}
+
+impl KubeCluster {
+    fn dynamic(&self, api_version: &str, kind: &str, namespace: Option<&str>) -> Api<DynamicObject> {
+        let ar = resource(api_version, kind);
+        match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
+        }
+    }
+
+    /// The objects Talos rendered on `via` (its `Manifests` resources), as JSON.
+    async fn rendered(&self, via: &str) -> Result<Vec<Json>, KubeError> {
+        use prost::Message;
+        let mut out = vec![];
+        for r in self.talos.list(via, "controlplane", "Manifests.kubernetes.talos.dev").await? {
+            let spec = r.spec.map(|s| s.proto_spec).unwrap_or_default();
+            let m = crate::talos::proto::talos::resource::definitions::k8s::ManifestSpec::decode(spec.as_slice())
+                .map_err(|e| KubeError::Manifest(format!("{via}: a Manifest resource does not decode: {e}")))?;
+            out.extend(m.items.into_iter().filter_map(|i| i.object.map(|o| struct_json(&o))));
+        }
+        Ok(out)
+    }
+
+    /// Server-side-applies objects under Talos's field manager.
+    async fn apply_all(&self, objects: &[Json], manager: &str) -> Result<(), KubeError> {
+        for o in objects {
+            let (Some(av), Some(kind), Some(name)) = (
+                o.get("apiVersion").and_then(|v| v.as_str()),
+                o.get("kind").and_then(|v| v.as_str()),
+                o.pointer("/metadata/name").and_then(|v| v.as_str()),
+            ) else {
+                return Err(KubeError::Manifest(format!("a rendered object without apiVersion, kind or name: {o}")));
+            };
+            let ns = o.pointer("/metadata/namespace").and_then(|v| v.as_str());
+            let api = self.dynamic(av, kind, ns);
+            api.patch(name, &PatchParams::apply(manager).force(), &Patch::Apply(o))
+                .await
+                .map_err(api_err(format!("applying {kind} {name}")))?;
+        }
+        Ok(())
+    }
+}
+
+fn struct_json(s: &prost_types::Struct) -> Json {
+    Json::Object(s.fields.iter().map(|(k, v)| (k.clone(), value_json(v))).collect())
+}
+
+fn value_json(v: &prost_types::Value) -> Json {
+    use prost_types::value::Kind;
+    match &v.kind {
+        Some(Kind::NullValue(_)) | None => Json::Null,
+        Some(Kind::BoolValue(b)) => json!(b),
+        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9e15 => json!(*n as i64),
+        Some(Kind::NumberValue(n)) => json!(n),
+        Some(Kind::StringValue(s)) => json!(s),
+        Some(Kind::ListValue(l)) => Json::Array(l.values.iter().map(value_json).collect()),
+        Some(Kind::StructValue(s)) => struct_json(s),
+    }
+}
+
+fn is_kube_proxy(o: &Json) -> bool {
+    let kind = o.get("kind").and_then(|v| v.as_str()).unwrap_or("");
+    let name = o.pointer("/metadata/name").and_then(|v| v.as_str()).unwrap_or("");
+    KUBE_PROXY_OBJECTS
+        .iter()
+        .any(|(k, n)| *k == kind && (name == *n || (kind == "ConfigMap" && name.starts_with("kube-proxy-"))))
+}
+
+impl KubePort for KubeCluster {
+    type Error = KubeError;
+
+    async fn cordon(&mut self, node: &str) -> Result<(), KubeError> {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true}})))
+            .await
+            .map(|_| ())
+            .map_err(api_err(format!("cordoning {node}")))
+    }
+
+    async fn uncordon(&mut self, node: &str) -> Result<(), KubeError> {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": null}})))
+            .await
+            .map(|_| ())
+            .map_err(api_err(format!("uncordoning {node}")))
+    }
+
+    async fn drain(&mut self, node: &str) -> Result<(), KubeError> {
+        use k8s_openapi::api::core::v1::Pod;
+        let all: Api<Pod> = Api::all(self.client.clone());
+        let pods = all
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map_err(api_err(format!("listing the pods of {node}")))?;
+        let deadline = tokio::time::Instant::now() + self.drain_timeout;
+        for p in pods.items {
+            let meta = &p.metadata;
+            let mirror = meta.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+            let daemon = meta.owner_references.as_ref().is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet"));
+            if mirror || daemon {
+                continue;
+            }
+            let (ns, name) = (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default());
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+            loop {
+                match api.evict(&name, &EvictParams::default()).await {
+                    Ok(_) => break,
+                    Err(e) if is_status(&e, 404) => break,
+                    Err(e) if is_status(&e, 429) => {
+                        if tokio::time::Instant::now() >= deadline {
+                            return Err(KubeError::DrainTimedOut {
+                                node: node.into(),
+                                pod: format!("{ns}/{name}"),
+                                secs: self.drain_timeout.as_secs(),
+                                why: e.to_string(),
+                            });
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => return Err(api_err(format!("evicting {ns}/{name}"))(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn sync_manifests(&mut self, via: &str, field_manager: &str) -> Result<(), KubeError> {
+        let objects = self.rendered(via).await?;
+        self.apply_all(&objects, field_manager).await
+    }
+
+    async fn delete(&mut self, via: &str, o: &ObjectRef) -> Result<(), KubeError> {
+        let _ = via;
+        let api = self.dynamic(api_version_of(&o.kind), &o.kind, o.namespace.as_deref());
+        let current = match api.get(&o.name).await {
+            Ok(x) => x,
+            Err(e) if is_status(&e, 404) => return Ok(()),
+            Err(e) => return Err(api_err(format!("reading {} {}", o.kind, o.name))(e)),
+        };
+        // The UID read is the one deleted: a same-named object created since is left alone.
+        let dp = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: Some(Preconditions { uid: current.metadata.uid.clone(), resource_version: None }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&o.name, &dp).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(api_err(format!("deleting {} {}", o.kind, o.name))(e)),
+        }
+    }
+
+    async fn restore_kube_proxy(&mut self, via: &str) -> Result<(), KubeError> {
+        let objects: Vec<Json> = self.rendered(via).await?.into_iter().filter(is_kube_proxy).collect();
+        // Talos has not rendered it yet: nothing is applied and the wait continues.
+        self.apply_all(&objects, crate::plan::TALOS_FIELD_MANAGER).await
+    }
+
+    async fn cilium_job(
+        &mut self,
+        name: &str,
+        mode: render::api::KubeProxyMode,
+        values: &Json,
+    ) -> Result<(), KubeError> {
+        use k8s_openapi::api::batch::v1::Job;
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), JOB_NAMESPACE);
+        let job: Job = serde_json::from_value(json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": JOB_NAMESPACE, "labels": {"app.kubernetes.io/managed-by": "ichor"}},
+            "spec": {
+                "backoffLimit": 2,
+                "template": {"spec": {
+                    "serviceAccountName": JOB_SERVICE_ACCOUNT,
+                    "restartPolicy": "Never",
+                    "containers": [{
+                        "name": "cilium",
+                        "image": JOB_IMAGE,
+                        "args": ["cni", "job", format!("--kube-proxy={mode}"), format!("--values={values}")],
+                    }],
+                }},
+            },
+        }))
+        .map_err(|e| KubeError::Manifest(format!("the Cilium Job {name}: {e}")))?;
+        match jobs.create(&PostParams::default(), &job).await {
+            Ok(_) => Ok(()),
+            // Named by its values' hash: the same Job again is already there.
+            Err(e) if is_status(&e, 409) => Ok(()),
+            Err(e) => Err(api_err(format!("creating Job {name}"))(e)),
+        }
+    }
+}

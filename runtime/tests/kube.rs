@@ -1,0 +1,228 @@
+//! The executor's Kubernetes side (`runtime::kube::KubeCluster`) through a real
+//! `kube_client::Client` over the in-memory API (`runtime::kubeapi`), with the simulated Talos
+//! fleet as the source of rendered manifests; and the in-memory API's own contract (conflicts,
+//! status, server-side apply ownership, UID preconditions, watches).
+//!
+//! Start at `setup`.
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent, WatchParams};
+use render::api::{KubeProxyMode, Role};
+use runtime::exec::KubePort;
+use runtime::kube::{KubeCluster, KubeError};
+use runtime::kubeapi;
+use runtime::plan::ObjectRef;
+use runtime::talos::config::TalosConfig;
+use runtime::talos::sim::{Fleet, NodeSpec};
+use serde_json::json;
+use std::time::Duration;
+
+async fn setup() -> (Fleet, kubeapi::Api, KubeCluster) {
+    let fleet = Fleet::start(
+        vec![
+            NodeSpec { name: "cp1".into(), role: Role::Controlplane, talos: "v1.14.3".into() },
+            NodeSpec { name: "w1".into(), role: Role::Worker, talos: "v1.14.3".into() },
+        ],
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let tc = TalosConfig::parse(&fleet.talosconfig(&["os:admin"]).unwrap(), "tc").unwrap();
+    let (n, ctx) = tc.context(None, "tc").unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let talos =
+        runtime::talos::client::Client::new(ctx, &ctx.credentials(n, "tc", now).unwrap(), Duration::from_secs(5))
+            .unwrap();
+    let api = kubeapi::Api::new();
+    let cluster = KubeCluster { client: api.client(), talos, drain_timeout: Duration::from_millis(600) };
+    (fleet, api, cluster)
+}
+
+fn pod(name: &str, node: &str, labels: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "labels": labels}, "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}});
+    kubeapi::merge_patch(&mut p, &extra);
+    p
+}
+
+#[tokio::test]
+async fn cordon_and_uncordon_patch_the_node() {
+    let (_f, api, mut k) = setup().await;
+    api.put("", "nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w1"}, "spec": {}}));
+    k.cordon("w1").await.unwrap();
+    let nodes: Api<Node> = Api::all(k.client.clone());
+    assert_eq!(nodes.get("w1").await.unwrap().spec.unwrap().unschedulable, Some(true));
+    k.uncordon("w1").await.unwrap();
+    assert_eq!(nodes.get("w1").await.unwrap().spec.unwrap().unschedulable, None);
+}
+
+#[tokio::test]
+async fn a_drain_evicts_through_the_eviction_api_and_leaves_daemonset_and_mirror_pods() {
+    let (_f, api, mut k) = setup().await;
+    api.put("", "pods", pod("app", "w1", json!({"app": "web"}), json!({})));
+    api.put("", "pods", pod("agent", "w1", json!({}), json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "cilium", "uid": "u"}]}})));
+    api.put(
+        "",
+        "pods",
+        pod("static", "w1", json!({}), json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}})),
+    );
+    api.put("", "pods", pod("elsewhere", "cp1", json!({"app": "web"}), json!({})));
+    k.drain("w1").await.unwrap();
+    let left: Vec<String> = api.objects().keys().filter(|k| k.1 == "pods").map(|k| k.3.clone()).collect();
+    assert_eq!(left, ["agent", "elsewhere", "static"]);
+    assert!(
+        api.log().iter().any(|l| l.starts_with("POST /api/v1/namespaces/default/pods/app/eviction")),
+        "{:?}",
+        api.log()
+    );
+}
+
+#[tokio::test]
+async fn a_drain_a_budget_blocks_fails_at_its_deadline_naming_the_pod() {
+    let (_f, api, mut k) = setup().await;
+    api.put("", "pods", pod("db", "w1", json!({"app": "db"}), json!({})));
+    api.put(
+        "policy",
+        "poddisruptionbudgets",
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "default"}, "spec": {"selector": {"matchLabels": {"app": "db"}}}, "status": {"disruptionsAllowed": 0}}),
+    );
+    match k.drain("w1").await {
+        Err(e @ KubeError::DrainTimedOut { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("default/db") && m.contains("disruption budget db"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(api.get("", "pods", "default", "db").is_some(), "the pod the budget protects stays");
+}
+
+#[tokio::test]
+async fn the_manifest_sync_server_side_applies_talos_rendering_under_field_manager_talos() {
+    let (_f, api, mut k) = setup().await;
+    k.sync_manifests("cp1", "talos").await.unwrap();
+    assert!(api.get("apps", "daemonsets", "kube-system", "kube-proxy").is_some());
+    assert!(api.get("rbac.authorization.k8s.io", "clusterrolebindings", "", "kube-proxy").is_some());
+    let applies: Vec<String> = api.log().into_iter().filter(|l| l.starts_with("PATCH")).collect();
+    assert!(
+        !applies.is_empty() && applies.iter().all(|l| l.contains("fieldManager=talos") && l.contains("force=true")),
+        "{applies:?}"
+    );
+    // Idempotent.
+    k.sync_manifests("cp1", "talos").await.unwrap();
+}
+
+#[tokio::test]
+async fn deletions_carry_the_uid_and_the_restore_brings_kube_proxy_back_from_talos() {
+    let (_f, api, mut k) = setup().await;
+    k.sync_manifests("cp1", "talos").await.unwrap();
+    for (kind, ns) in
+        [("DaemonSet", Some("kube-system")), ("ServiceAccount", Some("kube-system")), ("ClusterRoleBinding", None)]
+    {
+        let o = ObjectRef { kind: kind.into(), namespace: ns.map(str::to_string), name: "kube-proxy".into() };
+        k.delete("cp1", &o).await.unwrap();
+        // Deleting what is gone is a no-op.
+        k.delete("cp1", &o).await.unwrap();
+    }
+    assert!(api.get("apps", "daemonsets", "kube-system", "kube-proxy").is_none());
+    let deletes: Vec<String> = api.log().into_iter().filter(|l| l.starts_with("DELETE")).collect();
+    assert_eq!(deletes.len(), 3, "{deletes:?}");
+    k.restore_kube_proxy("cp1").await.unwrap();
+    assert!(api.get("apps", "daemonsets", "kube-system", "kube-proxy").is_some());
+    assert!(api.get("", "serviceaccounts", "kube-system", "kube-proxy").is_some());
+}
+
+#[tokio::test]
+async fn the_cilium_job_is_created_once_under_its_name_with_its_mode() {
+    let (_f, api, mut k) = setup().await;
+    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({"kubeProxyReplacement": true})).await.unwrap();
+    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({"kubeProxyReplacement": true})).await.unwrap();
+    let jobs: Api<Job> = Api::namespaced(k.client.clone(), "kube-system");
+    let j = jobs.get("ichor-cni-abc").await.unwrap();
+    let spec = j.spec.unwrap().template.spec.unwrap();
+    assert_eq!(spec.service_account_name.as_deref(), Some("ichor-cni"));
+    assert!(spec.containers[0].args.as_ref().unwrap().contains(&"--kube-proxy=replaced".to_string()));
+    assert_eq!(api.objects().keys().filter(|k| k.1 == "jobs").count(), 1);
+}
+
+// ---- the in-memory API's contract -------------------------------------------------------
+
+#[tokio::test]
+async fn a_stale_resource_version_is_a_conflict_and_status_is_its_own_subresource() {
+    let api = kubeapi::Api::new();
+    let cms: Api<ConfigMap> = Api::namespaced(api.client(), "default");
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"a": "1"}})).unwrap();
+    let created = cms.create(&PostParams::default(), &cm).await.unwrap();
+    let mut stale = created.clone();
+    let mut fresh = created.clone();
+    fresh.data = Some([("a".to_string(), "2".to_string())].into());
+    cms.replace("c", &PostParams::default(), &fresh).await.unwrap();
+    stale.data = Some([("a".to_string(), "3".to_string())].into());
+    let err = cms.replace("c", &PostParams::default(), &stale).await.unwrap_err();
+    assert!(matches!(&err, kube_client::Error::Api(s) if s.code == 409), "{err}");
+    let nodes: Api<Node> = Api::all(api.client());
+    api.put(
+        "",
+        "nodes",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}, "spec": {"podCIDR": "10.0.0.0/24"}}),
+    );
+    nodes
+        .patch_status(
+            "n",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running"}, "spec": {"podCIDR": "ignored"}})),
+        )
+        .await
+        .unwrap();
+    let n = nodes.get("n").await.unwrap();
+    assert_eq!(n.spec.unwrap().pod_cidr.as_deref(), Some("10.0.0.0/24"), "a status patch leaves spec alone");
+    assert_eq!(n.status.unwrap().phase.as_deref(), Some("Running"));
+}
+
+#[tokio::test]
+async fn server_side_apply_conflicts_name_the_other_manager_unless_forced() {
+    let api = kubeapi::Api::new();
+    let cms: Api<ConfigMap> = Api::namespaced(api.client(), "default");
+    let mine =
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1", "b": "1"}});
+    cms.patch("c", &PatchParams::apply("talos"), &Patch::Apply(&mine)).await.unwrap();
+    let theirs = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "2"}});
+    let err = cms.patch("c", &PatchParams::apply("kubectl"), &Patch::Apply(&theirs)).await.unwrap_err();
+    assert!(err.to_string().contains("conflict with \"talos\""), "{err}");
+    cms.patch("c", &PatchParams::apply("kubectl").force(), &Patch::Apply(&theirs)).await.unwrap();
+    assert_eq!(cms.get("c").await.unwrap().data.unwrap()["a"], "2");
+    // A field its manager stops applying is removed.
+    let less = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {}});
+    cms.patch("c", &PatchParams::apply("talos"), &Patch::Apply(&less)).await.unwrap();
+    let data = cms.get("c").await.unwrap().data.unwrap_or_default();
+    assert!(!data.contains_key("b") && data["a"] == "2", "{data:?}");
+}
+
+#[tokio::test]
+async fn a_delete_with_another_uid_is_refused() {
+    let api = kubeapi::Api::new();
+    let cms: Api<ConfigMap> = Api::namespaced(api.client(), "default");
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions { uid: Some("someone-else".into()), resource_version: None }),
+        ..Default::default()
+    };
+    let err = cms.delete("c", &dp).await.unwrap_err();
+    assert!(err.to_string().contains("Precondition failed"), "{err}");
+    assert!(cms.get("c").await.is_ok());
+}
+
+#[tokio::test]
+async fn watches_see_what_changes() {
+    use futures::StreamExt;
+    let api = kubeapi::Api::new();
+    let pods: Api<Pod> = Api::namespaced(api.client(), "default");
+    let list = pods.list(&Default::default()).await.unwrap();
+    let rv = list.metadata.resource_version.unwrap();
+    let mut events = pods.watch(&WatchParams::default().timeout(5), &rv).await.unwrap().boxed();
+    api.put("", "pods", pod("p", "w1", json!({}), json!({})));
+    match tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap().unwrap() {
+        WatchEvent::Added(p) => assert_eq!(p.metadata.name.as_deref(), Some("p")),
+        other => panic!("{other:?}"),
+    }
+}
