@@ -48,6 +48,8 @@ pub struct MachineRead {
     pub runs_controller: bool,
     pub running: Option<Config>,
     pub static_pods: BTreeMap<String, StaticPod>,
+    /// Talos has rendered kube-proxy's manifest there (a control plane's `Manifests`), when read.
+    pub kube_proxy_manifest: Option<bool>,
 }
 
 /// The machine's snapshot entry. An unreachable node is not Ready and has nothing pending:
@@ -73,7 +75,7 @@ pub fn machine(
         pending,
         static_pods: m.static_pods.clone(),
         contract: Some(contract),
-        kube_proxy_manifest_rendered: None,
+        kube_proxy_manifest_rendered: m.kube_proxy_manifest,
         conditions: BTreeMap::new(),
     })
 }

@@ -273,3 +273,66 @@ impl KubePort for KubeCluster {
         }
     }
 }
+
+/// The workload cluster as the operation rules read it: cilium-config, the cilium and
+/// kube-proxy DaemonSets, kube-proxy's ConfigMaps, ServiceAccount and ClusterRoleBinding.
+/// `service_answers` is the controller's own probe of the kubernetes Service.
+pub async fn read_workload(
+    client: &kube_client::Client,
+    service_answers: bool,
+) -> Result<crate::state::Workload, KubeError> {
+    use crate::state::{DaemonSet, Workload};
+    use k8s_openapi::api::apps::v1::DaemonSet as Ds;
+    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    fn opt<T>(r: Result<T, kube_client::Error>, what: &str) -> Result<Option<T>, KubeError> {
+        match r {
+            Ok(x) => Ok(Some(x)),
+            Err(e) if is_status(&e, 404) => Ok(None),
+            Err(e) => Err(api_err(format!("reading {what}"))(e)),
+        }
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let dss: Api<Ds> = Api::namespaced(client.clone(), "kube-system");
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "kube-system");
+    let crbs: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let cilium_config = opt(cms.get("cilium-config").await, "ConfigMap kube-system/cilium-config")?;
+    let ds = |d: Ds| {
+        let st = d.status.unwrap_or_default();
+        DaemonSet {
+            desired: st.desired_number_scheduled.into(),
+            updated: st.updated_number_scheduled.unwrap_or(0).into(),
+            ready: st.number_ready.into(),
+            generation: d.metadata.generation.unwrap_or(0),
+            observed_generation: st.observed_generation.unwrap_or(0),
+            image: d.spec.template.spec.and_then(|p| p.containers.first().and_then(|c| c.image.clone())),
+        }
+    };
+    let data = cilium_config.as_ref().and_then(|c| c.data.clone()).unwrap_or_default();
+    let kube_proxy_config_maps = cms
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err("listing kube-system ConfigMaps"))?
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .filter(|n| n == "kube-proxy" || n.starts_with("kube-proxy-"))
+        .collect();
+    Ok(Workload {
+        cilium_kube_proxy_replacement: data.get("kube-proxy-replacement").cloned(),
+        cilium_k8s_service_host: data.get("k8s-service-host").cloned(),
+        cilium_k8s_service_port: data.get("k8s-service-port").cloned(),
+        cilium_config_read: cilium_config.is_some(),
+        cilium_daemon_set: opt(dss.get("cilium").await, "DaemonSet kube-system/cilium")?.map(ds),
+        kube_proxy_daemon_set: opt(dss.get("kube-proxy").await, "DaemonSet kube-system/kube-proxy")?.map(ds),
+        kube_proxy_config_maps,
+        kube_proxy_service_account: Some(
+            opt(sas.get("kube-proxy").await, "ServiceAccount kube-system/kube-proxy")?.is_some(),
+        ),
+        kube_proxy_cluster_role_binding: Some(
+            opt(crbs.get("kube-proxy").await, "ClusterRoleBinding kube-proxy")?.is_some(),
+        ),
+        kubernetes_service_answers: service_answers,
+        ..Workload::default()
+    })
+}

@@ -15,7 +15,7 @@ use runtime::plan::{ObjectRef, Planner};
 use runtime::state::*;
 use runtime::talos::client::Client;
 use runtime::talos::config::TalosConfig;
-use runtime::talos::observe::observe_node;
+use runtime::talos::observe::{NodeObservation, observe_node};
 use runtime::talos::sim::{Fleet, NodeSpec};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -95,6 +95,26 @@ fn desired(start: &str) -> Config {
     Config::parse(&text).unwrap()
 }
 
+/// What the controller reads of a machine: the Talos observation, and its Node (Ready here).
+fn machine_read(o: &NodeObservation, name: &str, role: Role, runs_controller: bool) -> runtime::assemble::MachineRead {
+    runtime::assemble::MachineRead {
+        name: name.to_string(),
+        role,
+        talos_version: o.talos_version.clone(),
+        kubelet_version: tag(&o.kubelet_image),
+        node_ready: true,
+        hold: false,
+        runs_controller,
+        running: Some(Config::parse(&o.running_config).unwrap()),
+        static_pods: o
+            .components
+            .iter()
+            .map(|(k, v)| (k.clone(), StaticPod { image: v.clone(), ready: true }))
+            .collect(),
+        kube_proxy_manifest: (role == Role::Controlplane).then(|| o.manifests.iter().any(|m| m == "10-kube-proxy")),
+    }
+}
+
 fn tag(image: &str) -> String {
     image.rsplit(':').next().unwrap_or_default().to_string()
 }
@@ -140,21 +160,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         let mut machines = vec![];
         for (name, role) in names() {
             let o = observe_node(&client, &name).await.unwrap();
-            let read = runtime::assemble::MachineRead {
-                name: name.clone(),
-                role,
-                talos_version: o.talos_version.clone(),
-                kubelet_version: tag(&o.kubelet_image),
-                node_ready: true,
-                hold: false,
-                runs_controller: name == "w2",
-                running: Some(Config::parse(&o.running_config).unwrap()),
-                static_pods: o
-                    .components
-                    .iter()
-                    .map(|(k, v)| (k.clone(), StaticPod { image: v.clone(), ready: true }))
-                    .collect(),
-            };
+            let read = machine_read(&o, &name, role, name == "w2");
             machines.push(runtime::assemble::machine(&classifier, contract, &read, &renders[&name]).unwrap());
         }
         let s = ObservedState {

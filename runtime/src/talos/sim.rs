@@ -225,7 +225,6 @@ impl NodeState {
                 ServiceSpec { running: true, healthy: true, unknown: false }.encode_to_vec(),
                 "running: true\nhealthy: true\nunknown: false\n".into(),
             );
-            n.render_manifests();
         }
         Ok(n)
     }
@@ -279,35 +278,58 @@ impl NodeState {
                     format!("image: {image}\n"),
                 ));
             }
+            changed.extend(self.render_manifests(&docs));
         }
         changed
     }
 
-    /// Talos renders kube-proxy's bootstrap manifest on control planes.
-    fn render_manifests(&mut self) {
-        let obj = |v: serde_json::Value| -> Option<prost_types::Struct> { json_struct(&v) };
+    /// Talos renders kube-proxy's bootstrap manifest on control planes from the active config
+    /// (its image from KubeProxyConfig or `cluster.proxy`); a config that disables kube-proxy
+    /// renders none. Returns what changed.
+    fn render_manifests(&mut self, docs: &[serde_yaml::Value]) -> Vec<(Key, Res)> {
+        let key = ("controlplane".to_string(), MANIFESTS.to_string(), "10-kube-proxy".to_string());
+        let doc = docs.iter().find(|d| d.get("kind").and_then(|k| k.as_str()) == Some("KubeProxyConfig"));
+        let v1 = docs.iter().find(|d| d.get("kind").is_none());
+        let disabled = doc.and_then(|d| d.get("enabled")).and_then(|e| e.as_bool()) == Some(false)
+            || v1.and_then(|v| v.get("cluster")?.get("proxy")?.get("disabled")?.as_bool()) == Some(true);
+        if disabled {
+            return match self.resources.remove(&key) {
+                Some(r) => vec![(key, Res { version: 0, ..r })],
+                None => vec![],
+            };
+        }
+        let image = image_in(docs, "KubeProxyConfig", &["cluster", "proxy", "image"])
+            .unwrap_or_else(|| format!("registry.k8s.io/kube-proxy:{SIM_KUBERNETES}"));
+        let labels = serde_json::json!({"k8s-app": "kube-proxy"});
         let items: Vec<SingleManifest> = [
-            serde_json::json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "kube-proxy", "namespace": "kube-system"}}),
+            serde_json::json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "kube-proxy", "namespace": "kube-system", "labels": labels},
+                "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels},
+                    "spec": {"serviceAccountName": "kube-proxy", "hostNetwork": true, "containers": [{"name": "kube-proxy", "image": image}]}}}}),
             serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "kube-proxy", "namespace": "kube-system"}}),
-            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kube-proxy"}}),
+            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kube-proxy"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-proxier"},
+                "subjects": [{"kind": "ServiceAccount", "name": "kube-proxy", "namespace": "kube-system"}]}),
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-proxy", "namespace": "kube-system"}, "data": {"config.yaml": "mode: nftables\n"}}),
         ]
         .into_iter()
-        .map(|v| SingleManifest { object: obj(v) })
+        .map(|v| SingleManifest { object: json_struct(&v) })
         .collect();
-        self.put(
+        let mut changed = vec![];
+        changed.extend(self.put(
             "controlplane",
             MANIFESTS,
             "10-kube-proxy",
             ManifestSpec { items }.encode_to_vec(),
-            "items: [DaemonSet kube-proxy, ServiceAccount kube-proxy, ClusterRoleBinding kube-proxy]\n".into(),
-        );
-        self.put(
+            format!("items: [DaemonSet kube-proxy ({image}), ServiceAccount kube-proxy, ClusterRoleBinding kube-proxy, ConfigMap kube-proxy]\n"),
+        ));
+        changed.extend(self.put(
             "controlplane",
             MANIFEST_STATUSES,
             "manifests",
             ManifestStatusSpec { manifests_applied: vec!["10-kube-proxy".into()] }.encode_to_vec(),
             "manifestsApplied: [10-kube-proxy]\n".into(),
-        );
+        ));
+        changed
     }
 
     fn resource(&self, key: &Key) -> Option<Resource> {
@@ -474,7 +496,11 @@ impl Svc {
 
     fn publish(&self, node: &str, changed: Vec<(Key, Res)>) {
         for (key, res) in changed {
-            let kind = if res.version == 1 { EventType::Created } else { EventType::Updated };
+            let kind = match res.version {
+                0 => EventType::Destroyed,
+                1 => EventType::Created,
+                _ => EventType::Updated,
+            };
             let _ = self.0.events.send(Change { node: node.into(), res: to_resource(&key, &res), key, kind });
         }
     }
