@@ -355,8 +355,17 @@ pub struct TalosOperationStatus {
     pub phase: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage: Option<String>,
+    /// Why it paused, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_reason: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub machines: BTreeMap<String, MachineProgress>,
+    /// Wait clocks by the name the wait gave (RFC 3339 starts).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub waiting_since: BTreeMap<String, String>,
+    /// Cluster-wide steps done (`manifestsSynced`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub done: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -365,6 +374,9 @@ pub struct TalosOperationStatus {
 #[serde(rename_all = "camelCase")]
 pub struct MachineProgress {
     pub phase: String,
+    /// The stage the step belongs to (upgrade) or `switch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
     /// When the step started (RFC 3339): the verification clock's start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,

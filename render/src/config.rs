@@ -274,7 +274,7 @@ impl Config {
     fn locate<'p>(&self, p: &'p Path) -> Option<(usize, &'p [Seg])> {
         let typed = self.docs.iter().enumerate().find_map(|(i, d)| {
             let base = d.base()?;
-            p.segs.starts_with(&base.segs).then_some((i, &p.segs[base.segs.len()..]))
+            p.segs.starts_with(&base.segs).then(|| (i, &p.segs[base.segs.len()..]))
         });
         // A path whose first segment is capitalized names a typed document (`KubeletConfig`);
         // the v1alpha1 document's fields are lower-case (`machine`, `cluster`).

@@ -49,9 +49,16 @@ pub struct Executor<'a, K: KubePort> {
     pub kube: &'a mut K,
     /// Each machine's render (the whole desired config).
     pub desired: &'a BTreeMap<String, Config>,
+    /// How the Talos API reaches each machine (its address, the `node` header); a machine not
+    /// listed is reached by its name.
+    pub nodes: &'a BTreeMap<String, String>,
 }
 
 impl<K: KubePort> Executor<'_, K> {
+    fn node<'m>(&'m self, machine: &'m str) -> &'m str {
+        self.nodes.get(machine).map(String::as_str).unwrap_or(machine)
+    }
+
     /// Performs the plan's actions in order; stops at the first transient error.
     pub async fn run(&mut self, plan: &Plan) -> Outcome {
         let mut out = Outcome::default();
@@ -59,7 +66,7 @@ impl<K: KubePort> Executor<'_, K> {
             let r: Result<(), String> = match a {
                 Action::PullImage { machine, namespace, image } => self
                     .talos
-                    .pull_image(machine, *namespace, image)
+                    .pull_image(self.node(machine), *namespace, image)
                     .await
                     .map_err(|e| self.talos_failed(machine, e, &mut out)),
                 Action::Apply { machine, paths } => self.apply(machine, paths, &mut out).await,
@@ -107,13 +114,14 @@ impl<K: KubePort> Executor<'_, K> {
             out.failed.push((machine.to_string(), format!("no render of {machine} to apply")));
             return Err(String::new());
         };
-        let text = self.talos.running_config(machine).await.map_err(|e| self.talos_failed(machine, e, out))?;
+        let node = self.node(machine).to_string();
+        let text = self.talos.running_config(&node).await.map_err(|e| self.talos_failed(machine, e, out))?;
         let running = Config::parse(&text)
             .map_err(|e| format!("{machine}: the running config does not parse: {}", e[0].message))?;
         let paths: Vec<render::path::Path> = paths.iter().filter_map(|p| render::path::Path::parse(p).ok()).collect();
         let next = running.with_paths(desired, &paths).to_yaml();
         self.talos
-            .apply(machine, next.as_bytes(), ApplyMode::NoReboot, false)
+            .apply(&node, next.as_bytes(), ApplyMode::NoReboot, false)
             .await
             .map(|_| ())
             .map_err(|e| self.talos_failed(machine, e, out))

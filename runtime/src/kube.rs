@@ -61,6 +61,9 @@ pub struct KubeCluster {
     pub talos: Talos,
     /// How long a drain keeps retrying an eviction a budget refuses.
     pub drain_timeout: Duration,
+    /// How the Talos API reaches each machine (its address); a machine not listed is reached
+    /// by its name.
+    pub nodes: std::collections::BTreeMap<String, String>,
 }
 
 /// The API resource of a kind (the plural is the lower-cased kind with an `s`, as for every
@@ -93,7 +96,8 @@ impl KubeCluster {
     async fn rendered(&self, via: &str) -> Result<Vec<Json>, KubeError> {
         use prost::Message;
         let mut out = vec![];
-        for r in self.talos.list(via, "controlplane", "Manifests.kubernetes.talos.dev").await? {
+        let node = self.nodes.get(via).map(String::as_str).unwrap_or(via);
+        for r in self.talos.list(node, "controlplane", "Manifests.kubernetes.talos.dev").await? {
             let spec = r.spec.map(|s| s.proto_spec).unwrap_or_default();
             let m = crate::talos::proto::talos::resource::definitions::k8s::ManifestSpec::decode(spec.as_slice())
                 .map_err(|e| KubeError::Manifest(format!("{via}: a Manifest resource does not decode: {e}")))?;

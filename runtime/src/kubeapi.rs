@@ -546,6 +546,15 @@ impl Api {
                 "JSON patches are not supported here".into(),
             );
         } else if status_only {
+            let given = body.pointer("/metadata/resourceVersion").and_then(|v| v.as_str()).map(str::to_string);
+            let current = next.pointer("/metadata/resourceVersion").and_then(|v| v.as_str()).unwrap_or("").to_string();
+            if given.as_ref().is_some_and(|g| *g != current) {
+                return status(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    format!("Operation cannot be fulfilled on {} \"{}\": the object has been modified", key.1, key.3),
+                );
+            }
             let mut st = next.get("status").cloned().unwrap_or(Json::Null);
             merge_patch(&mut st, body.get("status").unwrap_or(&Json::Null));
             next["status"] = st;

@@ -7,6 +7,8 @@
 
 pub mod assemble;
 #[cfg(feature = "io")]
+pub mod controller;
+#[cfg(feature = "io")]
 pub mod exec;
 pub mod facts;
 #[cfg(feature = "io")]

@@ -121,8 +121,10 @@ fn tag(image: &str) -> String {
 
 /// Plays the upgrade to its end. `crash(i)` says what goes wrong at reconcile `i`.
 async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, Vec<String>)>, String, Vec<String>) {
-    let specs: Vec<NodeSpec> =
-        names().into_iter().map(|(name, role)| NodeSpec { name, role, talos: "v1.14.3".into() }).collect();
+    let specs: Vec<NodeSpec> = names()
+        .into_iter()
+        .map(|(name, role)| NodeSpec { name, role, talos: "v1.14.3".into(), config: None })
+        .collect();
     let fleet = Fleet::start(specs, "127.0.0.1:0".parse().unwrap()).await.unwrap();
     let tc = TalosConfig::parse(&fleet.talosconfig(&["os:admin"]).unwrap(), "tc").unwrap();
     let (n, ctx) = tc.context(None, "tc").unwrap();
@@ -228,7 +230,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         if let Crash::MidPlan(k) = c {
             plan.actions.truncate(k % (plan.actions.len() + 1));
         }
-        let mut exec = Executor { talos: &client, kube: &mut twin, desired: &renders };
+        let mut exec = Executor { talos: &client, kube: &mut twin, desired: &renders, nodes: &BTreeMap::new() };
         let outcome = exec.run(&plan).await;
         assert!(outcome.failed.is_empty() && outcome.interrupted.is_none(), "{outcome:?}");
         if matches!(c, Crash::MidPlan(_)) {

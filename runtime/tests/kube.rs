@@ -21,8 +21,8 @@ use std::time::Duration;
 async fn setup() -> (Fleet, kubeapi::Api, KubeCluster) {
     let fleet = Fleet::start(
         vec![
-            NodeSpec { name: "cp1".into(), role: Role::Controlplane, talos: "v1.14.3".into() },
-            NodeSpec { name: "w1".into(), role: Role::Worker, talos: "v1.14.3".into() },
+            NodeSpec { name: "cp1".into(), role: Role::Controlplane, talos: "v1.14.3".into(), config: None },
+            NodeSpec { name: "w1".into(), role: Role::Worker, talos: "v1.14.3".into(), config: None },
         ],
         "127.0.0.1:0".parse().unwrap(),
     )
@@ -35,7 +35,12 @@ async fn setup() -> (Fleet, kubeapi::Api, KubeCluster) {
         runtime::talos::client::Client::new(ctx, &ctx.credentials(n, "tc", now).unwrap(), Duration::from_secs(5))
             .unwrap();
     let api = kubeapi::Api::new();
-    let cluster = KubeCluster { client: api.client(), talos, drain_timeout: Duration::from_millis(600) };
+    let cluster = KubeCluster {
+        client: api.client(),
+        talos,
+        drain_timeout: Duration::from_millis(600),
+        nodes: Default::default(),
+    };
     (fleet, api, cluster)
 }
 

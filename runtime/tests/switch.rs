@@ -82,7 +82,10 @@ struct World {
 }
 
 async fn world() -> World {
-    let specs = names().into_iter().map(|(name, role)| NodeSpec { name, role, talos: "v1.14.3".into() }).collect();
+    let specs = names()
+        .into_iter()
+        .map(|(name, role)| NodeSpec { name, role, talos: "v1.14.3".into(), config: None })
+        .collect();
     let fleet = Fleet::start(specs, "127.0.0.1:0".parse().unwrap()).await.unwrap();
     let tc = TalosConfig::parse(&fleet.talosconfig(&["os:admin"]).unwrap(), "tc").unwrap();
     let (n, ctx) = tc.context(None, "tc").unwrap();
@@ -97,7 +100,12 @@ async fn world() -> World {
     api.put("", "configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cilium-config", "namespace": "kube-system"},
         "data": {"kube-proxy-replacement": "false", "k8s-service-host": "localhost", "k8s-service-port": "7445"}}));
     api.put("apps", "daemonsets", ds("cilium", "quay.io/cilium/cilium:v1.20.0"));
-    let mut kube = KubeCluster { client: api.client(), talos: talos.clone(), drain_timeout: Duration::from_secs(2) };
+    let mut kube = KubeCluster {
+        client: api.client(),
+        talos: talos.clone(),
+        drain_timeout: Duration::from_secs(2),
+        nodes: Default::default(),
+    };
     // The cluster as Talos bootstrapped it: kube-proxy from its rendered manifests.
     kube.sync_manifests("cp1", "talos").await.unwrap();
     settle(&api);
@@ -181,7 +189,8 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
         if plan.phase == "Completed" {
             return cluster_status;
         }
-        let mut exec = Executor { talos: &w.kube.talos.clone(), kube: &mut w.kube, desired: &renders };
+        let mut exec =
+            Executor { talos: &w.kube.talos.clone(), kube: &mut w.kube, desired: &renders, nodes: &BTreeMap::new() };
         let outcome = exec.run(&plan).await;
         assert!(outcome.failed.is_empty() && outcome.interrupted.is_none(), "{outcome:?}\n{shown:#?}");
         let after = runtime::status::record(&s, &plan, &outcome.failed);

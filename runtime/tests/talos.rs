@@ -19,7 +19,7 @@ fn now() -> i64 {
 }
 
 fn node(name: &str, role: Role, talos: &str) -> NodeSpec {
-    NodeSpec { name: name.into(), role, talos: talos.into() }
+    NodeSpec { name: name.into(), role, talos: talos.into(), config: None }
 }
 
 async fn fleet() -> Fleet {

@@ -54,6 +54,8 @@ pub struct NodeSpec {
     pub role: Role,
     /// The Talos version it runs, `v1.13.9` or `v1.14.3`.
     pub talos: String,
+    /// The config it starts with (default: the shipped example of its version and role).
+    pub config: Option<String>,
 }
 
 /// Faults a test injects into one node.
@@ -205,9 +207,9 @@ impl NodeState {
             node: spec.name.clone(),
             problem: format!("{:?} is not a Talos version v1.X.Y", spec.talos),
         })?;
-        let config = initial_config(minor, spec.role);
+        let config = spec.config.clone().unwrap_or_else(|| initial_config(minor, spec.role).to_string());
         let mut n = NodeState { spec, minor, resources: BTreeMap::new(), pulls: vec![], reboots: 0, fault: None };
-        n.set_config(config, true);
+        n.set_config(&config, true);
         for svc in ["apid", "machined", "kubelet", "containerd"] {
             n.put(
                 "runtime",
@@ -913,6 +915,7 @@ pub fn fleet_spec(count: usize, controlplanes: usize, talos: &[String]) -> Vec<N
                 name,
                 role,
                 talos: talos.get(i % talos.len().max(1)).cloned().unwrap_or_else(|| "v1.14.3".into()),
+                config: None,
             }
         })
         .collect()

@@ -1,0 +1,336 @@
+//! The controller's reconcile of one TalosOperation (feature `io`): read what it needs from
+//! Kubernetes and Talos, assemble the snapshot, plan with the rules, execute, write status.
+//! Each reconcile re-derives everything from what it reads, so a crash anywhere resumes.
+//!
+//! Start at `Controller::reconcile`. `Controller::read` is the observation alone: the snapshot
+//! it returns is what `ichor plan --state` decides on (dump it to reproduce a decision). Status
+//! writes carry the resourceVersion read; a conflict re-reads and re-plans.
+
+use crate::exec::{Executor, Outcome};
+use crate::kube::{KubeCluster, read_workload};
+use crate::plan::{Plan, Planner};
+use crate::state::{Cluster, Cni, MachineProgress, ObservedState, Operation, OtherOperation, StaticPod};
+use crate::talos::client::Client as Talos;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use kube_client::api::{Api, ListParams, Patch, PatchParams};
+use render::api::{TalosCluster, TalosConfigPatch, TalosMachine, TalosOperation};
+use render::classify::Classifier;
+use render::config::Config;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("{what}: {source}")]
+    Kube { what: String, source: kube_client::Error },
+    #[error("rendering machine {machine}: {problem}")]
+    Render { machine: String, problem: String },
+    #[error("the custom resources do not load: {0}")]
+    Manifests(String),
+    #[error("the snapshot: {0}")]
+    Snapshot(String),
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
+    #[error(transparent)]
+    Workload(#[from] crate::kube::KubeError),
+}
+
+fn kube_err(what: impl Into<String>) -> impl FnOnce(kube_client::Error) -> ControllerError {
+    let what = what.into();
+    move |source| ControllerError::Kube { what, source }
+}
+
+/// What one reconcile saw, decided and did.
+#[derive(Debug)]
+pub struct Reconciled {
+    pub snapshot: ObservedState,
+    pub plan: Plan,
+    pub outcome: Outcome,
+    /// The status written.
+    pub status: ObservedState,
+}
+
+/// What a reconcile reads besides the snapshot: each machine's render and Talos address.
+#[derive(Debug, Default)]
+pub struct Read {
+    pub snapshot: ObservedState,
+    pub renders: BTreeMap<String, Config>,
+    pub addresses: BTreeMap<String, String>,
+    /// The operation's resourceVersion, for the status write.
+    pub resource_version: Option<String>,
+}
+
+impl Default for ObservedState {
+    fn default() -> ObservedState {
+        serde_yaml::from_str(DEFAULT_SNAPSHOT).expect("the default snapshot parses")
+    }
+}
+
+const DEFAULT_SNAPSHOT: &str = "now: '1970-01-01T00:00:00Z'\ncluster: {name: '', kubernetesVersion: v0.0.0, releaseSetKubernetes: v0.0.0, cni: {preset: cilium, kubeProxy: enabled, handover: disabled}}\nmachines: []\noperation: {name: '', kind: kubernetes, phase: Pending}\n";
+
+pub struct Controller {
+    pub kube: kube_client::Client,
+    pub talos: Talos,
+    pub planner: Planner,
+    pub classifier: Classifier,
+    /// The release set's Kubernetes this Ichor ships (ADR 0113).
+    pub release_set_kubernetes: String,
+    /// The node the controller runs on (it goes last).
+    pub controller_node: Option<String>,
+    /// The controller's probe of the kubernetes Service.
+    pub service_answers: Arc<dyn Fn() -> bool + Send + Sync>,
+    pub drain_timeout: Duration,
+}
+
+fn yaml<T: serde::Serialize>(what: &str, v: &T) -> (String, String) {
+    (what.to_string(), serde_yaml::to_string(v).unwrap_or_default())
+}
+
+impl Controller {
+    /// Reads everything the operation's rules need, and each machine's render.
+    pub async fn read(&self, namespace: &str, operation: &str, now: &str) -> Result<Read, ControllerError> {
+        let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);
+        let op =
+            ops.get(operation).await.map_err(kube_err(format!("reading TalosOperation {namespace}/{operation}")))?;
+        let cluster_name = op.spec.cluster_ref.name.clone();
+        let clusters: Api<TalosCluster> = Api::namespaced(self.kube.clone(), namespace);
+        let cluster = clusters
+            .get(&cluster_name)
+            .await
+            .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
+        let machines: Vec<TalosMachine> = Api::<TalosMachine>::namespaced(self.kube.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing TalosMachines"))?
+            .items
+            .into_iter()
+            .filter(|m| m.spec.cluster_ref.name == cluster_name)
+            .collect();
+        let patches: Vec<TalosConfigPatch> = Api::<TalosConfigPatch>::namespaced(self.kube.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing TalosConfigPatches"))?
+            .items
+            .into_iter()
+            .filter(|p| p.spec.cluster_ref.name == cluster_name)
+            .collect();
+        let secret_name = cluster.spec.secrets_ref.name.clone();
+        let secret = Api::<Secret>::namespaced(self.kube.clone(), namespace)
+            .get(&secret_name)
+            .await
+            .map_err(kube_err(format!("reading Secret {namespace}/{secret_name}")))?;
+        let others: Vec<OtherOperation> = ops
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing TalosOperations"))?
+            .items
+            .into_iter()
+            .filter(|o| o.spec.cluster_ref.name == cluster_name && o.metadata.name.as_deref() != Some(operation))
+            .map(|o| OtherOperation {
+                name: o.metadata.name.clone().unwrap_or_default(),
+                kind: o.spec.kind,
+                phase: o.status.and_then(|s| s.phase).unwrap_or_else(|| "Pending".into()),
+            })
+            .collect();
+        // The render, from the same resources `ichor render` reads from files.
+        let mut files = vec![yaml("TalosCluster", &cluster), yaml("Secret", &secret)];
+        files.extend(machines.iter().map(|m| yaml("TalosMachine", m)));
+        files.extend(patches.iter().map(|p| yaml("TalosConfigPatch", p)));
+        let contracts: Vec<String> = self.classifier.known().iter().map(|c| c.to_string()).collect();
+        let manifests = render::manifests::Manifests::load(&files, &contracts).map_err(|e| {
+            ControllerError::Manifests(e.iter().map(|x| x.message.clone()).collect::<Vec<_>>().join("; "))
+        })?;
+        let nodes: Api<Node> = Api::all(self.kube.clone());
+        let pods: Api<Pod> = Api::namespaced(self.kube.clone(), "kube-system");
+        let mirror = pods.list(&ListParams::default()).await.map_err(kube_err("listing kube-system pods"))?.items;
+        let mut read = Read { resource_version: op.metadata.resource_version.clone(), ..Read::default() };
+        let mut snap_machines = vec![];
+        for m in &machines {
+            let name = m.metadata.name.clone().unwrap_or_default();
+            let rendered = render::machine::render_checked(&manifests, &name, None, &self.classifier)
+                .map_err(|e| ControllerError::Render { machine: name.clone(), problem: e.to_string() })?;
+            let node = nodes.get_opt(&name).await.map_err(kube_err(format!("reading Node {name}")))?;
+            let status = node.as_ref().and_then(|n| n.status.clone()).unwrap_or_default();
+            let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
+            let kubelet = status.node_info.map(|i| i.kubelet_version).unwrap_or_default();
+            let observed = crate::talos::observe::observe_node(&self.talos, &m.spec.address).await;
+            let static_pods: BTreeMap<String, StaticPod> = mirror
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
+                .filter(|p| {
+                    p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
+                })
+                .filter_map(|p| {
+                    let component = p.metadata.labels.as_ref()?.get("k8s-app")?.clone();
+                    let image = p.spec.as_ref()?.containers.first()?.image.clone()?;
+                    let ready = p
+                        .status
+                        .as_ref()?
+                        .conditions
+                        .as_ref()?
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True");
+                    Some((component, StaticPod { image, ready }))
+                })
+                .collect();
+            let (talos_version, running, manifest) = match &observed {
+                Ok(o) => (
+                    o.talos_version.clone(),
+                    Config::parse(&o.running_config).ok(),
+                    (m.spec.role == render::api::Role::Controlplane)
+                        .then(|| o.manifests.iter().any(|x| x == "10-kube-proxy")),
+                ),
+                Err(_) => (cluster.spec.talos_version.clone(), None, None),
+            };
+            let mr = crate::assemble::MachineRead {
+                name: name.clone(),
+                role: m.spec.role,
+                talos_version,
+                kubelet_version: if kubelet.is_empty() { cluster.spec.kubernetes_version.clone() } else { kubelet },
+                node_ready: ready,
+                hold: m.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::HOLD)),
+                runs_controller: self.controller_node.as_deref() == Some(name.as_str()),
+                running,
+                static_pods,
+                kube_proxy_manifest: manifest,
+            };
+            snap_machines.push(
+                crate::assemble::machine(&self.classifier, rendered.contract, &mr, &rendered.config)
+                    .map_err(|e| ControllerError::Render { machine: name.clone(), problem: e.to_string() })?,
+            );
+            read.renders.insert(name.clone(), rendered.config);
+            read.addresses.insert(name, m.spec.address.clone());
+        }
+        let workload = read_workload(&self.kube, (self.service_answers)()).await?;
+        let st = op.status.clone().unwrap_or_default();
+        let handover_done = cluster
+            .status
+            .as_ref()
+            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "CNIHandover" && c.status == "True"));
+        read.snapshot = ObservedState {
+            now: now.to_string(),
+            cluster: Cluster {
+                name: cluster_name.clone(),
+                kubernetes_version: cluster.spec.kubernetes_version.clone(),
+                release_set_kubernetes: self.release_set_kubernetes.clone(),
+                cni: Cni {
+                    preset: cluster.spec.cni.preset,
+                    kube_proxy: cluster.spec.cni.kube_proxy,
+                    handover: cluster.spec.cni.handover,
+                    handover_done,
+                    bootstrap_patch: None,
+                    home_kube_proxy_replacement: None,
+                },
+                status_kube_proxy: cluster.status.as_ref().and_then(|s| s.cni.as_ref()).and_then(|c| c.kube_proxy),
+                annotations: cluster.metadata.annotations.clone().unwrap_or_default(),
+                cilium_values: cluster.spec.cni.cilium.as_ref().and_then(|c| c.values.clone()),
+                cilium_tunnel: None,
+            },
+            machines: snap_machines,
+            workload,
+            operation: Operation {
+                name: operation.to_string(),
+                kind: op.spec.kind,
+                target_kubernetes: op.spec.target.kubernetes_version.clone(),
+                target_kube_proxy: op.spec.target.kube_proxy,
+                max_unavailable: op.spec.max_unavailable.into(),
+                phase: st.phase.clone().unwrap_or_else(|| "Pending".into()),
+                paused_reason: st.paused_reason.clone(),
+                machines: st
+                    .machines
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            MachineProgress {
+                                phase: v.phase.clone(),
+                                stage: v.stage.clone(),
+                                started_at: v.started_at.clone().unwrap_or_else(|| now.to_string()),
+                            },
+                        )
+                    })
+                    .collect(),
+                waiting_since: st.waiting_since.clone(),
+                done: st.done.clone(),
+            },
+            other_operations: others,
+        };
+        // The snapshot is checked as `ichor plan --state` checks it.
+        let text = serde_yaml::to_string(&read.snapshot).map_err(|e| ControllerError::Snapshot(e.to_string()))?;
+        ObservedState::parse(&text)
+            .map_err(|e| ControllerError::Snapshot(e.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; ")))?;
+        Ok(read)
+    }
+
+    /// One reconcile: read, plan, execute, write status (re-read and re-planned on a conflict).
+    pub async fn reconcile(&self, namespace: &str, operation: &str, now: &str) -> Result<Reconciled, ControllerError> {
+        let mut attempt = 0;
+        loop {
+            let read = self.read(namespace, operation, now).await?;
+            let plan = self.planner.plan(&read.snapshot)?;
+            let mut kube = KubeCluster {
+                client: self.kube.clone(),
+                talos: self.talos.clone(),
+                drain_timeout: self.drain_timeout,
+                nodes: read.addresses.clone(),
+            };
+            let mut exec =
+                Executor { talos: &self.talos, kube: &mut kube, desired: &read.renders, nodes: &read.addresses };
+            let outcome = exec.run(&plan).await;
+            let after = crate::status::record(&read.snapshot, &plan, &outcome.failed);
+            match self.write_status(namespace, operation, &read, &after).await {
+                Ok(()) => return Ok(Reconciled { snapshot: read.snapshot, plan, outcome, status: after }),
+                Err(ControllerError::Kube { source: kube_client::Error::Api(s), .. })
+                    if s.code == 409 && attempt < 3 =>
+                {
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn write_status(
+        &self,
+        namespace: &str,
+        operation: &str,
+        read: &Read,
+        after: &ObservedState,
+    ) -> Result<(), ControllerError> {
+        let op = &after.operation;
+        let machines: serde_json::Map<String, serde_json::Value> = op
+            .machines
+            .iter()
+            .map(|(k, v)| (k.clone(), json!({"phase": v.phase, "stage": v.stage, "startedAt": v.started_at})))
+            .collect();
+        let status = json!({
+            "metadata": {"resourceVersion": read.resource_version},
+            "status": {
+                "phase": op.phase,
+                "pausedReason": op.paused_reason,
+                "machines": machines,
+                "waitingSince": op.waiting_since,
+                "done": op.done,
+            }
+        });
+        let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);
+        ops.patch_status(operation, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .map_err(kube_err(format!("writing the status of TalosOperation {namespace}/{operation}")))?;
+        if after.cluster.status_kube_proxy != read.snapshot.cluster.status_kube_proxy {
+            let clusters: Api<TalosCluster> = Api::namespaced(self.kube.clone(), namespace);
+            let mode = after.cluster.status_kube_proxy.map(|m| m.name());
+            clusters
+                .patch_status(
+                    &after.cluster.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"cni": {"kubeProxy": mode}}})),
+                )
+                .await
+                .map_err(kube_err(format!("writing the status of TalosCluster {namespace}/{}", after.cluster.name)))?;
+        }
+        Ok(())
+    }
+}
