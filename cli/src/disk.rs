@@ -238,12 +238,18 @@ pub fn read_config(path: &Path) -> Result<Config> {
 }
 
 /// Every `*.yaml`/`*.yml` file under `dir`, sorted, with its text, loaded as manifests.
-pub fn read_manifests(dir: &Path, c: &Classifier) -> Result<Manifests> {
+/// Every `*.yaml`/`*.yml` file under `dir`, sorted, with its text.
+pub fn manifest_files(dir: &Path) -> Result<Vec<(String, String)>> {
     let mut texts = vec![];
     for f in files_under(dir, &["yaml", "yml"])? {
         let text = read_text(&f, caps::TEXT, "a manifest file")?;
         texts.push((f.to_string_lossy().into_owned(), text));
     }
+    Ok(texts)
+}
+
+pub fn read_manifests(dir: &Path, c: &Classifier) -> Result<Manifests> {
+    let texts = manifest_files(dir)?;
     let contracts: Vec<String> = c.known().iter().map(ToString::to_string).collect();
     Manifests::load(&texts, &contracts).map_err(|errs| {
         Diagnosed {

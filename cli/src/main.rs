@@ -8,6 +8,7 @@
 mod cni_cmd;
 mod config_cmd;
 mod contract_cmd;
+mod controller_cmd;
 mod disk;
 mod plan_cmd;
 mod render_cmd;
@@ -99,6 +100,10 @@ enum Command {
     /// Simulated systems for tests and demos.
     #[command(subcommand)]
     Sim(SimCommand),
+    /// Run the controller: reconcile TalosOperations against the cluster in KUBECONFIG (or
+    /// in-cluster) and the nodes in the talosconfig, while holding the Lease.
+    #[command(after_help = "Example:\n  ichor controller --talosconfig talosconfig --namespace ichor-system")]
+    Controller(controller_cmd::ControllerArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -124,6 +129,20 @@ enum SimCommand {
         /// Inject a fault: NODE=hang|unavailable|gone|latency:MS (repeatable).
         #[arg(long)]
         fault: Vec<String>,
+    },
+    /// Run the controller against a simulated installation (a simulated Talos fleet running the
+    /// render of MANIFESTS, an in-memory Kubernetes API) through a Kubernetes upgrade, printing
+    /// its progress. A demo, not a cluster.
+    #[command(after_help = "Example:\n  ichor sim controller --manifests examples/clusters/lab-v1.14 --to v1.37.0")]
+    Controller {
+        #[arg(long, default_value = "examples/clusters/lab-v1.14")]
+        manifests: std::path::PathBuf,
+        /// The Kubernetes version to upgrade to.
+        #[arg(long, default_value = "v1.37.0")]
+        to: String,
+        /// Write each reconcile's snapshot here, for `ichor plan --state`.
+        #[arg(long)]
+        dump_snapshots: Option<std::path::PathBuf>,
     },
 }
 
@@ -199,6 +218,10 @@ fn main() -> ExitCode {
         Command::Sim(SimCommand::Talos { nodes, controlplanes, talos, listen, talosconfig, fault }) => {
             talos_cmd::sim(nodes, controlplanes, &talos, &listen, &talosconfig, &fault)
         }
+        Command::Sim(SimCommand::Controller { manifests, to, dump_snapshots }) => {
+            controller_cmd::run_demo(&manifests, &to, dump_snapshots)
+        }
+        Command::Controller(args) => controller_cmd::run_real(&args),
     };
     match result {
         Ok(report) => match write_all(std::io::stdout().lock(), &report.stdout) {

@@ -192,3 +192,19 @@ fn bad_talosconfigs_and_endpoints_exit_2_naming_the_file_field_or_endpoint_and_n
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("cp1: MachineConfig"), "{err}");
 }
+
+/// `ichor sim controller`: the controller's loop upgrades the example installation, stage by
+/// stage, without a reboot, and exits 0 when the operation completes.
+#[test]
+fn the_simulated_installation_is_upgraded_by_the_controller_loop() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (code, out, err) = run(ichor().current_dir(&root).args(["sim", "controller", "--to", "v1.37.0"]));
+    assert_eq!(code, 0, "{out}{err}");
+    let pos = |s: &str| out.find(s).unwrap_or_else(|| panic!("{s:?} not in {out}"));
+    assert!(pos("cp1 apiservers Applying") < pos("cp1 controlplane Applying"), "{out}");
+    assert!(pos("[manifestsSynced]") < pos("kubelets Applying"), "the sync before any kubelet: {out}");
+    assert!(out.contains("  Completed [manifestsSynced]"), "{out}");
+    for m in ["cp1", "cp2", "cp3", "w1"] {
+        assert!(out.contains(&format!("  {m}: kubelet ghcr.io/siderolabs/kubelet:v1.37.0, reboots 0")), "{out}");
+    }
+}

@@ -6,7 +6,7 @@
 //! with type/status/reason/message); where the design documents are silent the README says
 //! what was chosen and why.
 
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -20,6 +20,7 @@ pub const HOLD: &str = "ichor.maesh.dev/hold";
 /// A Talos cluster: its versions, endpoint, CNI and where its secrets are.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(group = "ichor.maesh.dev", version = "v1alpha1", kind = "TalosCluster", namespaced)]
+#[kube(crates(kube_core = "::kube_core"))]
 #[kube(status = "TalosClusterStatus", shortname = "tc")]
 #[kube(printcolumn = r#"{"name":"Kubernetes","type":"string","jsonPath":".spec.kubernetesVersion"}"#)]
 #[kube(printcolumn = r#"{"name":"Contract","type":"string","jsonPath":".spec.versionContract"}"#)]
@@ -231,6 +232,7 @@ pub struct Condition {
 /// One machine of a cluster.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(group = "ichor.maesh.dev", version = "v1alpha1", kind = "TalosMachine", namespaced)]
+#[kube(crates(kube_core = "::kube_core"))]
 #[kube(status = "TalosMachineStatus", shortname = "tm")]
 #[kube(printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#)]
 #[kube(printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role"}"#)]
@@ -281,6 +283,7 @@ pub struct TalosMachineStatus {
 /// A strategic-merge patch (Talos's format) applied to the machines it selects.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(group = "ichor.maesh.dev", version = "v1alpha1", kind = "TalosConfigPatch", namespaced)]
+#[kube(crates(kube_core = "::kube_core"))]
 #[kube(shortname = "tcp")]
 #[serde(rename_all = "camelCase")]
 pub struct TalosConfigPatchSpec {
@@ -307,6 +310,7 @@ pub struct PatchSelector {
 /// An operation on a cluster: a Kubernetes upgrade, a CNI change, ...
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[kube(group = "ichor.maesh.dev", version = "v1alpha1", kind = "TalosOperation", namespaced)]
+#[kube(crates(kube_core = "::kube_core"))]
 #[kube(status = "TalosOperationStatus", shortname = "top")]
 #[kube(printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.kind"}"#)]
 #[kube(printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#)]
@@ -384,6 +388,6 @@ pub struct MachineProgress {
 
 /// The CRDs of every kind, in a fixed order.
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
-    use kube::CustomResourceExt;
+    use kube_core::CustomResourceExt;
     vec![TalosCluster::crd(), TalosMachine::crd(), TalosConfigPatch::crd(), TalosOperation::crd()]
 }

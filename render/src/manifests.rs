@@ -39,7 +39,7 @@ pub struct Manifests {
     pub secrets: BTreeMap<String, (String, BTreeMap<String, String>)>,
 }
 
-fn ns_name(m: &kube::core::ObjectMeta) -> String {
+fn ns_name(m: &kube_core::ObjectMeta) -> String {
     format!("{}/{}", m.namespace.clone().unwrap_or_else(|| "default".into()), m.name.clone().unwrap_or_default())
 }
 

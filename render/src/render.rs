@@ -59,7 +59,7 @@ pub struct Rendered {
     pub set_by: BTreeMap<Path, String>,
 }
 
-pub fn object_name(kind: &str, meta: &kube::core::ObjectMeta) -> String {
+pub fn object_name(kind: &str, meta: &kube_core::ObjectMeta) -> String {
     format!("{kind} {}/{}", meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
 }
 
@@ -804,8 +804,7 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
 /// `status.cni.kubeProxy`, folded in only when present so that clusters with neither keep
 /// their hash.
 pub fn inputs_hash(i: &Inputs, patches: &[&TalosConfigPatch]) -> String {
-    let g =
-        |m: &kube::core::ObjectMeta| format!("{}/{}", m.name.clone().unwrap_or_default(), m.generation.unwrap_or(0));
+    let g = |m: &kube_core::ObjectMeta| format!("{}/{}", m.name.clone().unwrap_or_default(), m.generation.unwrap_or(0));
     let mut text =
         format!("cluster:{};machine:{};secrets:{}", g(&i.cluster.metadata), g(&i.machine.metadata), i.secrets_version);
     let mut names: Vec<String> = patches.iter().map(|p| g(&p.metadata)).collect();

@@ -148,8 +148,8 @@ use render::api::*;
 use render::render::{Inputs, render};
 use render::secrets::Bundle;
 
-fn meta(name: &str) -> kube::core::ObjectMeta {
-    kube::core::ObjectMeta {
+fn meta(name: &str) -> kube_core::ObjectMeta {
+    kube_core::ObjectMeta {
         name: Some(name.into()),
         namespace: Some("ichor-system".into()),
         generation: Some(1),

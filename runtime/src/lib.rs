@@ -9,6 +9,8 @@ pub mod assemble;
 #[cfg(feature = "io")]
 pub mod controller;
 #[cfg(feature = "io")]
+pub mod demo;
+#[cfg(feature = "io")]
 pub mod exec;
 pub mod facts;
 #[cfg(feature = "io")]
@@ -16,6 +18,8 @@ pub mod kube;
 #[cfg(feature = "io")]
 pub mod kubeapi;
 pub mod plan;
+#[cfg(feature = "io")]
+pub mod serve;
 pub mod state;
 pub mod status;
 #[cfg(feature = "io")]

@@ -11,12 +11,10 @@
 use kube_client::api::{Api, Patch, PatchParams, PostParams};
 use render::api::{TalosOperation, TalosOperationSpec};
 use runtime::controller::Controller;
-use runtime::exec::KubePort;
+use runtime::demo::Demo;
 use runtime::kubeapi;
 use runtime::plan::Planner;
-use runtime::talos::config::TalosConfig;
 use runtime::talos::observe::observe_node;
-use runtime::talos::sim::{Fleet, NodeSpec};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,107 +32,22 @@ fn example_files() -> Vec<(String, String)> {
         .collect()
 }
 
-fn group_plural(kind: &str) -> (&'static str, String) {
-    match kind {
-        "Secret" => ("", "secrets".into()),
-        k => ("ichor.maesh.dev", format!("{}s", k.to_lowercase())),
-    }
-}
-
 struct World {
-    fleet: Fleet,
     api: kubeapi::Api,
+    demo: Arc<Demo>,
     controller: Controller,
 }
 
+/// The example cluster: its nodes run its render, its resources are in the in-memory API;
+/// the hand-over is done (ADR 0024), so the upgrade's sync cannot roll Cilium back.
 async fn cluster() -> World {
-    let classifier = render::classify::Classifier::new(&render::classify::RuleSet::embedded()).unwrap();
-    let contracts: Vec<String> = classifier.known().iter().map(|c| c.to_string()).collect();
-    let files = example_files();
-    let manifests = render::manifests::Manifests::load(&files, &contracts).unwrap();
-    // Each node runs the render of its machine.
-    let mut specs = vec![];
-    for (name, address) in MACHINES {
-        let r = render::machine::render_checked(&manifests, name, None, &classifier).unwrap();
-        let role = if name.starts_with("cp") { render::api::Role::Controlplane } else { render::api::Role::Worker };
-        specs.push(NodeSpec { name: address.into(), role, talos: "v1.14.3".into(), config: Some(r.config.to_yaml()) });
-    }
-    let fleet = Fleet::start(specs, "127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let tc = TalosConfig::parse(&fleet.talosconfig(&["os:admin"]).unwrap(), "tc").unwrap();
-    let (n, ctx) = tc.context(None, "tc").unwrap();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-    let talos =
-        runtime::talos::client::Client::new(ctx, &ctx.credentials(n, "tc", now).unwrap(), Duration::from_secs(10))
-            .unwrap();
-    let api = kubeapi::Api::new();
-    for (_, text) in &files {
-        use serde::Deserialize;
-        for d in serde_yaml::Deserializer::from_str(text) {
-            let v: serde_json::Value = serde_json::Value::deserialize(d).unwrap();
-            if v.is_null() {
-                continue;
-            }
-            let (g, plural) = group_plural(v["kind"].as_str().unwrap());
-            api.put(g, &plural, v);
-        }
-    }
-    // The hand-over is done (ADR 0024), so the upgrade's sync cannot roll Cilium back.
-    let mut c = api.get("ichor.maesh.dev", "talosclusters", NS, "lab").unwrap();
-    c["status"] = json!({"conditions": [{"type": "CNIHandover", "status": "True", "reason": "Synced", "message": ""}]});
-    api.put("ichor.maesh.dev", "talosclusters", c);
-    for (name, _) in MACHINES {
-        api.put("", "nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}}));
-    }
-    api.put("", "configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cilium-config", "namespace": "kube-system"}, "data": {"kube-proxy-replacement": "false"}}));
-    let controller = Controller {
-        kube: api.client(),
-        talos: talos.clone(),
-        planner: Planner::embedded().unwrap(),
-        classifier,
-        release_set_kubernetes: "v1.37.0".into(),
-        controller_node: Some("w1".into()),
-        service_answers: Arc::new(|| true),
-        drain_timeout: Duration::from_secs(2),
-    };
-    // Talos's bootstrap put kube-proxy in.
-    let mut k = runtime::kube::KubeCluster {
-        client: api.client(),
-        talos,
-        drain_timeout: Duration::from_secs(2),
-        nodes: Default::default(),
-    };
-    k.sync_manifests("10.0.0.11", "talos").await.unwrap();
-    let w = World { fleet, api, controller };
-    kubelets(&w).await;
-    w
+    let demo = Arc::new(Demo::start(&example_files(), true).await.unwrap());
+    let controller = demo.controller("v1.37.0", Some("w1".into())).unwrap();
+    World { api: demo.api.clone(), demo, controller }
 }
 
-/// What the kubelets report, from what the fleet runs: Node Ready and kubelet version, the
-/// control-plane mirror pods with their images, DaemonSets rolled out.
 async fn kubelets(w: &World) {
-    for (name, address) in MACHINES {
-        let o = observe_node(&w.controller.talos, address).await.unwrap();
-        let version = o.kubelet_image.rsplit(':').next().unwrap().to_string();
-        let mut node = w.api.get("", "nodes", "", name).unwrap();
-        node["status"] = json!({"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"kubeletVersion": version, "architecture": "amd64", "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "Talos", "systemUUID": ""}});
-        w.api.put("", "nodes", node);
-        for (component, image) in &o.components {
-            let pod = json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("{component}-{name}"), "namespace": "kube-system", "labels": {"k8s-app": component}, "annotations": {"kubernetes.io/config.mirror": "x"}},
-                "spec": {"nodeName": name, "containers": [{"name": component, "image": image}]},
-                "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
-            if w.api.get("", "pods", "kube-system", &format!("{component}-{name}")).as_ref() != Some(&pod) {
-                w.api.put("", "pods", pod);
-            }
-        }
-    }
-    for (key, mut d) in w.api.objects() {
-        if key.1 == "daemonsets" {
-            let generation = d.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
-            d["status"] = json!({"desiredNumberScheduled": 4, "updatedNumberScheduled": 4, "numberReady": 4, "currentNumberScheduled": 4, "numberMisscheduled": 0, "observedGeneration": generation});
-            w.api.put(&key.0, "daemonsets", d);
-        }
-    }
+    w.demo.kubelets().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,7 +100,7 @@ async fn the_controller_upgrades_the_example_cluster_from_its_custom_resources()
         for image in o.components.values() {
             assert!(image.ends_with(":v1.37.0"), "{name}: {image}");
         }
-        assert_eq!(w.fleet.reboots(address), 0);
+        assert_eq!(w.demo.fleet.reboots(address), 0);
     }
     let kp = w.api.get("apps", "daemonsets", "kube-system", "kube-proxy").unwrap();
     assert_eq!(kp["spec"]["template"]["spec"]["containers"][0]["image"], "registry.k8s.io/kube-proxy:v1.37.0");
@@ -220,4 +133,91 @@ async fn a_status_write_that_meets_a_conflict_is_re_read_and_re_planned() {
     let r = w.controller.reconcile(NS, "upgrade", "2026-11-30T10:00:00Z").await.unwrap();
     assert_eq!(r.status.operation.phase, "Running");
     let _ = BTreeMap::<String, String>::new();
+}
+
+/// Two replicas of the loop share a Lease: the upgrade completes, and every Event comes from
+/// one replica, the one holding the Lease; the other never acts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_only_the_lease_holder_acts() {
+    use runtime::serve::{Metrics, RunConfig, run};
+    let w = Arc::new(cluster().await);
+    let client = w.api.client();
+    let clusters: Api<render::api::TalosCluster> = Api::namespaced(client.clone(), NS);
+    clusters
+        .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
+        .await
+        .unwrap();
+    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
+    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
+    spec.cluster_ref.name = "lab".into();
+    spec.kind = render::api::OperationKind::Kubernetes;
+    spec.target.kubernetes_version = Some("v1.37.0".into());
+    ops.create(&PostParams::default(), &TalosOperation::new("upgrade", spec)).await.unwrap();
+    let mut stops = vec![];
+    let mut tasks = vec![];
+    let metrics = Arc::new(Metrics::new());
+    for id in ["replica-a", "replica-b"] {
+        let c = Controller {
+            kube: w.api.client(),
+            talos: w.controller.talos.clone(),
+            planner: Planner::embedded().unwrap(),
+            classifier: render::classify::Classifier::new(&render::classify::RuleSet::embedded()).unwrap(),
+            release_set_kubernetes: "v1.37.0".into(),
+            controller_node: Some("w1".into()),
+            service_answers: Arc::new(|| true),
+            drain_timeout: Duration::from_secs(2),
+        };
+        let cfg = RunConfig {
+            namespace: NS.into(),
+            lease_name: "ichor-controller".into(),
+            identity: id.into(),
+            listen: None,
+            requeue: Duration::from_millis(200),
+            dump_snapshots: None,
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        stops.push(tx);
+        let m = metrics.clone();
+        tasks.push(tokio::spawn(run(Arc::new(c), cfg, m, async move {
+            let _ = rx.await;
+        })));
+    }
+    // The nodes' kubelets report what the fleet runs.
+    let twin = w.clone();
+    let kubelet_task = tokio::spawn(async move {
+        loop {
+            kubelets(&twin).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let started = std::time::Instant::now();
+    loop {
+        let phase = ops.get("upgrade").await.unwrap().status.and_then(|s| s.phase);
+        if phase.as_deref() == Some("Completed") {
+            break;
+        }
+        assert_ne!(phase.as_deref(), Some("Paused"), "{:?}", ops.get("upgrade").await.unwrap().status);
+        assert!(started.elapsed() < Duration::from_secs(120), "not completed: {phase:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    kubelet_task.abort();
+    for s in stops {
+        let _ = s.send(());
+    }
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+    }
+    let reporters: std::collections::BTreeSet<String> = w
+        .api
+        .objects()
+        .iter()
+        .filter(|(k, _)| k.1 == "events")
+        .filter_map(|(_, e)| e.get("reportingInstance").and_then(|v| v.as_str()).map(str::to_string))
+        .collect();
+    assert_eq!(reporters.len(), 1, "events from {reporters:?}");
+    let text = metrics.encode();
+    assert!(
+        text.contains("ichor_reconciles_total") && text.contains("ichor_actions_total{kind=\"applyNoReboot\"}"),
+        "{text}"
+    );
 }

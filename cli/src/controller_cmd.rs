@@ -1,0 +1,205 @@
+//! `ichor controller` (the controller against a real cluster) and `ichor sim controller` (the
+//! same loop against a simulated installation: a simulated Talos fleet running the render of a
+//! folder of manifests and an in-memory Kubernetes API, driving a Kubernetes upgrade).
+//!
+//! Start at `run_real` and `run_demo`; both hand the work to `runtime::serve::run`.
+
+use crate::{Report, disk};
+use anyhow::{Context, Result, bail};
+use render::api::{TalosOperation, TalosOperationSpec};
+use runtime::serve::{Metrics, RunConfig, run};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ICHOR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+fn rt() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the I/O runtime")
+}
+
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// What `ichor controller` is given.
+#[derive(clap::Args, Debug)]
+pub struct ControllerArgs {
+    /// The talosconfig the controller reaches the nodes with (os:admin).
+    #[arg(long)]
+    pub talosconfig: PathBuf,
+    #[arg(long)]
+    pub context: Option<String>,
+    /// The namespace of Ichor's custom resources and of the Lease.
+    #[arg(long, default_value = "ichor-system")]
+    pub namespace: String,
+    /// The Kubernetes version of this Ichor's release set (ADR 0113).
+    #[arg(long, default_value = render::embedded::RELEASE_SET_KUBERNETES)]
+    pub release_set_kubernetes: String,
+    /// Where /healthz, /readyz and /metrics are served.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub listen: String,
+    #[arg(long, default_value = "ichor-controller")]
+    pub lease_name: String,
+    /// This replica's identity in the Lease (default: $POD_NAME, else the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// The node this replica runs on (it goes last in an upgrade).
+    #[arg(long, env = "NODE_NAME")]
+    pub node: Option<String>,
+    /// Write each reconcile's snapshot here, for `ichor plan --state`.
+    #[arg(long)]
+    pub dump_snapshots: Option<PathBuf>,
+}
+
+pub fn run_real(a: &ControllerArgs) -> Result<Report> {
+    logging();
+    let listen = a.listen.parse().with_context(|| format!("--listen {:?}: not host:port", a.listen))?;
+    let rt = rt()?;
+    rt.block_on(async {
+        let file = a.talosconfig.display().to_string();
+        let text = disk::read_text(&a.talosconfig, disk::caps::TEXT, "a talosconfig")?;
+        let cfg = runtime::talos::config::TalosConfig::parse(&text, &file)?;
+        let (name, ctx) = cfg.context(a.context.as_deref(), &file)?;
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let creds = ctx.credentials(name, &file, now)?;
+        let talos = runtime::talos::client::Client::new(ctx, &creds, Duration::from_secs(15))?;
+        let kube = kube_client::Client::try_default()
+            .await
+            .context("connecting to Kubernetes (KUBECONFIG, or the in-cluster service account)")?;
+        let controller = runtime::controller::Controller {
+            kube,
+            talos,
+            planner: runtime::plan::Planner::embedded()?,
+            classifier: disk::classifier(None)?,
+            release_set_kubernetes: a.release_set_kubernetes.clone(),
+            controller_node: a.node.clone(),
+            service_answers: Arc::new(kubernetes_service_answers),
+            drain_timeout: Duration::from_secs(300),
+        };
+        let identity =
+            a.identity.clone().unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "ichor".into()));
+        let config = RunConfig {
+            namespace: a.namespace.clone(),
+            lease_name: a.lease_name.clone(),
+            identity,
+            listen: Some(listen),
+            requeue: Duration::from_secs(10),
+            dump_snapshots: a.dump_snapshots.clone(),
+        };
+        run(Arc::new(controller), config, Arc::new(Metrics::new()), signal()).await.context("the Lease")?;
+        Ok::<(), anyhow::Error>(())
+    })?;
+    Ok(Report::default())
+}
+
+/// The controller's probe of the kubernetes Service (ADR 0066's amendment): a TCP connect to
+/// KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT within 2 s.
+fn kubernetes_service_answers() -> bool {
+    let (Ok(host), Ok(port)) = (std::env::var("KUBERNETES_SERVICE_HOST"), std::env::var("KUBERNETES_SERVICE_PORT"))
+    else {
+        return false;
+    };
+    let Ok(addr) = format!("{host}:{port}").parse::<std::net::SocketAddr>() else { return false };
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok()
+}
+
+/// `ichor sim controller`: the example installation upgraded by the controller's loop.
+pub fn run_demo(manifests: &Path, to: &str, dump: Option<PathBuf>) -> Result<Report> {
+    let files = disk::manifest_files(manifests)?;
+    let rt = rt()?;
+    let out = rt.block_on(async {
+        let demo = Arc::new(runtime::demo::Demo::start(&files, true).await?);
+        let client = demo.api.client();
+        let clusters: kube_client::Api<render::api::TalosCluster> = kube_client::Api::all(client.clone());
+        let list = clusters.list(&Default::default()).await?;
+        let Some(cluster) = list.items.first() else { bail!("{}: no TalosCluster", manifests.display()) };
+        let (ns, name) = (cluster.metadata.namespace.clone().unwrap_or_default(), cluster.metadata.name.clone().unwrap_or_default());
+        let from = cluster.spec.kubernetes_version.clone();
+        let clusters: kube_client::Api<render::api::TalosCluster> = kube_client::Api::namespaced(client.clone(), &ns);
+        clusters
+            .patch(&name, &kube_client::api::PatchParams::default(), &kube_client::api::Patch::Merge(serde_json::json!({"spec": {"kubernetesVersion": to}})))
+            .await?;
+        let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
+        spec.cluster_ref.name = name.clone();
+        spec.kind = render::api::OperationKind::Kubernetes;
+        spec.target.kubernetes_version = Some(to.to_string());
+        let op_name = format!("upgrade-{}", to.trim_start_matches('v').replace('.', "-"));
+        let ops: kube_client::Api<TalosOperation> = kube_client::Api::namespaced(client.clone(), &ns);
+        ops.create(&Default::default(), &TalosOperation::new(&op_name, spec)).await?;
+        let mut s = format!(
+            "A simulated installation (a demo fixture: neither Talos nor Kubernetes): {} machines running the render of {}, Kubernetes {from}.\nTalosOperation {ns}/{op_name}: upgrade to {to}.\n",
+            demo.machines.len(),
+            manifests.display()
+        );
+        let controller = demo.controller(to, None)?;
+        let config = RunConfig {
+            namespace: ns.clone(),
+            lease_name: "ichor-controller".into(),
+            identity: "ichor-sim".into(),
+            listen: None,
+            requeue: Duration::from_millis(300),
+            dump_snapshots: dump,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(Arc::new(controller), config, Arc::new(Metrics::new()), async move {
+            let _ = stopped.await;
+        }));
+        let kubelets = tokio::spawn(demo.clone().kubelets_forever(Duration::from_millis(100)));
+        let started = std::time::Instant::now();
+        let mut last = String::new();
+        let phase = loop {
+            let st = ops.get(&op_name).await?.status.unwrap_or_default();
+            let phase = st.phase.clone().unwrap_or_else(|| "Pending".into());
+            let machines: Vec<String> = st
+                .machines
+                .iter()
+                .map(|(m, p)| format!("{m} {} {}", p.stage.as_deref().unwrap_or(""), p.phase))
+                .collect();
+            let steps = if st.done.is_empty() { String::new() } else { format!(" [{}]", st.done.join(", ")) };
+            let line = format!("  {phase}{steps}: {}\n", if machines.is_empty() { "no machine started".into() } else { machines.join(", ") });
+            if line != last {
+                eprint!("{line}");
+                s += &line;
+                last = line;
+            }
+            if phase == "Completed" || phase == "Paused" {
+                if let Some(r) = st.paused_reason {
+                    s += &format!("  paused: {r}\n");
+                }
+                break phase;
+            }
+            if started.elapsed() > Duration::from_secs(300) {
+                bail!("the simulated upgrade did not finish within 5 minutes");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        kubelets.abort();
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        let mut images = vec![];
+        for (machine, address, _) in &demo.machines {
+            let o = runtime::talos::observe::observe_node(&demo.talos, address).await?;
+            images.push(format!("  {machine}: kubelet {}, reboots {}\n", o.kubelet_image, demo.fleet.reboots(address)));
+        }
+        s += &images.concat();
+        Ok::<_, anyhow::Error>((s, phase))
+    })?;
+    Ok(Report { stdout: out.0, findings: out.1 != "Completed", ..Report::default() })
+}

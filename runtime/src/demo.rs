@@ -1,0 +1,192 @@
+//! A whole simulated installation, for tests and `ichor sim controller` (feature `io`): a
+//! simulated Talos fleet whose nodes run the render of a folder of custom resources, the
+//! in-memory Kubernetes API holding those resources, and a stand-in for what the nodes'
+//! kubelets report. A fixture: nothing here is Talos or Kubernetes.
+//!
+//! Start at `Demo::start` (from manifest files), then `Demo::kubelets` (call it between
+//! reconciles, or `Demo::kubelets_forever`) and `Demo::controller`.
+
+use crate::controller::Controller;
+use crate::exec::KubePort;
+use crate::kube::KubeCluster;
+use crate::kubeapi;
+use crate::talos::client::Client as Talos;
+use crate::talos::config::TalosConfig;
+use crate::talos::observe::observe_node;
+use crate::talos::sim::{Fleet, NodeSpec, SimError};
+use render::api::Role;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("the manifests: {0}")]
+    Manifests(String),
+    #[error("rendering {machine}: {problem}")]
+    Render { machine: String, problem: String },
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    #[error("the simulated fleet's talosconfig: {0}")]
+    Talos(String),
+    #[error("seeding the cluster: {0}")]
+    Seed(String),
+}
+
+pub struct Demo {
+    pub fleet: Fleet,
+    pub api: kubeapi::Api,
+    pub talos: Talos,
+    /// The machines: name, Talos address, role.
+    pub machines: Vec<(String, String, Role)>,
+}
+
+impl std::fmt::Debug for Demo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Demo").field("machines", &self.machines).finish_non_exhaustive()
+    }
+}
+
+fn group_plural(kind: &str) -> (&'static str, String) {
+    match kind {
+        "Secret" => ("", "secrets".into()),
+        "ConfigMap" => ("", "configmaps".into()),
+        k => (render::api::GROUP, format!("{}s", k.to_lowercase())),
+    }
+}
+
+impl Demo {
+    /// A fleet whose nodes run the render of `files` (TalosCluster, TalosMachines, patches,
+    /// the secrets Secret), those resources in the in-memory API, the Nodes, cilium-config,
+    /// and kube-proxy as Talos's bootstrap applies it. `handover_done` sets CNIHandover True.
+    pub async fn start(files: &[(String, String)], handover_done: bool) -> Result<Demo, DemoError> {
+        let classifier = render::classify::Classifier::new(&render::classify::RuleSet::embedded())
+            .map_err(|e| DemoError::Manifests(e.to_string()))?;
+        let contracts: Vec<String> = classifier.known().iter().map(|c| c.to_string()).collect();
+        let manifests = render::manifests::Manifests::load(files, &contracts)
+            .map_err(|e| DemoError::Manifests(e.iter().map(|x| x.message.clone()).collect::<Vec<_>>().join("; ")))?;
+        let mut specs = vec![];
+        let mut machines = vec![];
+        for m in manifests.machines.iter() {
+            let name = m.metadata.name.clone().unwrap_or_default();
+            let r = render::machine::render_checked(&manifests, &name, None, &classifier)
+                .map_err(|e| DemoError::Render { machine: name.clone(), problem: e.to_string() })?;
+            let talos = manifests.cluster_of(m).spec.talos_version.clone();
+            specs.push(NodeSpec {
+                name: m.spec.address.clone(),
+                role: m.spec.role,
+                talos,
+                config: Some(r.config.to_yaml()),
+            });
+            machines.push((name, m.spec.address.clone(), m.spec.role));
+        }
+        let fleet = Fleet::start(specs, "127.0.0.1:0".parse().expect("an address")).await?;
+        let text = fleet.talosconfig(&["os:admin"]).map_err(|e| DemoError::Talos(e.to_string()))?;
+        let tc = TalosConfig::parse(&text, "talosconfig").map_err(|e| DemoError::Talos(e.to_string()))?;
+        let (n, ctx) = tc.context(None, "talosconfig").map_err(|e| DemoError::Talos(e.to_string()))?;
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let creds = ctx.credentials(n, "talosconfig", now).map_err(|e| DemoError::Talos(e.to_string()))?;
+        let talos = Talos::new(ctx, &creds, Duration::from_secs(10)).map_err(|e| DemoError::Talos(e.to_string()))?;
+        let api = kubeapi::Api::new();
+        for (file, text) in files {
+            use serde::Deserialize;
+            for d in serde_yaml::Deserializer::from_str(text) {
+                let v = serde_json::Value::deserialize(d).map_err(|e| DemoError::Seed(format!("{file}: {e}")))?;
+                let Some(kind) = v.get("kind").and_then(|k| k.as_str()) else { continue };
+                let (g, plural) = group_plural(kind);
+                api.put(g, &plural, v);
+            }
+        }
+        if handover_done {
+            for (key, mut c) in api.objects() {
+                if key.1 == "talosclusters" {
+                    c["status"] = json!({"conditions": [{"type": "CNIHandover", "status": "True", "reason": "Synced", "message": ""}]});
+                    api.put(&key.0, "talosclusters", c);
+                }
+            }
+        }
+        for (name, _, _) in &machines {
+            api.put("", "nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}}));
+        }
+        api.put("", "configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cilium-config", "namespace": "kube-system"}, "data": {"kube-proxy-replacement": "false"}}));
+        let demo = Demo { fleet, api, talos, machines };
+        // Talos's bootstrap applied kube-proxy from the first control plane's rendering.
+        if let Some((_, address, _)) = demo.machines.iter().find(|m| m.2 == Role::Controlplane) {
+            let mut k = KubeCluster {
+                client: demo.api.client(),
+                talos: demo.talos.clone(),
+                drain_timeout: Duration::from_secs(2),
+                nodes: Default::default(),
+            };
+            k.sync_manifests(address, "talos").await.map_err(|e| DemoError::Seed(e.to_string()))?;
+        }
+        demo.kubelets().await;
+        Ok(demo)
+    }
+
+    /// A controller for this installation.
+    pub fn controller(
+        &self,
+        release_set_kubernetes: &str,
+        controller_node: Option<String>,
+    ) -> Result<Controller, DemoError> {
+        Ok(Controller {
+            kube: self.api.client(),
+            talos: self.talos.clone(),
+            planner: crate::plan::Planner::embedded().map_err(|e| DemoError::Manifests(e.to_string()))?,
+            classifier: render::classify::Classifier::new(&render::classify::RuleSet::embedded())
+                .map_err(|e| DemoError::Manifests(e.to_string()))?,
+            release_set_kubernetes: release_set_kubernetes.to_string(),
+            controller_node,
+            service_answers: Arc::new(|| true),
+            drain_timeout: Duration::from_secs(2),
+        })
+    }
+
+    /// What the kubelets report, from what the fleet runs: Node Ready and kubelet version, the
+    /// control-plane mirror pods with their images, every DaemonSet rolled out.
+    pub async fn kubelets(&self) {
+        for (name, address, _) in &self.machines {
+            let Ok(o) = observe_node(&self.talos, address).await else { continue };
+            let version = o.kubelet_image.rsplit(':').next().unwrap_or_default().to_string();
+            if let Some(mut node) = self.api.get("", "nodes", "", name) {
+                let status = json!({"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"kubeletVersion": version, "architecture": "amd64", "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "Talos", "systemUUID": ""}});
+                if node.get("status") != Some(&status) {
+                    node["status"] = status;
+                    self.api.put("", "nodes", node);
+                }
+            }
+            for (component, image) in &o.components {
+                let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": format!("{component}-{name}"), "namespace": "kube-system", "labels": {"k8s-app": component}, "annotations": {"kubernetes.io/config.mirror": "x"}},
+                    "spec": {"nodeName": name, "containers": [{"name": component, "image": image}]},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+                let current = self.api.get("", "pods", "kube-system", &format!("{component}-{name}"));
+                let same = current.as_ref().is_some_and(|c| c.get("spec") == pod.get("spec"));
+                if !same {
+                    self.api.put("", "pods", pod);
+                }
+            }
+        }
+        let n = self.machines.len();
+        for (key, mut d) in self.api.objects() {
+            if key.1 == "daemonsets" {
+                let generation = d.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+                let want = json!({"desiredNumberScheduled": n, "updatedNumberScheduled": n, "numberReady": n, "currentNumberScheduled": n, "numberMisscheduled": 0, "observedGeneration": generation});
+                if d.get("status") != Some(&want) {
+                    d["status"] = want;
+                    self.api.put(&key.0, "daemonsets", d);
+                }
+            }
+        }
+    }
+
+    /// `kubelets` every `every`, until the task is dropped.
+    pub async fn kubelets_forever(self: Arc<Self>, every: Duration) {
+        loop {
+            self.kubelets().await;
+            tokio::time::sleep(every).await;
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! `ichor controller`'s loop (feature `io`): a kube-runtime `Controller` over TalosOperations
+//! that reconciles only while this replica holds the Lease (kube-lease-manager), so two
+//! replicas never both act; `/healthz`, `/readyz` and Prometheus `/metrics` (axum); a
+//! Kubernetes Event on the operation for every action and pause; snapshots dumped for replay.
+//!
+//! Start at `run`. Each reconcile is `controller::Controller::reconcile`; this file decides
+//! nothing about operations, only when to reconcile and what to report.
+
+use crate::controller::{Controller, ControllerError};
+use crate::plan::Action as PlanAction;
+use futures::StreamExt;
+use kube_client::api::Api;
+use kube_runtime::controller::Action;
+use kube_runtime::events::{Event, EventType, Recorder, Reporter};
+use kube_runtime::watcher;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use render::api::TalosOperation;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// How the loop runs.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The namespace of the custom resources (and the Lease).
+    pub namespace: String,
+    pub lease_name: String,
+    /// This replica's identity in the Lease (its pod name).
+    pub identity: String,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served (`None`: not served).
+    pub listen: Option<SocketAddr>,
+    /// Requeue of an operation still running (its waits are re-derived each time).
+    pub requeue: Duration,
+    /// Write each reconcile's snapshot here (`<operation>-<n>.yaml`), for `ichor plan --state`.
+    pub dump_snapshots: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabel {
+    phase: String,
+}
+
+/// The controller's metrics.
+pub struct Metrics {
+    pub registry: Registry,
+    reconciles: Counter,
+    errors: Counter,
+    plan_seconds: Histogram,
+    actions: Family<KindLabel, Counter>,
+    operations: Family<PhaseLabel, Gauge>,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("ichor");
+        let reconciles = Counter::default();
+        let errors = Counter::default();
+        let plan_seconds = Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]);
+        let actions = Family::<KindLabel, Counter>::default();
+        let operations = Family::<PhaseLabel, Gauge>::default();
+        registry.register("reconciles", "Reconciles of TalosOperations", reconciles.clone());
+        registry.register("reconcile_errors", "Reconciles that ended in an error", errors.clone());
+        registry.register(
+            "reconcile_seconds",
+            "Time of one reconcile (read, plan, execute, write)",
+            plan_seconds.clone(),
+        );
+        registry.register("actions", "Actions executed, by kind", actions.clone());
+        registry.register("operations", "Operations by phase at their last reconcile", operations.clone());
+        Metrics { registry, reconciles, errors, plan_seconds, actions, operations }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut s, &self.registry);
+        s
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+struct Ctx {
+    controller: Arc<Controller>,
+    config: RunConfig,
+    leader: tokio::sync::watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    count: std::sync::atomic::AtomicU64,
+}
+
+/// Why a reconcile of the loop failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{operation}: {source}")]
+pub struct ReconcileError {
+    operation: String,
+    #[source]
+    source: ControllerError,
+}
+
+fn now() -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    crate::plan::rfc3339(t)
+}
+
+async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    if !*ctx.leader.borrow() {
+        // A standby replica never acts; it looks again when it may hold the Lease.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    let name = op.metadata.name.clone().unwrap_or_default();
+    let started = std::time::Instant::now();
+    ctx.metrics.reconciles.inc();
+    let r = ctx.controller.reconcile(&ctx.config.namespace, &name, &now()).await;
+    ctx.metrics.plan_seconds.observe(started.elapsed().as_secs_f64());
+    let r = match r {
+        Ok(r) => r,
+        Err(source) => {
+            ctx.metrics.errors.inc();
+            let note = format!("{source}");
+            publish(&ctx, &op, EventType::Warning, "ReconcileFailed", "Reconcile", note).await;
+            return Err(ReconcileError { operation: name, source });
+        }
+    };
+    if let Some(dir) = &ctx.config.dump_snapshots {
+        let n = ctx.count.fetch_add(1, Ordering::Relaxed);
+        if let Ok(text) = serde_yaml::to_string(&r.snapshot) {
+            let _ = std::fs::create_dir_all(dir);
+            let _ = std::fs::write(dir.join(format!("{name}-{n:06}.yaml")), text);
+        }
+    }
+    for (a, _) in &r.plan.actions {
+        ctx.metrics.actions.get_or_create(&KindLabel { kind: a.kind().to_string() }).inc();
+        let (ty, reason) = match a {
+            PlanAction::Pause { .. } | PlanAction::Fail { .. } => (EventType::Warning, "Paused"),
+            PlanAction::Wait { .. } | PlanAction::ClearClock { .. } => continue,
+            _ => (EventType::Normal, "Action"),
+        };
+        publish(&ctx, &op, ty, reason, a.kind(), a.to_string()).await;
+    }
+    for (machine, why) in &r.outcome.failed {
+        publish(&ctx, &op, EventType::Warning, "StepFailed", "Apply", format!("{machine}: {why}")).await;
+    }
+    ctx.metrics.operations.get_or_create(&PhaseLabel { phase: r.status.operation.phase.clone() }).set(1);
+    Ok(match r.status.operation.phase.as_str() {
+        "Completed" => Action::await_change(),
+        "Paused" => Action::requeue(Duration::from_secs(60)),
+        _ => Action::requeue(ctx.config.requeue),
+    })
+}
+
+async fn publish(ctx: &Ctx, op: &TalosOperation, type_: EventType, reason: &str, action: &str, note: String) {
+    use kube_client::Resource;
+    let reference = op.object_ref(&());
+    let ev = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
+        tracing::warn!(error = %e, "publishing an event");
+    }
+}
+
+fn error_policy(_: Arc<TalosOperation>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
+    tracing::warn!(error = %e, "reconcile failed; retrying in 15 s");
+    Action::requeue(Duration::from_secs(15))
+}
+
+/// Runs until `shutdown` resolves; releases the Lease on the way out.
+pub async fn run(
+    controller: Arc<Controller>,
+    config: RunConfig,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), kube_lease_manager::LeaseManagerError> {
+    let client = controller.kube.clone();
+    let lease = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &config.lease_name)
+        .with_namespace(&config.namespace)
+        .with_identity(&config.identity)
+        .with_duration(15)
+        .with_grace(5)
+        .build()
+        .await?;
+    let (leader, lease_task) = lease.watch().await;
+    let ready = Arc::new(AtomicBool::new(true));
+    if let Some(addr) = config.listen {
+        let m = metrics.clone();
+        let ready = ready.clone();
+        let app = axum::Router::new()
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/readyz",
+                axum::routing::get(move || {
+                    let ready = ready.clone();
+                    async move {
+                        if ready.load(Ordering::Relaxed) {
+                            (axum::http::StatusCode::OK, "ready")
+                        } else {
+                            (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                        }
+                    }
+                }),
+            )
+            .route("/metrics", axum::routing::get(move || async move { m.encode() }));
+        if let Ok(listener) = tokio::net::TcpListener::bind(addr).await {
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            });
+        }
+    }
+    let reporter = Reporter { controller: "ichor-controller".into(), instance: Some(config.identity.clone()) };
+    let ctx = Arc::new(Ctx {
+        controller: controller.clone(),
+        config: config.clone(),
+        leader: leader.clone(),
+        metrics,
+        recorder: Recorder::new(client.clone(), reporter),
+        count: Default::default(),
+    });
+    let ops: Api<TalosOperation> = Api::namespaced(client, &config.namespace);
+    kube_runtime::Controller::new(ops, watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "reconcile");
+            }
+        })
+        .await;
+    ready.store(false, Ordering::Relaxed);
+    // Dropping the receivers makes the lease task release the Lease.
+    drop(leader);
+    let _ = lease_task.await;
+    Ok(())
+}
