@@ -100,6 +100,17 @@ enum Command {
     /// Simulated systems for tests and demos.
     #[command(subcommand)]
     Sim(SimCommand),
+    /// Print the manifests that install Ichor's controller: its ServiceAccount, its ClusterRole
+    /// (least privilege, each rule with why), the Cilium Job's own ServiceAccount, a Deployment.
+    #[command(
+        after_help = "Example:\n  ichor crds | kubectl apply --server-side -f -\n  ichor install | kubectl apply -f -"
+    )]
+    Install {
+        #[arg(long, default_value = "ichor-system")]
+        namespace: String,
+        #[arg(long, default_value = runtime::kube::JOB_IMAGE)]
+        image: String,
+    },
     /// Run the controller: reconcile TalosOperations against the cluster in KUBECONFIG (or
     /// in-cluster) and the nodes in the talosconfig, while holding the Lease.
     #[command(after_help = "Example:\n  ichor controller --talosconfig talosconfig --namespace ichor-system")]
@@ -222,6 +233,9 @@ fn main() -> ExitCode {
             controller_cmd::run_demo(&manifests, &to, dump_snapshots)
         }
         Command::Controller(args) => controller_cmd::run_real(&args),
+        Command::Install { namespace, image } => {
+            Ok(Report { stdout: runtime::rbac::install_yaml(&namespace, &image), ..Report::default() })
+        }
     };
     match result {
         Ok(report) => match write_all(std::io::stdout().lock(), &report.stdout) {

@@ -18,6 +18,7 @@ pub mod kube;
 #[cfg(feature = "io")]
 pub mod kubeapi;
 pub mod plan;
+pub mod rbac;
 #[cfg(feature = "io")]
 pub mod serve;
 pub mod state;

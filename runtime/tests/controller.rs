@@ -50,6 +50,16 @@ async fn kubelets(w: &World) {
     w.demo.kubelets().await;
 }
 
+/// Every request in `log` is one the controller's ClusterRole allows (runtime::rbac).
+fn assert_rbac_allows(log: &[String]) {
+    let denied: Vec<&String> = log
+        .iter()
+        .filter(|l| runtime::rbac::request(l).is_some_and(|(v, g, r)| !runtime::rbac::allowed(&v, &g, &r)))
+        .collect();
+    assert!(denied.is_empty(), "requests the ClusterRole does not allow: {denied:#?}");
+    assert!(log.iter().all(|l| runtime::rbac::request(l).is_some()), "a request the check cannot read: {log:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_upgrades_the_example_cluster_from_its_custom_resources() {
     let w = cluster().await;
@@ -69,6 +79,7 @@ async fn the_controller_upgrades_the_example_cluster_from_its_custom_resources()
 
     let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
     let mut phases = vec![];
+    let from = w.api.log().len();
     for i in 0..200 {
         let now = runtime::plan::rfc3339(t0 + 60 * i);
         let r = w.controller.reconcile(NS, "upgrade-1-37", &now).await.unwrap();
@@ -89,6 +100,7 @@ async fn the_controller_upgrades_the_example_cluster_from_its_custom_resources()
         kubelets(&w).await;
     }
     assert_eq!(phases.last().map(String::as_str), Some("Completed"), "{phases:?}");
+    assert_rbac_allows(&w.api.log()[from..]);
     let op = ops.get("upgrade-1-37").await.unwrap();
     let st = op.status.unwrap();
     assert_eq!(st.phase.as_deref(), Some("Completed"));
@@ -155,6 +167,7 @@ async fn two_replicas_only_the_lease_holder_acts() {
     ops.create(&PostParams::default(), &TalosOperation::new("upgrade", spec)).await.unwrap();
     let mut stops = vec![];
     let mut tasks = vec![];
+    let from = w.api.log().len();
     let metrics = Arc::new(Metrics::new());
     for id in ["replica-a", "replica-b"] {
         let c = Controller {
@@ -201,6 +214,10 @@ async fn two_replicas_only_the_lease_holder_acts() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     kubelet_task.abort();
+    // The lease, events, watches and everything reconciles did: within the ClusterRole.
+    let polls = format!("GET /apis/ichor.maesh.dev/v1alpha1/namespaces/{NS}/talosoperations/upgrade");
+    let theirs: Vec<String> = w.api.log()[from..].iter().filter(|l| **l != polls).cloned().collect();
+    assert_rbac_allows(&theirs);
     for s in stops {
         let _ = s.send(());
     }

@@ -575,3 +575,47 @@ fn the_readme_snapshot_example_is_a_valid_snapshot_with_every_field() {
     }
     assert!(missing.is_empty(), "fields the README's example does not show: {missing:?}");
 }
+
+/// `ichor install`'s manifests are YAML Kubernetes reads, with the controller's role as the
+/// rules say, and its Deployment runs the controller with the probes `serve` answers.
+#[test]
+fn the_install_manifests_parse_and_carry_the_role() {
+    use serde::Deserialize;
+    let text = runtime::rbac::install_yaml("ichor-system", "example/ichor:v0");
+    let docs: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde_json::Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect();
+    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "Namespace",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ServiceAccount",
+            "ClusterRoleBinding",
+            "Deployment"
+        ]
+    );
+    let rules = docs[2]["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), runtime::rbac::CONTROLLER_RULES.len());
+    assert!(runtime::rbac::allowed("create", "", "pods/eviction"));
+    assert!(!runtime::rbac::allowed("delete", "", "pods"), "a drain evicts, never deletes");
+    assert!(
+        !runtime::rbac::allowed("create", "apps", "daemonsets")
+            || runtime::rbac::allowed("patch", "apps", "daemonsets")
+    );
+    let c = &docs[6]["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(
+        runtime::rbac::request("PATCH /apis/ichor.maesh.dev/v1alpha1/namespaces/x/talosoperations/op/status?"),
+        Some(("patch".into(), "ichor.maesh.dev".into(), "talosoperations/status".into()))
+    );
+    assert_eq!(
+        runtime::rbac::request("GET /api/v1/pods?fieldSelector=x&watch=true"),
+        Some(("watch".into(), "".into(), "pods".into()))
+    );
+}

@@ -221,6 +221,14 @@ async fn kube_proxy_replaced_by_cilium_and_back_without_a_reboot() {
         assert_eq!(o.running_config.contains("enabled: false"), role == Role::Controlplane, "{name}");
         assert_eq!(w.fleet.reboots(&name), 0);
     }
+    // Everything the executor and the observation asked of Kubernetes, the ClusterRole allows.
+    let denied: Vec<String> = w
+        .api
+        .log()
+        .into_iter()
+        .filter(|l| runtime::rbac::request(l).is_none_or(|(v, g, r)| !runtime::rbac::allowed(&v, &g, &r)))
+        .collect();
+    assert!(denied.is_empty(), "requests the ClusterRole does not allow: {denied:#?}");
     let jobs: Api<Job> = Api::namespaced(w.kube.client.clone(), "kube-system");
     assert_eq!(jobs.list(&ListParams::default()).await.unwrap().items.len(), 1, "one Cilium Job");
 
