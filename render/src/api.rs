@@ -278,6 +278,10 @@ pub struct TalosMachineStatus {
     /// The desired-inputs hash recorded when the node last converged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_inputs_hash: Option<String>,
+    /// The hash of what the render reads now (ADR 0024: it folds in the two status values the
+    /// render reads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_inputs_hash: Option<String>,
 }
 
 /// A strategic-merge patch (Talos's format) applied to the machines it selects.

@@ -221,7 +221,7 @@ pub enum ContractError {
 }
 
 /// A machine's condition, decided by rules/machine.rules.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MachineVerdict {
     pub status: String,
     pub reason: String,

@@ -116,11 +116,6 @@ impl Controller {
             .into_iter()
             .filter(|p| p.spec.cluster_ref.name == cluster_name)
             .collect();
-        let secret_name = cluster.spec.secrets_ref.name.clone();
-        let secret = Api::<Secret>::namespaced(self.kube.clone(), namespace)
-            .get(&secret_name)
-            .await
-            .map_err(kube_err(format!("reading Secret {namespace}/{secret_name}")))?;
         let others: Vec<OtherOperation> = ops
             .list(&ListParams::default())
             .await
@@ -134,14 +129,7 @@ impl Controller {
                 phase: o.status.and_then(|s| s.phase).unwrap_or_else(|| "Pending".into()),
             })
             .collect();
-        // The render, from the same resources `ichor render` reads from files.
-        let mut files = vec![yaml("TalosCluster", &cluster), yaml("Secret", &secret)];
-        files.extend(machines.iter().map(|m| yaml("TalosMachine", m)));
-        files.extend(patches.iter().map(|p| yaml("TalosConfigPatch", p)));
-        let contracts: Vec<String> = self.classifier.known().iter().map(|c| c.to_string()).collect();
-        let manifests = render::manifests::Manifests::load(&files, &contracts).map_err(|e| {
-            ControllerError::Manifests(e.iter().map(|x| x.message.clone()).collect::<Vec<_>>().join("; "))
-        })?;
+        let manifests = self.manifests(namespace, &cluster, &machines, &patches).await?;
         let nodes: Api<Node> = Api::all(self.kube.clone());
         let pods: Api<Pod> = Api::namespaced(self.kube.clone(), "kube-system");
         let mirror = pods.list(&ListParams::default()).await.map_err(kube_err("listing kube-system pods"))?.items;
@@ -262,6 +250,145 @@ impl Controller {
         ObservedState::parse(&text)
             .map_err(|e| ControllerError::Snapshot(e.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; ")))?;
         Ok(read)
+    }
+
+    /// The render's inputs, from the same resources `ichor render` reads from files.
+    async fn manifests(
+        &self,
+        namespace: &str,
+        cluster: &TalosCluster,
+        machines: &[TalosMachine],
+        patches: &[TalosConfigPatch],
+    ) -> Result<render::manifests::Manifests, ControllerError> {
+        let secret_name = cluster.spec.secrets_ref.name.clone();
+        let secret = Api::<Secret>::namespaced(self.kube.clone(), namespace)
+            .get(&secret_name)
+            .await
+            .map_err(kube_err(format!("reading Secret {namespace}/{secret_name}")))?;
+        // Each object under its own name: errors name it, and no two read as one file.
+        let named = |kind: &str, m: &kube_client::core::ObjectMeta| {
+            format!("{kind} {}/{}", m.namespace.as_deref().unwrap_or(namespace), m.name.as_deref().unwrap_or(""))
+        };
+        let mut files = vec![
+            yaml(&named("TalosCluster", &cluster.metadata), cluster),
+            yaml(&named("Secret", &secret.metadata), &secret),
+        ];
+        files.extend(machines.iter().map(|m| yaml(&named("TalosMachine", &m.metadata), m)));
+        files.extend(patches.iter().map(|p| yaml(&named("TalosConfigPatch", &p.metadata), p)));
+        let contracts: Vec<String> = self.classifier.known().iter().map(|c| c.to_string()).collect();
+        render::manifests::Manifests::load(&files, &contracts)
+            .map_err(|e| ControllerError::Manifests(e.iter().map(|x| x.message.clone()).collect::<Vec<_>>().join("; ")))
+    }
+
+    /// The Machine controller's reconcile: the machine's `Ready` condition and hashes, from the
+    /// same code as `ichor config diff --manifests` (its render against the node's running
+    /// config, classified with the machine's context). An unreachable node is `Unknown`.
+    pub async fn reconcile_machine(
+        &self,
+        namespace: &str,
+        machine: &str,
+        now: &str,
+    ) -> Result<render::api::Condition, ControllerError> {
+        let machines_api: Api<TalosMachine> = Api::namespaced(self.kube.clone(), namespace);
+        let mch =
+            machines_api.get(machine).await.map_err(kube_err(format!("reading TalosMachine {namespace}/{machine}")))?;
+        let cluster_name = mch.spec.cluster_ref.name.clone();
+        let cluster = Api::<TalosCluster>::namespaced(self.kube.clone(), namespace)
+            .get(&cluster_name)
+            .await
+            .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
+        let machines: Vec<TalosMachine> = machines_api
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing TalosMachines"))?
+            .items
+            .into_iter()
+            .filter(|m| m.spec.cluster_ref.name == cluster_name)
+            .collect();
+        let patches: Vec<TalosConfigPatch> = Api::<TalosConfigPatch>::namespaced(self.kube.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing TalosConfigPatches"))?
+            .items
+            .into_iter()
+            .filter(|p| p.spec.cluster_ref.name == cluster_name)
+            .collect();
+        let manifests = self.manifests(namespace, &cluster, &machines, &patches).await?;
+        let (condition, reboot_paths, hash) =
+            match render::machine::render_checked(&manifests, machine, None, &self.classifier) {
+                Err(e) => (
+                    render::api::Condition {
+                        type_: "Ready".into(),
+                        status: "False".into(),
+                        reason: "ConfigRejected".into(),
+                        message: e.to_string(),
+                        last_transition_time: Some(now.into()),
+                    },
+                    vec![],
+                    None,
+                ),
+                Ok(rendered) => match self.talos.running_config(&mch.spec.address).await {
+                    Err(e) => (
+                        render::api::Condition {
+                            type_: "Ready".into(),
+                            status: "Unknown".into(),
+                            reason: "NodeUnreachable".into(),
+                            message: e.to_string(),
+                            last_transition_time: Some(now.into()),
+                        },
+                        vec![],
+                        Some(rendered.inputs_hash.clone()),
+                    ),
+                    Ok(text) => {
+                        let running = Config::parse(&text).unwrap_or_default();
+                        let mctx = render::machine::context(
+                            &manifests,
+                            manifests.machine(machine).map_err(|e| ControllerError::Render {
+                                machine: machine.into(),
+                                problem: e.to_string(),
+                            })?,
+                            &rendered,
+                        );
+                        let changes = render::diff::changes(&running, &rendered.config);
+                        let outcome = self
+                            .classifier
+                            .classify_machine(rendered.contract, &changes, Some(&rendered.config), Some(&mctx), false)
+                            .map_err(|e| ControllerError::Render { machine: machine.into(), problem: e.to_string() })?;
+                        let v = outcome.machine.unwrap_or_default();
+                        (
+                            render::api::Condition {
+                                type_: "Ready".into(),
+                                status: v.status,
+                                reason: v.reason,
+                                message: v.message,
+                                last_transition_time: Some(now.into()),
+                            },
+                            v.reboot_paths,
+                            Some(rendered.inputs_hash.clone()),
+                        )
+                    }
+                },
+            };
+        // The transition time moves only when the status does.
+        let previous = mch.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned());
+        let mut condition = condition;
+        if let Some(p) = previous.filter(|p| p.status == condition.status && p.reason == condition.reason) {
+            condition.last_transition_time = p.last_transition_time;
+        }
+        let converged = condition.status == "True";
+        let applied =
+            if converged { hash.clone() } else { mch.status.as_ref().and_then(|s| s.applied_inputs_hash.clone()) };
+        let status = json!({"status": {
+            "conditions": [condition],
+            "rebootPaths": reboot_paths,
+            "desiredInputsHash": hash,
+            "appliedInputsHash": applied,
+        }});
+        machines_api
+            .patch_status(machine, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .map_err(kube_err(format!("writing the status of TalosMachine {namespace}/{machine}")))?;
+        Ok(condition)
     }
 
     /// One reconcile: read, plan, execute, write status (re-read and re-planned on a conflict).

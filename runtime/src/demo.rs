@@ -51,7 +51,7 @@ fn group_plural(kind: &str) -> (&'static str, String) {
     match kind {
         "Secret" => ("", "secrets".into()),
         "ConfigMap" => ("", "configmaps".into()),
-        k => (render::api::GROUP, format!("{}s", k.to_lowercase())),
+        k => (render::api::GROUP, crate::kube::plural(k)),
     }
 }
 
@@ -63,6 +63,18 @@ impl Demo {
         let classifier = render::classify::Classifier::new(&render::classify::RuleSet::embedded())
             .map_err(|e| DemoError::Manifests(e.to_string()))?;
         let contracts: Vec<String> = classifier.known().iter().map(|c| c.to_string()).collect();
+        // With the hand-over done, the render drops the inline Cilium entry (ADR 0024): the
+        // nodes start from that render.
+        let files: Vec<(String, String)> = files
+            .iter()
+            .map(|(f, t)| {
+                if !handover_done || !t.contains("kind: TalosCluster") {
+                    return (f.clone(), t.clone());
+                }
+                (f.clone(), format!("{}\nstatus:\n  conditions:\n  - {{type: CNIHandover, status: \"True\", reason: Synced, message: \"\"}}\n", t.trim_end()))
+            })
+            .collect();
+        let files = &files[..];
         let manifests = render::manifests::Manifests::load(files, &contracts)
             .map_err(|e| DemoError::Manifests(e.iter().map(|x| x.message.clone()).collect::<Vec<_>>().join("; ")))?;
         let mut specs = vec![];

@@ -66,12 +66,29 @@ pub struct KubeCluster {
     pub nodes: std::collections::BTreeMap<String, String>,
 }
 
-/// The API resource of a kind (the plural is the lower-cased kind with an `s`, as for every
-/// kind Talos renders and Ichor touches).
+/// A kind's resource name, as the API server pluralizes it (`ConfigMap` -> `configmaps`,
+/// `TalosConfigPatch` -> `talosconfigpatches`, `NetworkPolicy` -> `networkpolicies`).
+pub fn plural(kind: &str) -> String {
+    let k = kind.to_lowercase();
+    if k == "endpoints" {
+        return k;
+    }
+    if k.ends_with('s') || k.ends_with("ch") || k.ends_with("sh") || k.ends_with('x') {
+        return format!("{k}es");
+    }
+    if let Some(stem) = k.strip_suffix('y')
+        && !stem.ends_with(['a', 'e', 'i', 'o', 'u'])
+    {
+        return format!("{stem}ies");
+    }
+    format!("{k}s")
+}
+
+/// The API resource of a kind.
 pub fn resource(api_version: &str, kind: &str) -> ApiResource {
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     let gvk = GroupVersionKind::gvk(group, version, kind);
-    ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()))
+    ApiResource::from_gvk_with_plural(&gvk, &plural(kind))
 }
 
 fn api_version_of(kind: &str) -> &'static str {

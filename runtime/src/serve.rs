@@ -179,6 +179,26 @@ async fn publish(ctx: &Ctx, op: &TalosOperation, type_: EventType, reason: &str,
     }
 }
 
+/// The Machine controller: a TalosMachine's Ready condition and hashes.
+async fn reconcile_machine(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    if !*ctx.leader.borrow() {
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    let name = m.metadata.name.clone().unwrap_or_default();
+    match ctx.controller.reconcile_machine(&ctx.config.namespace, &name, &now()).await {
+        Ok(_) => Ok(Action::requeue(Duration::from_secs(30))),
+        Err(source) => {
+            ctx.metrics.errors.inc();
+            Err(ReconcileError { operation: format!("TalosMachine {name}"), source })
+        }
+    }
+}
+
+fn machine_error_policy(_: Arc<render::api::TalosMachine>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
+    tracing::warn!(error = %e, "machine reconcile failed; retrying in 15 s");
+    Action::requeue(Duration::from_secs(15))
+}
+
 fn error_policy(_: Arc<TalosOperation>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
     tracing::warn!(error = %e, "reconcile failed; retrying in 15 s");
     Action::requeue(Duration::from_secs(15))
@@ -235,16 +255,26 @@ pub async fn run(
         recorder: Recorder::new(client.clone(), reporter),
         count: Default::default(),
     });
-    let ops: Api<TalosOperation> = Api::namespaced(client, &config.namespace);
-    kube_runtime::Controller::new(ops, watcher::Config::default())
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), &config.namespace);
+    let machines: Api<render::api::TalosMachine> = Api::namespaced(client, &config.namespace);
+    let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
+    let operations = kube_runtime::Controller::new(ops, watcher::Config::default())
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "reconcile");
             }
-        })
-        .await;
+        });
+    let machine_conditions = kube_runtime::Controller::new(machines, watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile_machine, machine_error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "machine reconcile");
+            }
+        });
+    futures::join!(operations, machine_conditions);
     ready.store(false, Ordering::Relaxed);
     // Dropping the receivers makes the lease task release the Lease.
     drop(leader);

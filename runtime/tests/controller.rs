@@ -238,3 +238,30 @@ async fn two_replicas_only_the_lease_holder_acts() {
         "{text}"
     );
 }
+
+/// The Machine controller's condition: a node running its render is Ready (Converged), with
+/// the desired-inputs hash recorded as applied; a node that differs is not; an unreachable one
+/// is Unknown, naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_conditions_come_from_the_render_against_the_node() {
+    let w = cluster().await;
+    let now = "2026-11-30T10:00:00Z";
+    let c = w.controller.reconcile_machine(NS, "cp1", now).await.unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Converged"), "{c:?}");
+    let m = w.api.get("ichor.maesh.dev", "talosmachines", NS, "cp1").unwrap();
+    assert_eq!(m["status"]["desiredInputsHash"], m["status"]["appliedInputsHash"]);
+    // The cluster moves to v1.37.0: the node now differs from its render.
+    let clusters: Api<render::api::TalosCluster> = Api::namespaced(w.api.client(), NS);
+    clusters
+        .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
+        .await
+        .unwrap();
+    let c = w.controller.reconcile_machine(NS, "cp1", now).await.unwrap();
+    assert_ne!(c.status, "True", "{c:?}");
+    let m = w.api.get("ichor.maesh.dev", "talosmachines", NS, "cp1").unwrap();
+    assert_ne!(m["status"]["desiredInputsHash"], m["status"]["appliedInputsHash"]);
+    w.demo.fleet.set_fault("10.0.0.21", Some(runtime::talos::sim::Fault::Gone));
+    let c = w.controller.reconcile_machine(NS, "w1", now).await.unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("Unknown", "NodeUnreachable"), "{c:?}");
+    assert!(c.message.contains("10.0.0.21"), "{c:?}");
+}

@@ -231,3 +231,19 @@ async fn watches_see_what_changes() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn kinds_pluralize_as_the_api_server_does() {
+    use runtime::kube::plural;
+    for (k, p) in [
+        ("ConfigMap", "configmaps"),
+        ("TalosConfigPatch", "talosconfigpatches"),
+        ("NetworkPolicy", "networkpolicies"),
+        ("Gateway", "gateways"),
+        ("Ingress", "ingresses"),
+        ("Endpoints", "endpoints"),
+        ("DaemonSet", "daemonsets"),
+    ] {
+        assert_eq!(plural(k), p);
+    }
+}
