@@ -92,6 +92,7 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
             controller_node: a.node.clone(),
             service_answers: Arc::new(kubernetes_service_answers),
             drain_timeout: Duration::from_secs(300),
+            cache: Default::default(),
         };
         let identity =
             a.identity.clone().unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "ichor".into()));

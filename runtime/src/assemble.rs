@@ -79,3 +79,83 @@ pub fn machine(
         conditions: BTreeMap::new(),
     })
 }
+
+/// Pending paths kept by what they were computed from (the contract, a hash of the node's
+/// running config text, the render's desired-inputs hash): between most reconciles neither
+/// changes, and classifying thousands of machines again each time would dominate a reconcile.
+#[derive(Debug, Default)]
+pub struct PendingCache {
+    map: std::sync::Mutex<std::collections::HashMap<(Contract, u64, String), Vec<PendingPath>>>,
+}
+
+/// A hash of a config's text as read (cheap: no parse, no serialization).
+pub fn text_hash(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+impl PendingCache {
+    /// The machine's snapshot entry, classifying only when its running config or its render's
+    /// inputs changed since the last time: `running` is the node's config text as read (parsed
+    /// only on a miss; `None` when the node was not reached), `inputs_hash` the render's.
+    /// `m.running` is not read.
+    pub fn machine(
+        &self,
+        c: &Classifier,
+        contract: Contract,
+        m: &MachineRead,
+        running: Option<&str>,
+        desired: &Config,
+        inputs_hash: &str,
+    ) -> Result<Machine, ClassifyError> {
+        let pending = match running {
+            None => None,
+            Some(text) => {
+                let key = (contract, text_hash(text), inputs_hash.to_string());
+                let cached = self.map.lock().ok().and_then(|map| map.get(&key).cloned());
+                match cached {
+                    Some(p) => Some(p),
+                    None => {
+                        // A running config that does not parse has nothing the rules can judge:
+                        // the machine is as unreachable.
+                        match Config::parse(text) {
+                            Ok(cfg) => {
+                                let p = pending(c, contract, &cfg, desired)?;
+                                if let Ok(mut map) = self.map.lock() {
+                                    map.insert(key, p.clone());
+                                }
+                                Some(p)
+                            }
+                            Err(_) => None,
+                        }
+                    }
+                }
+            }
+        };
+        Ok(Machine {
+            name: m.name.clone(),
+            role: m.role,
+            talos_version: m.talos_version.clone(),
+            kubelet_version: m.kubelet_version.clone(),
+            ready: m.node_ready && pending.is_some(),
+            hold: m.hold,
+            runs_controller: m.runs_controller,
+            pending: pending.unwrap_or_default(),
+            static_pods: m.static_pods.clone(),
+            contract: Some(contract),
+            kube_proxy_manifest_rendered: m.kube_proxy_manifest,
+            conditions: BTreeMap::new(),
+        })
+    }
+
+    /// How many classifications are kept.
+    pub fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -82,6 +82,9 @@ pub struct Controller {
     /// The controller's probe of the kubernetes Service.
     pub service_answers: Arc<dyn Fn() -> bool + Send + Sync>,
     pub drain_timeout: Duration,
+    /// Classifications kept between reconciles (a machine is classified again only when its
+    /// running config or its render's inputs change).
+    pub cache: crate::assemble::PendingCache,
 }
 
 fn yaml<T: serde::Serialize>(what: &str, v: &T) -> (String, String) {
@@ -166,7 +169,7 @@ impl Controller {
             let (talos_version, running, manifest) = match &observed {
                 Ok(o) => (
                     o.talos_version.clone(),
-                    Config::parse(&o.running_config).ok(),
+                    Some(o.running_config.clone()),
                     (m.spec.role == render::api::Role::Controlplane)
                         .then(|| o.manifests.iter().any(|x| x == "10-kube-proxy")),
                 ),
@@ -180,12 +183,20 @@ impl Controller {
                 node_ready: ready,
                 hold: m.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::HOLD)),
                 runs_controller: self.controller_node.as_deref() == Some(name.as_str()),
-                running,
+                running: None,
                 static_pods,
                 kube_proxy_manifest: manifest,
             };
             snap_machines.push(
-                crate::assemble::machine(&self.classifier, rendered.contract, &mr, &rendered.config)
+                self.cache
+                    .machine(
+                        &self.classifier,
+                        rendered.contract,
+                        &mr,
+                        running.as_deref(),
+                        &rendered.config,
+                        &rendered.inputs_hash,
+                    )
                     .map_err(|e| ControllerError::Render { machine: name.clone(), problem: e.to_string() })?,
             );
             read.renders.insert(name.clone(), rendered.config);

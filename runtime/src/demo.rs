@@ -153,6 +153,7 @@ impl Demo {
             controller_node,
             service_answers: Arc::new(|| true),
             drain_timeout: Duration::from_secs(2),
+            cache: Default::default(),
         })
     }
 

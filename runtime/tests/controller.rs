@@ -179,6 +179,7 @@ async fn two_replicas_only_the_lease_holder_acts() {
             controller_node: Some("w1".into()),
             service_answers: Arc::new(|| true),
             drain_timeout: Duration::from_secs(2),
+            cache: Default::default(),
         };
         let cfg = RunConfig {
             namespace: NS.into(),

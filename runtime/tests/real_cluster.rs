@@ -40,6 +40,7 @@ async fn plans_every_operation_of_a_real_cluster_without_acting() {
         controller_node: None,
         service_answers: std::sync::Arc::new(|| true),
         drain_timeout: Duration::from_secs(300),
+        cache: Default::default(),
     };
     let ops: kube_client::Api<render::api::TalosOperation> = kube_client::Api::namespaced(kube, &namespace);
     for op in ops.list(&Default::default()).await.unwrap().items {
