@@ -395,6 +395,14 @@ impl Controller {
             "desiredInputsHash": hash,
             "appliedInputsHash": applied,
         }});
+        // An unchanged status is not written again: each write is a watch event, which would
+        // start this reconcile again.
+        let current = serde_json::to_value(mch.status.clone().unwrap_or_default()).unwrap_or_default();
+        let mut next = current.clone();
+        crate::kubeapi::merge_patch(&mut next, &status["status"]);
+        if next == current {
+            return Ok(condition);
+        }
         machines_api
             .patch_status(machine, &PatchParams::default(), &Patch::Merge(&status))
             .await

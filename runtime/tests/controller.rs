@@ -266,3 +266,66 @@ async fn machine_conditions_come_from_the_render_against_the_node() {
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("Unknown", "NodeUnreachable"), "{c:?}");
     assert!(c.message.contains("10.0.0.21"), "{c:?}");
 }
+
+/// The upgrade by reconciles, some of them killed (the task aborted after a pseudo-random
+/// delay, wherever it is: reading, applying on a node, writing status): the end state is the
+/// same as an uninterrupted run's. Returns each node's running config and kube-proxy's image.
+async fn upgrade_with_kills(seed: u64) -> (BTreeMap<String, String>, String) {
+    let w = Arc::new(cluster().await);
+    let client = w.api.client();
+    let clusters: Api<render::api::TalosCluster> = Api::namespaced(client.clone(), NS);
+    clusters
+        .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
+        .await
+        .unwrap();
+    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
+    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
+    spec.cluster_ref.name = "lab".into();
+    spec.kind = render::api::OperationKind::Kubernetes;
+    spec.target.kubernetes_version = Some("v1.37.0".into());
+    ops.create(&PostParams::default(), &TalosOperation::new("upgrade", spec)).await.unwrap();
+    let controller = Arc::new(w.demo.controller("v1.37.0", Some("w1".into())).unwrap());
+    let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
+    let mut z = seed;
+    let mut kills = 0;
+    for i in 0..400 {
+        let now = runtime::plan::rfc3339(t0 + 60 * i);
+        let c = controller.clone();
+        let task = tokio::spawn(async move { c.reconcile(NS, "upgrade", &now).await });
+        z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if seed != 0 && (z >> 40).is_multiple_of(3) {
+            // Killed somewhere inside.
+            tokio::time::sleep(Duration::from_micros((z >> 20) % 40_000)).await;
+            task.abort();
+            let _ = task.await;
+            kills += 1;
+        } else {
+            let r = task.await.unwrap().unwrap();
+            assert!(r.plan.phase != "Paused", "paused at reconcile {i}: {:?}", r.plan.actions);
+            if r.plan.phase == "Completed" {
+                break;
+            }
+        }
+        kubelets(&w).await;
+    }
+    let st = ops.get("upgrade").await.unwrap().status.unwrap_or_default();
+    assert_eq!(st.phase.as_deref(), Some("Completed"), "after {kills} kill(s): {st:?}");
+    let mut end = BTreeMap::new();
+    for (name, address) in MACHINES {
+        end.insert(name.to_string(), w.controller.talos.running_config(address).await.unwrap());
+        assert_eq!(w.demo.fleet.reboots(address), 0);
+    }
+    let kp = w.api.get("apps", "daemonsets", "kube-system", "kube-proxy").unwrap();
+    (end, kp["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap_or_default().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciles_killed_at_random_points_end_where_an_uninterrupted_run_ends() {
+    let clean = upgrade_with_kills(0).await;
+    assert_eq!(clean.1, "registry.k8s.io/kube-proxy:v1.37.0");
+    let runs = if std::env::var_os("ICHOR_LONG_TESTS").is_some() { 10 } else { 1 };
+    for seed in 1..=runs {
+        let crashed = upgrade_with_kills(seed).await;
+        assert_eq!(crashed, clean, "seed {seed}: a different end state");
+    }
+}
