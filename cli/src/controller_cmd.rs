@@ -18,25 +18,6 @@ fn logging() {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
-fn rt() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the I/O runtime")
-}
-
-async fn signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 /// What `ichor controller` is given.
 #[derive(clap::Args, Debug)]
 pub struct ControllerArgs {
@@ -70,7 +51,7 @@ pub struct ControllerArgs {
 pub fn run_real(a: &ControllerArgs) -> Result<Report> {
     logging();
     let listen = a.listen.parse().with_context(|| format!("--listen {:?}: not host:port", a.listen))?;
-    let rt = rt()?;
+    let rt = crate::talos_cmd::io_runtime()?;
     rt.block_on(async {
         let file = a.talosconfig.display().to_string();
         let text = disk::read_text(&a.talosconfig, disk::caps::TEXT, "a talosconfig")?;
@@ -104,7 +85,9 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
             requeue: Duration::from_secs(10),
             dump_snapshots: a.dump_snapshots.clone(),
         };
-        run(Arc::new(controller), config, Arc::new(Metrics::new()), signal()).await.context("the Lease")?;
+        run(Arc::new(controller), config, Arc::new(Metrics::new()), crate::talos_cmd::shutdown_signal())
+            .await
+            .context("the Lease")?;
         Ok::<(), anyhow::Error>(())
     })?;
     Ok(Report::default())
@@ -124,7 +107,7 @@ fn kubernetes_service_answers() -> bool {
 /// `ichor sim controller`: the example installation upgraded by the controller's loop.
 pub fn run_demo(manifests: &Path, to: &str, dump: Option<PathBuf>) -> Result<Report> {
     let files = disk::manifest_files(manifests)?;
-    let rt = rt()?;
+    let rt = crate::talos_cmd::io_runtime()?;
     let out = rt.block_on(async {
         let demo = Arc::new(runtime::demo::Demo::start(&files, true).await?);
         let client = demo.api.client();

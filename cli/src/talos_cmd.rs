@@ -47,7 +47,8 @@ fn client(a: &NodeArgs, rt: &tokio::runtime::Runtime) -> Result<Client> {
     Ok(Client::new(ctx, &creds, Duration::from_secs(a.timeout.max(1)))?)
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+/// The I/O runtime of the commands that talk to nodes and clusters.
+pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -92,7 +93,7 @@ pub fn node_diff(
 ) -> Result<Report> {
     let c = disk::classifier(rules)?;
     let desired = disk::read_config(to)?;
-    let rt = runtime()?;
+    let rt = io_runtime()?;
     let client = client(a, &rt)?;
     let old = running(&rt, &client, &a.node)?;
     let from = format!("{} (running)", a.node);
@@ -111,7 +112,7 @@ pub fn apply(
     let c = disk::classifier(rules)?;
     let desired = disk::read_config(desired_path)?;
     let desired_text = disk::read_text(desired_path, render::config::MAX_CONFIG_BYTES, "a machine configuration")?;
-    let rt = runtime()?;
+    let rt = io_runtime()?;
     let client = client(a, &rt)?;
     let old = running(&rt, &client, &a.node)?;
     let from = format!("{} (running)", a.node);
@@ -199,7 +200,7 @@ pub fn sim(
         };
         parsed.push((node.to_string(), fault));
     }
-    let rt = runtime()?;
+    let rt = io_runtime()?;
     rt.block_on(async {
         let fleet = Fleet::start(fleet_spec(nodes, controlplanes.min(nodes), &versions), addr).await?;
         for (node, fault) in &parsed {
@@ -222,7 +223,8 @@ pub fn sim(
     Ok(Report::default())
 }
 
-async fn shutdown_signal() {
+/// Ctrl-C or SIGTERM.
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

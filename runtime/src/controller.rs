@@ -103,22 +103,7 @@ impl Controller {
             .get(&cluster_name)
             .await
             .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
-        let machines: Vec<TalosMachine> = Api::<TalosMachine>::namespaced(self.kube.clone(), namespace)
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err("listing TalosMachines"))?
-            .items
-            .into_iter()
-            .filter(|m| m.spec.cluster_ref.name == cluster_name)
-            .collect();
-        let patches: Vec<TalosConfigPatch> = Api::<TalosConfigPatch>::namespaced(self.kube.clone(), namespace)
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err("listing TalosConfigPatches"))?
-            .items
-            .into_iter()
-            .filter(|p| p.spec.cluster_ref.name == cluster_name)
-            .collect();
+        let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
         let others: Vec<OtherOperation> = ops
             .list(&ListParams::default())
             .await
@@ -263,6 +248,31 @@ impl Controller {
         Ok(read)
     }
 
+    /// A cluster's TalosMachines and TalosConfigPatches.
+    async fn cluster_objects(
+        &self,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<(Vec<TalosMachine>, Vec<TalosConfigPatch>), ControllerError> {
+        let machines = Api::<TalosMachine>::namespaced(self.kube.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing TalosMachines"))?
+            .items
+            .into_iter()
+            .filter(|m| m.spec.cluster_ref.name == cluster)
+            .collect();
+        let patches = Api::<TalosConfigPatch>::namespaced(self.kube.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing TalosConfigPatches"))?
+            .items
+            .into_iter()
+            .filter(|p| p.spec.cluster_ref.name == cluster)
+            .collect();
+        Ok((machines, patches))
+    }
+
     /// The render's inputs, from the same resources `ichor render` reads from files.
     async fn manifests(
         &self,
@@ -308,22 +318,7 @@ impl Controller {
             .get(&cluster_name)
             .await
             .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
-        let machines: Vec<TalosMachine> = machines_api
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err("listing TalosMachines"))?
-            .items
-            .into_iter()
-            .filter(|m| m.spec.cluster_ref.name == cluster_name)
-            .collect();
-        let patches: Vec<TalosConfigPatch> = Api::<TalosConfigPatch>::namespaced(self.kube.clone(), namespace)
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err("listing TalosConfigPatches"))?
-            .items
-            .into_iter()
-            .filter(|p| p.spec.cluster_ref.name == cluster_name)
-            .collect();
+        let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
         let manifests = self.manifests(namespace, &cluster, &machines, &patches).await?;
         let (condition, reboot_paths, hash) =
             match render::machine::render_checked(&manifests, machine, None, &self.classifier) {

@@ -160,6 +160,19 @@ fn selected(obj: &Json, labels: Option<&String>, fields: Option<&String>) -> boo
     labels.is_none_or(|s| eq(s, &label)) && fields.is_none_or(|s| eq(s, &field))
 }
 
+/// A merge patch that names a resourceVersion other than the object's: a conflict.
+fn stale_version(key: &Key, patch: &Json, current: &Json) -> Option<Response<Body>> {
+    let given = patch.pointer("/metadata/resourceVersion").and_then(|v| v.as_str())?;
+    let have = current.pointer("/metadata/resourceVersion").and_then(|v| v.as_str()).unwrap_or("");
+    (given != have).then(|| {
+        status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("Operation cannot be fulfilled on {} \"{}\": the object has been modified", key.1, key.3),
+        )
+    })
+}
+
 /// RFC 7386 JSON merge patch.
 pub fn merge_patch(target: &mut Json, patch: &Json) {
     match patch {
@@ -545,29 +558,13 @@ impl Api {
                 "UnsupportedMediaType",
                 "JSON patches are not supported here".into(),
             );
+        } else if let Some(stale) = stale_version(key, &body, &next) {
+            return stale;
         } else if status_only {
-            let given = body.pointer("/metadata/resourceVersion").and_then(|v| v.as_str()).map(str::to_string);
-            let current = next.pointer("/metadata/resourceVersion").and_then(|v| v.as_str()).unwrap_or("").to_string();
-            if given.as_ref().is_some_and(|g| *g != current) {
-                return status(
-                    StatusCode::CONFLICT,
-                    "Conflict",
-                    format!("Operation cannot be fulfilled on {} \"{}\": the object has been modified", key.1, key.3),
-                );
-            }
             let mut st = next.get("status").cloned().unwrap_or(Json::Null);
             merge_patch(&mut st, body.get("status").unwrap_or(&Json::Null));
             next["status"] = st;
         } else {
-            let given = body.pointer("/metadata/resourceVersion").and_then(|v| v.as_str()).map(str::to_string);
-            let current = next.pointer("/metadata/resourceVersion").and_then(|v| v.as_str()).unwrap_or("").to_string();
-            if given.as_ref().is_some_and(|g| *g != current) {
-                return status(
-                    StatusCode::CONFLICT,
-                    "Conflict",
-                    format!("Operation cannot be fulfilled on {} \"{}\": the object has been modified", key.1, key.3),
-                );
-            }
             merge_patch(&mut next, &body);
         }
         self.stamp(&mut s, key, &mut next, old.is_none());

@@ -46,6 +46,17 @@ async fn cluster() -> World {
     World { api: demo.api.clone(), demo, controller }
 }
 
+/// The user asks for the upgrade to v1.37.0 (the TalosOperation).
+async fn create_upgrade(client: &kube_client::Client, name: &str) -> Api<TalosOperation> {
+    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
+    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
+    spec.cluster_ref.name = "lab".into();
+    spec.kind = render::api::OperationKind::Kubernetes;
+    spec.target.kubernetes_version = Some("v1.37.0".into());
+    ops.create(&PostParams::default(), &TalosOperation::new(name, spec)).await.unwrap();
+    ops
+}
+
 async fn kubelets(w: &World) {
     w.demo.kubelets().await;
 }
@@ -70,12 +81,7 @@ async fn the_controller_upgrades_the_example_cluster_from_its_custom_resources()
         .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
         .await
         .unwrap();
-    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
-    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
-    spec.cluster_ref.name = "lab".into();
-    spec.kind = render::api::OperationKind::Kubernetes;
-    spec.target.kubernetes_version = Some("v1.37.0".into());
-    ops.create(&PostParams::default(), &TalosOperation::new("upgrade-1-37", spec)).await.unwrap();
+    let ops = create_upgrade(&client, "upgrade-1-37").await;
 
     let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
     let mut phases = vec![];
@@ -122,12 +128,7 @@ async fn the_controller_upgrades_the_example_cluster_from_its_custom_resources()
 async fn a_status_write_that_meets_a_conflict_is_re_read_and_re_planned() {
     let w = cluster().await;
     let client = w.api.client();
-    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
-    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
-    spec.cluster_ref.name = "lab".into();
-    spec.kind = render::api::OperationKind::Kubernetes;
-    spec.target.kubernetes_version = Some("v1.37.0".into());
-    ops.create(&PostParams::default(), &TalosOperation::new("upgrade", spec)).await.unwrap();
+    let ops = create_upgrade(&client, "upgrade").await;
     let clusters: Api<render::api::TalosCluster> = Api::namespaced(client.clone(), NS);
     clusters
         .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
@@ -159,12 +160,7 @@ async fn two_replicas_only_the_lease_holder_acts() {
         .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
         .await
         .unwrap();
-    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
-    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
-    spec.cluster_ref.name = "lab".into();
-    spec.kind = render::api::OperationKind::Kubernetes;
-    spec.target.kubernetes_version = Some("v1.37.0".into());
-    ops.create(&PostParams::default(), &TalosOperation::new("upgrade", spec)).await.unwrap();
+    let ops = create_upgrade(&client, "upgrade").await;
     let mut stops = vec![];
     let mut tasks = vec![];
     let from = w.api.log().len();
@@ -278,12 +274,7 @@ async fn upgrade_with_kills(seed: u64) -> (BTreeMap<String, String>, String) {
         .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
         .await
         .unwrap();
-    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
-    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
-    spec.cluster_ref.name = "lab".into();
-    spec.kind = render::api::OperationKind::Kubernetes;
-    spec.target.kubernetes_version = Some("v1.37.0".into());
-    ops.create(&PostParams::default(), &TalosOperation::new("upgrade", spec)).await.unwrap();
+    let ops = create_upgrade(&client, "upgrade").await;
     let controller = Arc::new(w.demo.controller("v1.37.0", Some("w1".into())).unwrap());
     let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
     let mut z = seed;
