@@ -17,6 +17,11 @@ use std::collections::BTreeMap;
 #[allow(async_fn_in_trait)]
 pub trait KubePort {
     type Error: std::fmt::Display;
+    /// Whether an error fails the machine's step (the operation pauses, naming it) rather than
+    /// interrupting the run until the next reconcile: a drain past its deadline does.
+    fn fails_step(_e: &Self::Error) -> bool {
+        false
+    }
     async fn cordon(&mut self, node: &str) -> Result<(), Self::Error>;
     /// Evicts the node's pods (PodDisruptionBudgets respected; DaemonSet and mirror pods left).
     async fn drain(&mut self, node: &str) -> Result<(), Self::Error>;
@@ -71,7 +76,16 @@ impl<K: KubePort> Executor<'_, K> {
                     .map_err(|e| self.talos_failed(machine, e, &mut out)),
                 Action::Apply { machine, paths } => self.apply(machine, paths, &mut out).await,
                 Action::Cordon { machine } => self.kube.cordon(machine).await.map_err(|e| e.to_string()),
-                Action::Drain { machine } => self.kube.drain(machine).await.map_err(|e| e.to_string()),
+                Action::Drain { machine } => match self.kube.drain(machine).await {
+                    Ok(()) => Ok(()),
+                    Err(e) if K::fails_step(&e) => {
+                        out.failed.push((machine.clone(), e.to_string()));
+                        // Nothing more on this machine: its apply must not run undrained.
+                        out.interrupted = None;
+                        return out;
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
                 Action::Uncordon { machine } => self.kube.uncordon(machine).await.map_err(|e| e.to_string()),
                 Action::SyncManifests { via, field_manager } => {
                     self.kube.sync_manifests(via, field_manager).await.map_err(|e| e.to_string())

@@ -171,6 +171,10 @@ fn is_kube_proxy(o: &Json) -> bool {
 impl KubePort for KubeCluster {
     type Error = KubeError;
 
+    fn fails_step(e: &KubeError) -> bool {
+        matches!(e, KubeError::DrainTimedOut { .. })
+    }
+
     async fn cordon(&mut self, node: &str) -> Result<(), KubeError> {
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         nodes

@@ -247,3 +247,41 @@ fn kinds_pluralize_as_the_api_server_does() {
         assert_eq!(plural(k), p);
     }
 }
+
+/// A drain a budget blocks past its deadline fails the machine's step (the operation pauses,
+/// naming the pod and the budget), and nothing after it is done on the machine.
+#[tokio::test]
+async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
+    use runtime::plan::{Action, Plan};
+    let (_f, api, mut k) = setup().await;
+    api.put("", "nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w1"}, "spec": {}}));
+    api.put("", "pods", pod("db", "w1", json!({"app": "db"}), json!({})));
+    api.put(
+        "policy",
+        "poddisruptionbudgets",
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "default"}, "spec": {"selector": {"matchLabels": {"app": "db"}}}, "status": {"disruptionsAllowed": 0}}),
+    );
+    let plan = Plan {
+        operation: "upgrade".into(),
+        kind: render::api::OperationKind::Kubernetes,
+        phase: "Running".into(),
+        confirmation: None,
+        actions: vec![
+            (Action::Cordon { machine: "w1".into() }, vec![]),
+            (Action::Drain { machine: "w1".into() }, vec![]),
+            (Action::Apply { machine: "w1".into(), paths: vec!["machine.kubelet.image".into()] }, vec![]),
+        ],
+        proofs: Default::default(),
+        cilium_job_mode: None,
+    };
+    let talos = k.talos.clone();
+    let before = talos.running_config("w1").await.unwrap();
+    let desired = std::collections::BTreeMap::new();
+    let nodes = std::collections::BTreeMap::new();
+    let mut exec = runtime::exec::Executor { talos: &talos, kube: &mut k, desired: &desired, nodes: &nodes };
+    let out = exec.run(&plan).await;
+    assert_eq!(out.failed.len(), 1, "{out:?}");
+    assert!(out.failed[0].1.contains("default/db"), "{out:?}");
+    assert_eq!(out.done.len(), 1, "only the cordon: {out:?}");
+    assert_eq!(talos.running_config("w1").await.unwrap(), before);
+}
