@@ -87,6 +87,12 @@ pub struct Controller {
     pub cache: crate::assemble::PendingCache,
 }
 
+/// A render's refusal with every problem it names (the patch and field at fault).
+fn render_problem(e: &render::machine::MachineError) -> String {
+    let problems = e.problems();
+    if problems.is_empty() { e.to_string() } else { format!("{e}: {}", problems.join("; ")) }
+}
+
 fn yaml<T: serde::Serialize>(what: &str, v: &T) -> (String, String) {
     (what.to_string(), serde_yaml::to_string(v).unwrap_or_default())
 }
@@ -126,7 +132,7 @@ impl Controller {
         for m in &machines {
             let name = m.metadata.name.clone().unwrap_or_default();
             let rendered = render::machine::render_checked(&manifests, &name, None, &self.classifier)
-                .map_err(|e| ControllerError::Render { machine: name.clone(), problem: e.to_string() })?;
+                .map_err(|e| ControllerError::Render { machine: name.clone(), problem: render_problem(&e) })?;
             let node = nodes.get_opt(&name).await.map_err(kube_err(format!("reading Node {name}")))?;
             let status = node.as_ref().and_then(|n| n.status.clone()).unwrap_or_default();
             let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
@@ -409,7 +415,18 @@ impl Controller {
     pub async fn reconcile(&self, namespace: &str, operation: &str, now: &str) -> Result<Reconciled, ControllerError> {
         let mut attempt = 0;
         loop {
-            let read = self.read(namespace, operation, now).await?;
+            let read = match self.read(namespace, operation, now).await {
+                Ok(r) => r,
+                // What the user wrote cannot be rendered (or read as a snapshot): nothing is
+                // done, and the operation pauses naming why, instead of failing every reconcile.
+                Err(
+                    e @ (ControllerError::Render { .. } | ControllerError::Manifests(_) | ControllerError::Snapshot(_)),
+                ) => {
+                    self.pause(namespace, operation, &e.to_string()).await?;
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            };
             let plan = self.planner.plan(&read.snapshot)?;
             let mut kube = KubeCluster {
                 client: self.kube.clone(),
@@ -431,6 +448,22 @@ impl Controller {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Pauses the operation with a reason (when it is not already paused or completed).
+    async fn pause(&self, namespace: &str, operation: &str, reason: &str) -> Result<(), ControllerError> {
+        let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);
+        let op =
+            ops.get(operation).await.map_err(kube_err(format!("reading TalosOperation {namespace}/{operation}")))?;
+        let phase = op.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        if phase == "Paused" || phase == "Completed" {
+            return Ok(());
+        }
+        let status = json!({"status": {"phase": "Paused", "pausedReason": format!("{reason}: fix it, then delete the operation and create it again")}});
+        ops.patch_status(operation, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .map(|_| ())
+            .map_err(kube_err(format!("writing the status of TalosOperation {namespace}/{operation}")))
     }
 
     async fn write_status(

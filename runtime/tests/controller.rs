@@ -320,3 +320,25 @@ async fn reconciles_killed_at_random_points_end_where_an_uninterrupted_run_ends(
         assert_eq!(crashed, clean, "seed {seed}: a different end state");
     }
 }
+
+/// A resource Talos would refuse (a patch with a path the contract lacks) pauses the operation
+/// naming the patch; nothing is applied, and later reconciles do not loop on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_render_talos_would_refuse_pauses_the_operation_naming_the_patch() {
+    let w = cluster().await;
+    let client = w.api.client();
+    w.api.put(
+        "ichor.maesh.dev",
+        "talosconfigpatches",
+        json!({"apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosConfigPatch", "metadata": {"name": "old-kubeprism", "namespace": NS},
+            "spec": {"clusterRef": {"name": "lab"}, "order": 30, "patch": "machine:\n  features:\n    kubePrism:\n      enabled: true\n"}}),
+    );
+    let ops = create_upgrade(&client, "upgrade").await;
+    let before = w.controller.talos.running_config("10.0.0.11").await.unwrap();
+    let err = w.controller.reconcile(NS, "upgrade", "2026-11-30T10:00:00Z").await.unwrap_err();
+    assert!(err.to_string().contains("old-kubeprism"), "{err}");
+    let st = ops.get("upgrade").await.unwrap().status.unwrap();
+    assert_eq!(st.phase.as_deref(), Some("Paused"));
+    assert!(st.paused_reason.as_deref().unwrap_or("").contains("old-kubeprism"), "{st:?}");
+    assert_eq!(w.controller.talos.running_config("10.0.0.11").await.unwrap(), before, "nothing applied");
+}
