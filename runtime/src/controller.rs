@@ -333,7 +333,7 @@ impl Controller {
                         type_: "Ready".into(),
                         status: "False".into(),
                         reason: "ConfigRejected".into(),
-                        message: e.to_string(),
+                        message: render_problem(&e),
                         last_transition_time: Some(now.into()),
                     },
                     vec![],
