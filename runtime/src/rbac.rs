@@ -62,8 +62,8 @@ pub const CONTROLLER_RULES: &[Rule] = &[
     Rule {
         group: "",
         resources: &["configmaps", "serviceaccounts"],
-        verbs: &["get", "list", "patch", "delete"],
-        why: "cilium-config; the bootstrap-manifest sync and kube-proxy's own objects",
+        verbs: &["get", "list", "watch", "patch", "delete"],
+        why: "cilium-config (watched: a change wakes the operations); the bootstrap-manifest sync and kube-proxy's own objects",
     },
     Rule {
         group: "rbac.authorization.k8s.io",

@@ -126,7 +126,16 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, Rec
     let name = op.metadata.name.clone().unwrap_or_default();
     let started = std::time::Instant::now();
     ctx.metrics.reconciles.inc();
-    let r = ctx.controller.reconcile(&ctx.config.namespace, &name, &now()).await;
+    let span = tracing::info_span!("reconcile", namespace = %ctx.config.namespace, operation = %name);
+    let r =
+        tracing::Instrument::instrument(ctx.controller.reconcile(&ctx.config.namespace, &name, &now()), span.clone())
+            .await;
+    let _entered = span.enter();
+    match &r {
+        Ok(r) => tracing::info!(phase = %r.status.operation.phase, actions = r.plan.actions.len(), "reconciled"),
+        Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+    }
+    drop(_entered);
     ctx.metrics.plan_seconds.observe(started.elapsed().as_secs_f64());
     let r = match r {
         Ok(r) => r,
@@ -258,7 +267,52 @@ pub async fn run(
     let ops: Api<TalosOperation> = Api::namespaced(client.clone(), &config.namespace);
     let machines: Api<render::api::TalosMachine> = Api::namespaced(client, &config.namespace);
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
-    let operations = kube_runtime::Controller::new(ops, watcher::Config::default())
+    // What an operation depends on wakes it: its cluster, machines and patches, the Nodes, and
+    // the kube-system DaemonSets and ConfigMaps (cilium, kube-proxy, cilium-config).
+    let controller_ops = kube_runtime::Controller::new(ops, watcher::Config::default());
+    let store = controller_ops.store();
+    let of_cluster = |store: kube_runtime::reflector::Store<TalosOperation>| {
+        move |cluster: String| {
+            store
+                .state()
+                .iter()
+                .filter(|o| o.spec.cluster_ref.name == cluster)
+                .map(|o| kube_runtime::reflector::ObjectRef::from_obj(o.as_ref()))
+                .collect::<Vec<_>>()
+        }
+    };
+    let every = |store: kube_runtime::reflector::Store<TalosOperation>| {
+        move || {
+            store.state().iter().map(|o| kube_runtime::reflector::ObjectRef::from_obj(o.as_ref())).collect::<Vec<_>>()
+        }
+    };
+    let ns = config.namespace.clone();
+    let (c1, c2, c3) = (of_cluster(store.clone()), of_cluster(store.clone()), of_cluster(store.clone()));
+    let (e1, e2, e3) = (every(store.clone()), every(store.clone()), every(store));
+    let k = ctx.controller.kube.clone();
+    let operations = controller_ops
+        .watches(Api::<render::api::TalosCluster>::namespaced(k.clone(), &ns), watcher::Config::default(), move |c| {
+            c1(c.metadata.name.unwrap_or_default())
+        })
+        .watches(Api::<render::api::TalosMachine>::namespaced(k.clone(), &ns), watcher::Config::default(), move |m| {
+            c2(m.spec.cluster_ref.name)
+        })
+        .watches(
+            Api::<render::api::TalosConfigPatch>::namespaced(k.clone(), &ns),
+            watcher::Config::default(),
+            move |p| c3(p.spec.cluster_ref.name),
+        )
+        .watches(Api::<k8s_openapi::api::core::v1::Node>::all(k.clone()), watcher::Config::default(), move |_| e1())
+        .watches(
+            Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(k.clone(), "kube-system"),
+            watcher::Config::default(),
+            move |_| e2(),
+        )
+        .watches(
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(k, "kube-system"),
+            watcher::Config::default().fields("metadata.name=cilium-config"),
+            move |_| e3(),
+        )
         .graceful_shutdown_on(shutdown.clone())
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async move {
