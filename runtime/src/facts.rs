@@ -60,6 +60,7 @@ pub struct Rels {
     pub machine_contract: Input<2>,
     pub machine_condition: Input<3>,
     pub removed_apis_unknown: Input<1>,
+    pub cilium_job_failed: Input<2>,
     pub act_pause: Output<3>,
     pub act_fail: Output<3>,
     pub act_set_status: Output<2>,
@@ -139,6 +140,7 @@ impl Rels {
             machine_contract: b.input("machine_contract", [("machine", S), ("contract", S)]),
             machine_condition: b.input("machine_condition", [("machine", S), ("type", S), ("reason", S)]),
             removed_apis_unknown: b.input("removed_apis_unknown", [("reason", S)]),
+            cilium_job_failed: b.input("cilium_job_failed", [("mode", S), ("reason", S)]),
             act_pause: b.output("act_pause", [("template", S), ("machine", S), ("detail", S)]),
             act_fail: b.output("act_fail", [("machine", S), ("template", S), ("detail", S)]),
             act_set_status: b.output("act_set_status", [("field", S), ("value", S)]),
@@ -344,6 +346,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
             let row = [b.sym(kind), b.sym("kube-proxy")];
             r.kube_proxy_object.push(&mut b, row);
         }
+    }
+    for (mode, why) in &w.cilium_jobs_failed {
+        let row = [b.sym(mode.name()), b.sym(why)];
+        r.cilium_job_failed.push(&mut b, row);
     }
     if let Some(why) = &w.removed_apis_check_failed {
         let id = b.sym(why);

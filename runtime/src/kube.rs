@@ -343,7 +343,37 @@ pub async fn read_workload(
         .filter_map(|c| c.metadata.name)
         .filter(|n| n == "kube-proxy" || n.starts_with("kube-proxy-"))
         .collect();
+    // Ichor's Cilium Jobs that failed, by the mode they ran for, with Helm's words.
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), JOB_NAMESPACE);
+    let mut cilium_jobs_failed = std::collections::BTreeMap::new();
+    for j in jobs
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=ichor"))
+        .await
+        .map_err(api_err("listing Ichor's Jobs"))?
+        .items
+    {
+        let failed = j.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+            cs.iter().find(|c| c.type_ == "Failed" && c.status == "True").map(|c| c.message.clone().unwrap_or_default())
+        });
+        let args = j
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|p| p.containers.first())
+            .and_then(|c| c.args.clone())
+            .unwrap_or_default();
+        let mode =
+            args.iter().find_map(|a| a.strip_prefix("--kube-proxy=")).and_then(render::api::KubeProxyMode::parse);
+        if let (Some(why), Some(mode)) = (failed, mode) {
+            let name = j.metadata.name.clone().unwrap_or_default();
+            cilium_jobs_failed.insert(
+                mode,
+                format!("Job {JOB_NAMESPACE}/{name}: {}", if why.is_empty() { "failed".into() } else { why }),
+            );
+        }
+    }
     Ok(Workload {
+        cilium_jobs_failed,
         cilium_kube_proxy_replacement: data.get("kube-proxy-replacement").cloned(),
         cilium_k8s_service_host: data.get("k8s-service-host").cloned(),
         cilium_k8s_service_port: data.get("k8s-service-port").cloned(),

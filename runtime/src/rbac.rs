@@ -74,8 +74,8 @@ pub const CONTROLLER_RULES: &[Rule] = &[
     Rule {
         group: "batch",
         resources: &["jobs"],
-        verbs: &["get", "create"],
-        why: "the Cilium Job (it runs under its own ServiceAccount; the controller never holds Helm's rights)",
+        verbs: &["get", "list", "create"],
+        why: "the Cilium Job, and whether it failed (it runs under its own ServiceAccount; the controller never holds Helm's rights)",
     },
     Rule {
         group: "coordination.k8s.io",

@@ -169,6 +169,9 @@ pub struct Workload {
     /// warning, never a gate).
     #[serde(default)]
     pub removed_apis_check_failed: Option<String>,
+    /// Cilium Jobs that failed, by the kube-proxy mode they ran for, with why (Helm's error).
+    #[serde(default)]
+    pub cilium_jobs_failed: BTreeMap<KubeProxyMode, String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -285,3 +285,16 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
     assert_eq!(out.done.len(), 1, "only the cordon: {out:?}");
     assert_eq!(talos.running_config("w1").await.unwrap(), before);
 }
+
+/// A failed Cilium Job is read back by the mode it ran for, with its condition's words.
+#[tokio::test]
+async fn the_workload_reports_a_failed_cilium_job_by_its_mode() {
+    let (_f, api, mut k) = setup().await;
+    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({})).await.unwrap();
+    let mut job = api.get("batch", "jobs", "kube-system", "ichor-cni-abc").unwrap();
+    job["status"] = json!({"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]});
+    api.put("batch", "jobs", job);
+    let w = runtime::kube::read_workload(&k.client, true).await.unwrap();
+    let why = w.cilium_jobs_failed.get(&KubeProxyMode::Replaced).expect("the failed Job");
+    assert!(why.contains("ichor-cni-abc") && why.contains("backoff limit"), "{why}");
+}
