@@ -24,12 +24,18 @@ const NS: &str = "ichor-system";
 const MACHINES: [(&str, &str); 4] =
     [("cp1", "10.0.0.11"), ("cp2", "10.0.0.12"), ("cp3", "10.0.0.13"), ("w1", "10.0.0.21")];
 
+/// The example cluster (3 control planes, 1 worker) with a second worker: the seeds' 3 + 2.
 fn example_files() -> Vec<(String, String)> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/clusters/lab-v1.14");
-    ["cluster.yaml", "machines.yaml", "patches.yaml", "secrets.yaml"]
+    let mut files: Vec<(String, String)> = ["cluster.yaml", "machines.yaml", "patches.yaml", "secrets.yaml"]
         .iter()
         .map(|f| (f.to_string(), std::fs::read_to_string(dir.join(f)).unwrap()))
-        .collect()
+        .collect();
+    files.push((
+        "w2.yaml".into(),
+        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosMachine\nmetadata:\n  name: w2\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  role: worker\n  address: 10.0.0.22\n  installDisk: /dev/sda\n".into(),
+    ));
+    files
 }
 
 struct World {
@@ -41,7 +47,11 @@ struct World {
 /// The example cluster: its nodes run its render, its resources are in the in-memory API;
 /// the hand-over is done (ADR 0024), so the upgrade's sync cannot roll Cilium back.
 async fn cluster() -> World {
-    let demo = Arc::new(Demo::start(&example_files(), true).await.unwrap());
+    cluster_with(true).await
+}
+
+async fn cluster_with(handover_done: bool) -> World {
+    let demo = Arc::new(Demo::start(&example_files(), handover_done).await.unwrap());
     let controller = demo.controller("v1.37.0", Some("w1".into())).unwrap();
     World { api: demo.api.clone(), demo, controller }
 }
@@ -111,7 +121,7 @@ async fn the_controller_upgrades_the_example_cluster_from_its_custom_resources()
     let st = op.status.unwrap();
     assert_eq!(st.phase.as_deref(), Some("Completed"));
     assert!(st.done.contains(&"manifestsSynced".to_string()));
-    assert_eq!(st.machines.len(), 4);
+    assert_eq!(st.machines.len(), 5);
     for (name, address) in MACHINES {
         let o = observe_node(&w.controller.talos, address).await.unwrap();
         assert!(o.kubelet_image.ends_with(":v1.37.0"), "{name}: {}", o.kubelet_image);
@@ -341,4 +351,78 @@ async fn a_render_talos_would_refuse_pauses_the_operation_naming_the_patch() {
     assert_eq!(st.phase.as_deref(), Some("Paused"));
     assert!(st.paused_reason.as_deref().unwrap_or("").contains("old-kubeprism"), "{st:?}");
     assert_eq!(w.controller.talos.running_config("10.0.0.11").await.unwrap(), before, "nothing applied");
+}
+
+/// What the cluster's own controllers do between reconciles of a switch: a Cilium Job not yet
+/// run sets cilium-config for its mode and rolls the agents (the DaemonSets roll out in
+/// `kubelets`).
+fn helm(w: &World) {
+    for (key, mut d) in w.api.objects() {
+        if key.1 == "jobs" && d.pointer("/metadata/annotations/sim~1ran").is_none() {
+            let args = d.pointer("/spec/template/spec/containers/0/args").cloned().unwrap_or_default();
+            let replaced = args.as_array().is_some_and(|a| a.iter().any(|x| x == "--kube-proxy=replaced"));
+            let mut cm = w.api.get("", "configmaps", "kube-system", "cilium-config").unwrap();
+            cm["data"] = json!({"kube-proxy-replacement": replaced.to_string(), "k8s-service-host": "localhost", "k8s-service-port": "7445"});
+            w.api.put("", "configmaps", cm);
+            d["metadata"]["annotations"] = json!({"sim/ran": "true"});
+            w.api.put("batch", "jobs", d);
+        }
+    }
+}
+
+/// The kube-proxy switch through the controller: the user sets spec.cni.kubeProxy and the
+/// consent annotation and creates the cni operation; reconciles run Cilium's Job, set
+/// status.cni.kubeProxy, apply each control plane's render (which reads that status) without a
+/// reboot, delete kube-proxy through a control plane, and complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_switches_kube_proxy_to_cilium_from_the_custom_resources() {
+    // No hand-over: Ichor runs Cilium's Job itself (ADR 0066).
+    let w = cluster_with(false).await;
+    let client = w.api.client();
+    w.api.put("apps", "daemonsets", json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "cilium", "namespace": "kube-system"},
+        "spec": {"selector": {"matchLabels": {"k8s-app": "cilium"}}, "template": {"metadata": {"labels": {"k8s-app": "cilium"}}, "spec": {"containers": [{"name": "cilium", "image": "quay.io/cilium/cilium:v1.20.0"}]}}}}));
+    kubelets(&w).await;
+    let clusters: Api<render::api::TalosCluster> = Api::namespaced(client.clone(), NS);
+    clusters
+        .patch(
+            "lab",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"ichor.maesh.dev/confirm-kube-proxy-switch": "replaced"}}, "spec": {"cni": {"kubeProxy": "replaced", "handover": "disabled"}}})),
+        )
+        .await
+        .unwrap();
+    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
+    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
+    spec.cluster_ref.name = "lab".into();
+    spec.kind = render::api::OperationKind::Cni;
+    spec.target.kube_proxy = Some(render::api::KubeProxyMode::Replaced);
+    ops.create(&PostParams::default(), &TalosOperation::new("switch", spec)).await.unwrap();
+    let t0 = runtime::state::epoch("2026-11-30T12:00:00Z").unwrap();
+    let mut done = false;
+    for i in 0..100 {
+        let r = w.controller.reconcile(NS, "switch", &runtime::plan::rfc3339(t0 + 60 * i)).await.unwrap();
+        let shown: Vec<String> = r.plan.actions.iter().map(|(a, _)| a.to_string()).collect();
+        assert!(r.plan.phase != "Paused", "paused at reconcile {i}: {shown:#?}");
+        assert!(r.outcome.failed.is_empty() && r.outcome.interrupted.is_none(), "{:?}", r.outcome);
+        if r.plan.phase == "Completed" {
+            done = true;
+            break;
+        }
+        helm(&w);
+        kubelets(&w).await;
+    }
+    assert!(done, "the switch did not complete");
+    let c = clusters.get("lab").await.unwrap();
+    assert_eq!(c.status.and_then(|s| s.cni).and_then(|c| c.kube_proxy), Some(render::api::KubeProxyMode::Replaced));
+    assert!(w.api.get("apps", "daemonsets", "kube-system", "kube-proxy").is_none(), "kube-proxy deleted");
+    for (name, address) in MACHINES {
+        let config = w.controller.talos.running_config(address).await.unwrap();
+        if name.starts_with("cp") {
+            assert!(
+                config.contains("KubeProxyConfig") && config.contains("enabled: false"),
+                "{name} still runs kube-proxy"
+            );
+        }
+        assert_eq!(w.demo.fleet.reboots(address), 0);
+    }
 }
