@@ -28,6 +28,19 @@ pub const KUBE_PROXY_OBJECTS: [(&str, &str); 4] = [
     ("ConfigMap", "kube-proxy"),
 ];
 
+/// Talos's bootstrap-manifest inventory (a ConfigMap in kube-system) and the annotation that
+/// ties an object to it.
+pub const INVENTORY: &str = "talos-bootstrap-manifests-inventory";
+pub const OWNING_INVENTORY: &str = "config.k8s.io/owning-inventory";
+
+/// An object's inventory key, as cli-utils writes it: `<namespace>_<name>_<group>_<kind>`.
+pub fn inventory_key(o: &Json) -> String {
+    let s = |p: &str| o.pointer(p).and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let api_version = s("/apiVersion");
+    let group = api_version.split_once('/').map(|(g, _)| g.to_string()).unwrap_or_default();
+    format!("{}_{}_{}_{}", s("/metadata/namespace"), s("/metadata/name"), group, s("/kind"))
+}
+
 /// The namespace and ServiceAccount of the Cilium Job (it holds the rights Helm needs, which
 /// the controller does not).
 pub const JOB_NAMESPACE: &str = "kube-system";
@@ -233,8 +246,22 @@ impl KubePort for KubeCluster {
     }
 
     async fn sync_manifests(&mut self, via: &str, field_manager: &str) -> Result<(), KubeError> {
-        let objects = self.rendered(via).await?;
-        self.apply_all(&objects, field_manager).await
+        let mut objects = self.rendered(via).await?;
+        // As Talos does (FACTS 5 and 6): each object carries the inventory it belongs to, and
+        // the inventory ConfigMap lists it (`<namespace>_<name>_<group>_<kind>`). Nothing is
+        // pruned: an object Talos no longer renders is the operation's to delete (ADR 0066).
+        for o in &mut objects {
+            if let Some(meta) = o.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                let ann = meta.entry("annotations").or_insert_with(|| json!({}));
+                if let Some(a) = ann.as_object_mut() {
+                    a.insert(OWNING_INVENTORY.into(), json!(INVENTORY));
+                }
+            }
+        }
+        self.apply_all(&objects, field_manager).await?;
+        let entries: serde_json::Map<String, Json> = objects.iter().map(|o| (inventory_key(o), json!(""))).collect();
+        let inventory = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": INVENTORY, "namespace": "kube-system"}, "data": entries});
+        self.apply_all(&[inventory], field_manager).await
     }
 
     async fn delete(&mut self, via: &str, o: &ObjectRef) -> Result<(), KubeError> {

@@ -18,6 +18,30 @@ pub struct Rule {
 /// The controller's ClusterRole.
 pub const CONTROLLER_RULES: &[Rule] = &[
     Rule {
+        group: "apps",
+        resources: &["deployments"],
+        verbs: &["get", "patch"],
+        why: "the bootstrap-manifest sync applies Talos's rendering: CoreDNS's Deployment",
+    },
+    Rule {
+        group: "",
+        resources: &["services"],
+        verbs: &["get", "patch"],
+        why: "the bootstrap-manifest sync: CoreDNS's Service",
+    },
+    Rule {
+        group: "rbac.authorization.k8s.io",
+        resources: &["clusterroles", "roles", "rolebindings"],
+        verbs: &["get", "patch"],
+        why: "the bootstrap-manifest sync: the RBAC Talos renders (CSR approval, node RBAC template, CoreDNS)",
+    },
+    Rule {
+        group: "apiextensions.k8s.io",
+        resources: &["customresourcedefinitions"],
+        verbs: &["get", "patch"],
+        why: "the bootstrap-manifest sync: Talos's ServiceAccount CRD (with Talos API access)",
+    },
+    Rule {
         group: "ichor.maesh.dev",
         resources: &["talosclusters", "talosmachines", "talosconfigpatches", "talosoperations"],
         verbs: &["get", "list", "watch"],

@@ -298,3 +298,18 @@ async fn the_workload_reports_a_failed_cilium_job_by_its_mode() {
     let why = w.cilium_jobs_failed.get(&KubeProxyMode::Replaced).expect("the failed Job");
     assert!(why.contains("ichor-cni-abc") && why.contains("backoff limit"), "{why}");
 }
+
+/// The sync keeps Talos's inventory as Talos does: each applied object annotated with it, and
+/// the ConfigMap listing `<namespace>_<name>_<group>_<kind>`.
+#[tokio::test]
+async fn the_manifest_sync_keeps_talos_inventory() {
+    let (_f, api, mut k) = setup().await;
+    k.sync_manifests("cp1", "talos").await.unwrap();
+    let inv = api.get("", "configmaps", "kube-system", "talos-bootstrap-manifests-inventory").expect("the inventory");
+    let keys: Vec<&String> = inv["data"].as_object().unwrap().keys().collect();
+    assert!(keys.contains(&&"kube-system_kube-proxy_apps_DaemonSet".to_string()), "{keys:?}");
+    assert!(keys.contains(&&"_kube-proxy_rbac.authorization.k8s.io_ClusterRoleBinding".to_string()), "{keys:?}");
+    assert!(keys.contains(&&"kube-system_kube-proxy__ServiceAccount".to_string()), "{keys:?}");
+    let ds = api.get("apps", "daemonsets", "kube-system", "kube-proxy").unwrap();
+    assert_eq!(ds["metadata"]["annotations"]["config.k8s.io/owning-inventory"], "talos-bootstrap-manifests-inventory");
+}
