@@ -370,50 +370,59 @@ fn helm(w: &World) {
     }
 }
 
-/// The kube-proxy switch through the controller: the user sets spec.cni.kubeProxy and the
-/// consent annotation and creates the cni operation; reconciles run Cilium's Job, set
-/// status.cni.kubeProxy, apply each control plane's render (which reads that status) without a
-/// reboot, delete kube-proxy through a control plane, and complete.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_controller_switches_kube_proxy_to_cilium_from_the_custom_resources() {
-    // No hand-over: Ichor runs Cilium's Job itself (ADR 0066).
-    let w = cluster_with(false).await;
+/// One switch through the controller: the user sets spec.cni.kubeProxy and the consent
+/// annotation and creates the cni operation; reconciles (some killed at pseudo-random moments
+/// when `seed` is not 0) drive it to Completed.
+async fn switch_to(w: &World, mode: render::api::KubeProxyMode, name: &str, seed: u64) {
     let client = w.api.client();
-    w.api.put("apps", "daemonsets", json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "cilium", "namespace": "kube-system"},
-        "spec": {"selector": {"matchLabels": {"k8s-app": "cilium"}}, "template": {"metadata": {"labels": {"k8s-app": "cilium"}}, "spec": {"containers": [{"name": "cilium", "image": "quay.io/cilium/cilium:v1.20.0"}]}}}}));
-    kubelets(&w).await;
     let clusters: Api<render::api::TalosCluster> = Api::namespaced(client.clone(), NS);
-    clusters
-        .patch(
-            "lab",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"ichor.maesh.dev/confirm-kube-proxy-switch": "replaced"}}, "spec": {"cni": {"kubeProxy": "replaced", "handover": "disabled"}}})),
-        )
-        .await
-        .unwrap();
+    let patch = json!({"metadata": {"annotations": {"ichor.maesh.dev/confirm-kube-proxy-switch": mode.name()}}, "spec": {"cni": {"kubeProxy": mode.name(), "handover": "disabled"}}});
+    clusters.patch("lab", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
     let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
     let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
     spec.cluster_ref.name = "lab".into();
     spec.kind = render::api::OperationKind::Cni;
-    spec.target.kube_proxy = Some(render::api::KubeProxyMode::Replaced);
-    ops.create(&PostParams::default(), &TalosOperation::new("switch", spec)).await.unwrap();
+    spec.target.kube_proxy = Some(mode);
+    ops.create(&PostParams::default(), &TalosOperation::new(name, spec)).await.unwrap();
+    let controller = Arc::new(w.demo.controller("v1.37.0", Some("w1".into())).unwrap());
     let t0 = runtime::state::epoch("2026-11-30T12:00:00Z").unwrap();
-    let mut done = false;
-    for i in 0..100 {
-        let r = w.controller.reconcile(NS, "switch", &runtime::plan::rfc3339(t0 + 60 * i)).await.unwrap();
-        let shown: Vec<String> = r.plan.actions.iter().map(|(a, _)| a.to_string()).collect();
-        assert!(r.plan.phase != "Paused", "paused at reconcile {i}: {shown:#?}");
-        assert!(r.outcome.failed.is_empty() && r.outcome.interrupted.is_none(), "{:?}", r.outcome);
-        if r.plan.phase == "Completed" {
-            done = true;
-            break;
+    let mut z = seed;
+    for i in 0..200 {
+        let now = runtime::plan::rfc3339(t0 + 60 * i);
+        let (c, n) = (controller.clone(), name.to_string());
+        let task = tokio::spawn(async move { c.reconcile(NS, &n, &now).await });
+        z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if seed != 0 && (z >> 40).is_multiple_of(3) {
+            tokio::time::sleep(Duration::from_micros((z >> 20) % 40_000)).await;
+            task.abort();
+            let _ = task.await;
+        } else {
+            let r = task.await.unwrap().unwrap();
+            let shown: Vec<String> = r.plan.actions.iter().map(|(a, _)| a.to_string()).collect();
+            assert!(r.plan.phase != "Paused", "{name} paused at reconcile {i}: {shown:#?}");
+            assert!(r.outcome.failed.is_empty() && r.outcome.interrupted.is_none(), "{:?}", r.outcome);
+            if r.plan.phase == "Completed" {
+                return;
+            }
         }
-        helm(&w);
-        kubelets(&w).await;
+        helm(w);
+        kubelets(w).await;
     }
-    assert!(done, "the switch did not complete");
+    panic!("{name} did not complete");
+}
+
+/// What a switch there and back leaves: each node's config, whether kube-proxy runs, cilium-config.
+async fn there_and_back(seed: u64) -> (BTreeMap<String, String>, bool, String) {
+    use render::api::KubeProxyMode::{Enabled, Replaced};
+    // No hand-over: Ichor runs Cilium's Job itself (ADR 0066).
+    let w = cluster_with(false).await;
+    w.api.put("apps", "daemonsets", json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "cilium", "namespace": "kube-system"},
+        "spec": {"selector": {"matchLabels": {"k8s-app": "cilium"}}, "template": {"metadata": {"labels": {"k8s-app": "cilium"}}, "spec": {"containers": [{"name": "cilium", "image": "quay.io/cilium/cilium:v1.20.0"}]}}}}));
+    kubelets(&w).await;
+    switch_to(&w, Replaced, "switch", seed).await;
+    let clusters: Api<render::api::TalosCluster> = Api::namespaced(w.api.client(), NS);
     let c = clusters.get("lab").await.unwrap();
-    assert_eq!(c.status.and_then(|s| s.cni).and_then(|c| c.kube_proxy), Some(render::api::KubeProxyMode::Replaced));
+    assert_eq!(c.status.and_then(|s| s.cni).and_then(|c| c.kube_proxy), Some(Replaced));
     assert!(w.api.get("apps", "daemonsets", "kube-system", "kube-proxy").is_none(), "kube-proxy deleted");
     for (name, address) in MACHINES {
         let config = w.controller.talos.running_config(address).await.unwrap();
@@ -423,6 +432,31 @@ async fn the_controller_switches_kube_proxy_to_cilium_from_the_custom_resources(
                 "{name} still runs kube-proxy"
             );
         }
+    }
+    switch_to(&w, Enabled, "switch-back", seed.wrapping_mul(31)).await;
+    let c = clusters.get("lab").await.unwrap();
+    assert_eq!(c.status.and_then(|s| s.cni).and_then(|c| c.kube_proxy), Some(Enabled));
+    let mut end = BTreeMap::new();
+    for (name, address) in MACHINES {
+        end.insert(name.to_string(), w.controller.talos.running_config(address).await.unwrap());
         assert_eq!(w.demo.fleet.reboots(address), 0);
+    }
+    let kube_proxy = w.api.get("apps", "daemonsets", "kube-system", "kube-proxy").is_some();
+    let cm = w.api.get("", "configmaps", "kube-system", "cilium-config").unwrap();
+    (end, kube_proxy, cm["data"]["kube-proxy-replacement"].as_str().unwrap_or_default().to_string())
+}
+
+/// The kube-proxy switch through the controller, to Cilium's replacement and back: Cilium's
+/// Job first, `status.cni.kubeProxy`, each control plane's render (which reads that status)
+/// applied without a reboot, kube-proxy deleted; back again, kube-proxy restored from Talos's
+/// rendering before Cilium steps aside. With reconciles killed at random points, the same end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_switches_kube_proxy_to_cilium_and_back_even_when_killed() {
+    let clean = there_and_back(0).await;
+    assert!(clean.1, "kube-proxy restored");
+    assert_eq!(clean.2, "false", "Cilium stepped aside");
+    let runs = if std::env::var_os("ICHOR_LONG_TESTS").is_some() { 10 } else { 1 };
+    for seed in 1..=runs {
+        assert_eq!(there_and_back(seed).await, clean, "seed {seed}: a different end state");
     }
 }
