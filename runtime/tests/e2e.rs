@@ -2,7 +2,7 @@
 //! planes, 2 workers, 1.36.4 to 1.37.0) over real gRPC and mTLS: observe, assemble the
 //! snapshot, plan, execute, record status, until the operation completes. Then the same with
 //! the controller "crashing" at random points (a plan half executed and its status never
-//! written; a status written and its plan never executed), which must end in the same state.
+//! written; the machines' markers written and nothing executed), which must end in the same state.
 //!
 //! Start at `upgrade`. The Kubernetes side is `Twin`, a small stand-in that answers from what
 //! the Talos fleet runs (static pods follow the control-plane configs, kubelets the kubelet
@@ -223,8 +223,11 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         let c = crash(i);
         let mut plan = plan;
         if c == Crash::BeforeExecuting {
-            // Status written, then the controller died before acting.
-            status = runtime::status::record(&s, &plan, &[]).operation;
+            // The machines' markers written (Applying, with their clock), then the controller
+            // died before acting on them: ADR 0057's resume case (a marker is not truth).
+            let mut starts = plan.clone();
+            starts.actions.retain(|(a, _)| matches!(a, runtime::plan::Action::Start { .. }));
+            status = runtime::status::record(&s, &starts, &[]).operation;
             continue;
         }
         if let Crash::MidPlan(k) = c {
@@ -247,7 +250,7 @@ enum Crash {
     None,
     /// The first `k % (len + 1)` actions executed; status not written.
     MidPlan(usize),
-    /// Status written; nothing executed.
+    /// The machines' markers written; nothing executed.
     BeforeExecuting,
 }
 
