@@ -54,7 +54,6 @@ fn main() {
                 node_ready: true,
                 hold: false,
                 runs_controller: false,
-                running: None,
                 static_pods: BTreeMap::new(),
                 kube_proxy_manifest: None,
             };

@@ -35,8 +35,8 @@ pub fn pending(
         .collect())
 }
 
-/// What was read of one machine: from Kubernetes (its Node, its static pods) and from Talos
-/// (`running` is `None` when the node could not be reached this reconcile).
+/// What was read of one machine from Kubernetes (its Node, its static pods) and Talos (its
+/// version, whether it rendered kube-proxy); its running config is passed beside it.
 #[derive(Clone, Debug)]
 pub struct MachineRead {
     pub name: String,
@@ -46,38 +46,41 @@ pub struct MachineRead {
     pub node_ready: bool,
     pub hold: bool,
     pub runs_controller: bool,
-    pub running: Option<Config>,
     pub static_pods: BTreeMap<String, StaticPod>,
     /// Talos has rendered kube-proxy's manifest there (a control plane's `Manifests`), when read.
     pub kube_proxy_manifest: Option<bool>,
 }
 
-/// The machine's snapshot entry. An unreachable node is not Ready and has nothing pending:
-/// the rules pause at its turn and name it, and touch nothing on it.
+/// The machine's snapshot entry; `running` is its running config, `None` when the node could
+/// not be reached this reconcile: then it is not Ready and has nothing pending, so the rules
+/// pause at its turn and name it, and touch nothing on it.
 pub fn machine(
     c: &Classifier,
     contract: Contract,
     m: &MachineRead,
+    running: Option<&Config>,
     desired: &Config,
 ) -> Result<Machine, ClassifyError> {
-    let (ready, pending) = match &m.running {
-        Some(running) => (m.node_ready, pending(c, contract, running, desired)?),
-        None => (false, vec![]),
-    };
-    Ok(Machine {
+    let pending = running.map(|r| pending(c, contract, r, desired)).transpose()?;
+    Ok(entry(m, contract, pending))
+}
+
+/// The entry from what was read and the pending paths (`None`: the node was not reached).
+fn entry(m: &MachineRead, contract: Contract, pending: Option<Vec<PendingPath>>) -> Machine {
+    Machine {
         name: m.name.clone(),
         role: m.role,
         talos_version: m.talos_version.clone(),
         kubelet_version: m.kubelet_version.clone(),
-        ready,
+        ready: m.node_ready && pending.is_some(),
         hold: m.hold,
         runs_controller: m.runs_controller,
-        pending,
+        pending: pending.unwrap_or_default(),
         static_pods: m.static_pods.clone(),
         contract: Some(contract),
         kube_proxy_manifest_rendered: m.kube_proxy_manifest,
         conditions: BTreeMap::new(),
-    })
+    }
 }
 
 /// Pending paths kept by what they were computed from (the contract, a hash of the node's
@@ -100,7 +103,6 @@ impl PendingCache {
     /// The machine's snapshot entry, classifying only when its running config or its render's
     /// inputs changed since the last time: `running` is the node's config text as read (parsed
     /// only on a miss; `None` when the node was not reached), `inputs_hash` the render's.
-    /// `m.running` is not read.
     pub fn machine(
         &self,
         c: &Classifier,
@@ -134,20 +136,7 @@ impl PendingCache {
                 }
             }
         };
-        Ok(Machine {
-            name: m.name.clone(),
-            role: m.role,
-            talos_version: m.talos_version.clone(),
-            kubelet_version: m.kubelet_version.clone(),
-            ready: m.node_ready && pending.is_some(),
-            hold: m.hold,
-            runs_controller: m.runs_controller,
-            pending: pending.unwrap_or_default(),
-            static_pods: m.static_pods.clone(),
-            contract: Some(contract),
-            kube_proxy_manifest_rendered: m.kube_proxy_manifest,
-            conditions: BTreeMap::new(),
-        })
+        Ok(entry(m, contract, pending))
     }
 
     /// How many classifications are kept.

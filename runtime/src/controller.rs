@@ -53,7 +53,7 @@ pub struct Reconciled {
 }
 
 /// What a reconcile reads besides the snapshot: each machine's render and Talos address.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Read {
     pub snapshot: ObservedState,
     pub renders: BTreeMap<String, Config>,
@@ -61,14 +61,6 @@ pub struct Read {
     /// The operation's resourceVersion, for the status write.
     pub resource_version: Option<String>,
 }
-
-impl Default for ObservedState {
-    fn default() -> ObservedState {
-        serde_yaml::from_str(DEFAULT_SNAPSHOT).expect("the default snapshot parses")
-    }
-}
-
-const DEFAULT_SNAPSHOT: &str = "now: '1970-01-01T00:00:00Z'\ncluster: {name: '', kubernetesVersion: v0.0.0, releaseSetKubernetes: v0.0.0, cni: {preset: cilium, kubeProxy: enabled, handover: disabled}}\nmachines: []\noperation: {name: '', kind: kubernetes, phase: Pending}\n";
 
 pub struct Controller {
     pub kube: kube_client::Client,
@@ -127,9 +119,13 @@ impl Controller {
         let nodes: Api<Node> = Api::all(self.kube.clone());
         let pods: Api<Pod> = Api::namespaced(self.kube.clone(), "kube-system");
         let mirror = pods.list(&ListParams::default()).await.map_err(kube_err("listing kube-system pods"))?.items;
-        let mut read = Read { resource_version: op.metadata.resource_version.clone(), ..Read::default() };
+        // Every node at once (bounded), each call under its own deadline; an unreachable one is
+        // Unknown and the others are observed.
+        let addresses: Vec<String> = machines.iter().map(|m| m.spec.address.clone()).collect();
+        let observations = crate::talos::observe::observe_fleet(&self.talos, &addresses, 16).await;
+        let (mut renders, mut by_address) = (BTreeMap::new(), BTreeMap::new());
         let mut snap_machines = vec![];
-        for m in &machines {
+        for (m, observed) in machines.iter().zip(&observations) {
             let name = m.metadata.name.clone().unwrap_or_default();
             let rendered = render::machine::render_checked(&manifests, &name, None, &self.classifier)
                 .map_err(|e| ControllerError::Render { machine: name.clone(), problem: render_problem(&e) })?;
@@ -137,7 +133,6 @@ impl Controller {
             let status = node.as_ref().and_then(|n| n.status.clone()).unwrap_or_default();
             let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
             let kubelet = status.node_info.map(|i| i.kubelet_version).unwrap_or_default();
-            let observed = crate::talos::observe::observe_node(&self.talos, &m.spec.address).await;
             let static_pods: BTreeMap<String, StaticPod> = mirror
                 .iter()
                 .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
@@ -157,14 +152,14 @@ impl Controller {
                     Some((component, StaticPod { image, ready }))
                 })
                 .collect();
-            let (talos_version, running, manifest) = match &observed {
-                Ok(o) => (
+            let (talos_version, running, manifest) = match observed {
+                crate::talos::observe::Observed::Known(o) => (
                     o.talos_version.clone(),
                     Some(o.running_config.clone()),
                     (m.spec.role == render::api::Role::Controlplane)
                         .then(|| o.manifests.iter().any(|x| x == "10-kube-proxy")),
                 ),
-                Err(_) => (cluster.spec.talos_version.clone(), None, None),
+                crate::talos::observe::Observed::Unknown { .. } => (cluster.spec.talos_version.clone(), None, None),
             };
             let mr = crate::assemble::MachineRead {
                 name: name.clone(),
@@ -174,7 +169,6 @@ impl Controller {
                 node_ready: ready,
                 hold: m.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::HOLD)),
                 runs_controller: self.controller_node.as_deref() == Some(name.as_str()),
-                running: None,
                 static_pods,
                 kube_proxy_manifest: manifest,
             };
@@ -190,8 +184,8 @@ impl Controller {
                     )
                     .map_err(|e| ControllerError::Render { machine: name.clone(), problem: e.to_string() })?,
             );
-            read.renders.insert(name.clone(), rendered.config);
-            read.addresses.insert(name, m.spec.address.clone());
+            renders.insert(name.clone(), rendered.config);
+            by_address.insert(name, m.spec.address.clone());
         }
         let workload = read_workload(&self.kube, (self.service_answers)()).await?;
         let st = op.status.clone().unwrap_or_default();
@@ -199,7 +193,7 @@ impl Controller {
             .status
             .as_ref()
             .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "CNIHandover" && c.status == "True"));
-        read.snapshot = ObservedState {
+        let snapshot = ObservedState {
             now: now.to_string(),
             cluster: Cluster {
                 name: cluster_name.clone(),
@@ -248,10 +242,10 @@ impl Controller {
             other_operations: others,
         };
         // The snapshot is checked as `ichor plan --state` checks it.
-        let text = serde_yaml::to_string(&read.snapshot).map_err(|e| ControllerError::Snapshot(e.to_string()))?;
+        let text = serde_yaml::to_string(&snapshot).map_err(|e| ControllerError::Snapshot(e.to_string()))?;
         ObservedState::parse(&text)
             .map_err(|e| ControllerError::Snapshot(e.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; ")))?;
-        Ok(read)
+        Ok(Read { snapshot, renders, addresses: by_address, resource_version: op.metadata.resource_version.clone() })
     }
 
     /// A cluster's TalosMachines and TalosConfigPatches.

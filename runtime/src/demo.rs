@@ -182,17 +182,7 @@ impl Demo {
                 }
             }
         }
-        let n = self.machines.len();
-        for (key, mut d) in self.api.objects() {
-            if key.1 == "daemonsets" {
-                let generation = d.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
-                let want = json!({"desiredNumberScheduled": n, "updatedNumberScheduled": n, "numberReady": n, "currentNumberScheduled": n, "numberMisscheduled": 0, "observedGeneration": generation});
-                if d.get("status") != Some(&want) {
-                    d["status"] = want;
-                    self.api.put(&key.0, "daemonsets", d);
-                }
-            }
-        }
+        roll_out_daemonsets(&self.api, self.machines.len());
     }
 
     /// `kubelets` every `every`, until the task is dropped.
@@ -201,5 +191,42 @@ impl Demo {
             self.kubelets().await;
             tokio::time::sleep(every).await;
         }
+    }
+}
+
+/// Every DaemonSet rolled out on `nodes` nodes at its current generation (what the
+/// DaemonSet controller reports once its pods are updated and ready).
+pub fn roll_out_daemonsets(api: &kubeapi::Api, nodes: usize) {
+    for (key, mut d) in api.objects() {
+        if key.1 == "daemonsets" {
+            let generation = d.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+            let want = json!({"desiredNumberScheduled": nodes, "updatedNumberScheduled": nodes, "numberReady": nodes, "currentNumberScheduled": nodes, "numberMisscheduled": 0, "observedGeneration": generation});
+            if d.get("status") != Some(&want) {
+                d["status"] = want;
+                api.put(&key.0, "daemonsets", d);
+            }
+        }
+    }
+}
+
+/// What Helm does when Ichor's Cilium Job runs (once per Job): cilium-config says the Job's
+/// kube-proxy mode, with the API server address, and the agents get a new spec to roll out.
+pub fn run_cilium_jobs(api: &kubeapi::Api) {
+    for (key, mut job) in api.objects() {
+        if key.1 != "jobs" || job.pointer("/metadata/annotations/sim~1ran").is_some() {
+            continue;
+        }
+        let args = job.pointer("/spec/template/spec/containers/0/args").cloned().unwrap_or_default();
+        let replaced = args.as_array().is_some_and(|a| a.iter().any(|x| x == "--kube-proxy=replaced"));
+        if let Some(mut cm) = api.get("", "configmaps", "kube-system", "cilium-config") {
+            cm["data"] = json!({"kube-proxy-replacement": replaced.to_string(), "k8s-service-host": "localhost", "k8s-service-port": "7445"});
+            api.put("", "configmaps", cm);
+        }
+        if let Some(mut cilium) = api.get("apps", "daemonsets", "kube-system", "cilium") {
+            cilium["spec"]["template"]["metadata"]["annotations"] = json!({"kpr": replaced.to_string()});
+            api.put("apps", "daemonsets", cilium);
+        }
+        job["metadata"]["annotations"] = json!({"sim/ran": "true"});
+        api.put("batch", "jobs", job);
     }
 }

@@ -56,6 +56,13 @@ async fn cluster_with(handover_done: bool) -> World {
     World { api: demo.api.clone(), demo, controller }
 }
 
+/// The user moves the cluster to v1.37.0 (the release set's Kubernetes).
+async fn move_to_1_37(client: &kube_client::Client) {
+    let clusters: Api<render::api::TalosCluster> = Api::namespaced(client.clone(), NS);
+    let patch = json!({"spec": {"kubernetesVersion": "v1.37.0"}});
+    clusters.patch("lab", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+}
+
 /// The user asks for the upgrade to v1.37.0 (the TalosOperation).
 async fn create_upgrade(client: &kube_client::Client, name: &str) -> Api<TalosOperation> {
     let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
@@ -86,11 +93,7 @@ async fn the_controller_upgrades_the_example_cluster_from_its_custom_resources()
     let w = cluster().await;
     let client = w.api.client();
     // The user moves the cluster to the release set's Kubernetes and asks for the upgrade.
-    let clusters: Api<render::api::TalosCluster> = Api::namespaced(client.clone(), NS);
-    clusters
-        .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
-        .await
-        .unwrap();
+    move_to_1_37(&client).await;
     let ops = create_upgrade(&client, "upgrade-1-37").await;
 
     let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
@@ -139,11 +142,7 @@ async fn a_status_write_that_meets_a_conflict_is_re_read_and_re_planned() {
     let w = cluster().await;
     let client = w.api.client();
     let ops = create_upgrade(&client, "upgrade").await;
-    let clusters: Api<render::api::TalosCluster> = Api::namespaced(client.clone(), NS);
-    clusters
-        .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
-        .await
-        .unwrap();
+    move_to_1_37(&client).await;
     // Someone else writes the operation between the controller's read and its write: the
     // in-memory API sees a stale resourceVersion, and the controller reads again.
     let read = w.controller.read(NS, "upgrade", "2026-11-30T10:00:00Z").await.unwrap();
@@ -165,11 +164,7 @@ async fn two_replicas_only_the_lease_holder_acts() {
     use runtime::serve::{Metrics, RunConfig, run};
     let w = Arc::new(cluster().await);
     let client = w.api.client();
-    let clusters: Api<render::api::TalosCluster> = Api::namespaced(client.clone(), NS);
-    clusters
-        .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
-        .await
-        .unwrap();
+    move_to_1_37(&client).await;
     let ops = create_upgrade(&client, "upgrade").await;
     let mut stops = vec![];
     let mut tasks = vec![];
@@ -258,11 +253,7 @@ async fn machine_conditions_come_from_the_render_against_the_node() {
     let m = w.api.get("ichor.maesh.dev", "talosmachines", NS, "cp1").unwrap();
     assert_eq!(m["status"]["desiredInputsHash"], m["status"]["appliedInputsHash"]);
     // The cluster moves to v1.37.0: the node now differs from its render.
-    let clusters: Api<render::api::TalosCluster> = Api::namespaced(w.api.client(), NS);
-    clusters
-        .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
-        .await
-        .unwrap();
+    move_to_1_37(&w.api.client()).await;
     let c = w.controller.reconcile_machine(NS, "cp1", now).await.unwrap();
     assert_ne!(c.status, "True", "{c:?}");
     let m = w.api.get("ichor.maesh.dev", "talosmachines", NS, "cp1").unwrap();
@@ -279,11 +270,7 @@ async fn machine_conditions_come_from_the_render_against_the_node() {
 async fn upgrade_with_kills(seed: u64) -> (BTreeMap<String, String>, String) {
     let w = Arc::new(cluster().await);
     let client = w.api.client();
-    let clusters: Api<render::api::TalosCluster> = Api::namespaced(client.clone(), NS);
-    clusters
-        .patch("lab", &PatchParams::default(), &Patch::Merge(json!({"spec": {"kubernetesVersion": "v1.37.0"}})))
-        .await
-        .unwrap();
+    move_to_1_37(&client).await;
     let ops = create_upgrade(&client, "upgrade").await;
     let controller = Arc::new(w.demo.controller("v1.37.0", Some("w1".into())).unwrap());
     let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
@@ -353,23 +340,6 @@ async fn a_render_talos_would_refuse_pauses_the_operation_naming_the_patch() {
     assert_eq!(w.controller.talos.running_config("10.0.0.11").await.unwrap(), before, "nothing applied");
 }
 
-/// What the cluster's own controllers do between reconciles of a switch: a Cilium Job not yet
-/// run sets cilium-config for its mode and rolls the agents (the DaemonSets roll out in
-/// `kubelets`).
-fn helm(w: &World) {
-    for (key, mut d) in w.api.objects() {
-        if key.1 == "jobs" && d.pointer("/metadata/annotations/sim~1ran").is_none() {
-            let args = d.pointer("/spec/template/spec/containers/0/args").cloned().unwrap_or_default();
-            let replaced = args.as_array().is_some_and(|a| a.iter().any(|x| x == "--kube-proxy=replaced"));
-            let mut cm = w.api.get("", "configmaps", "kube-system", "cilium-config").unwrap();
-            cm["data"] = json!({"kube-proxy-replacement": replaced.to_string(), "k8s-service-host": "localhost", "k8s-service-port": "7445"});
-            w.api.put("", "configmaps", cm);
-            d["metadata"]["annotations"] = json!({"sim/ran": "true"});
-            w.api.put("batch", "jobs", d);
-        }
-    }
-}
-
 /// One switch through the controller: the user sets spec.cni.kubeProxy and the consent
 /// annotation and creates the cni operation; reconciles (some killed at pseudo-random moments
 /// when `seed` is not 0) drive it to Completed.
@@ -405,7 +375,7 @@ async fn switch_to(w: &World, mode: render::api::KubeProxyMode, name: &str, seed
                 return;
             }
         }
-        helm(w);
+        runtime::demo::run_cilium_jobs(&w.api);
         kubelets(w).await;
     }
     panic!("{name} did not complete");

@@ -105,7 +105,6 @@ fn machine_read(o: &NodeObservation, name: &str, role: Role, runs_controller: bo
         node_ready: true,
         hold: false,
         runs_controller,
-        running: Some(Config::parse(&o.running_config).unwrap()),
         static_pods: o
             .components
             .iter()
@@ -163,7 +162,16 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         for (name, role) in names() {
             let o = observe_node(&client, &name).await.unwrap();
             let read = machine_read(&o, &name, role, name == "w2");
-            machines.push(runtime::assemble::machine(&classifier, contract, &read, &renders[&name]).unwrap());
+            machines.push(
+                runtime::assemble::machine(
+                    &classifier,
+                    contract,
+                    &read,
+                    Some(&Config::parse(&o.running_config).unwrap()),
+                    &renders[&name],
+                )
+                .unwrap(),
+            );
         }
         let s = ObservedState {
             now: runtime::plan::rfc3339(t0 + 60 * i as i64),

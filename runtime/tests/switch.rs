@@ -36,32 +36,11 @@ fn ds(name: &str, image: &str) -> serde_json::Value {
         "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": name, "image": image}]}}}})
 }
 
-/// The cluster's own controllers, between reconciles: every DaemonSet rolls out; a Cilium Job
-/// not yet run sets cilium-config for its mode and rolls the agents.
+/// The cluster's own controllers, between reconciles: a Cilium Job not yet run sets
+/// cilium-config for its mode and rolls the agents; every DaemonSet rolls out.
 fn settle(api: &kubeapi::Api) {
-    for (key, mut d) in api.objects() {
-        if key.1 == "daemonsets" {
-            let generation = d.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
-            let want = json!({"desiredNumberScheduled": 5, "updatedNumberScheduled": 5, "numberReady": 5, "numberAvailable": 5, "currentNumberScheduled": 5, "numberMisscheduled": 0, "observedGeneration": generation});
-            if d.get("status") != Some(&want) {
-                d["status"] = want;
-                api.put(&key.0, "daemonsets", d.clone());
-            }
-        }
-        if key.1 == "jobs" && d.pointer("/metadata/annotations/sim~1ran").is_none() {
-            let args = d.pointer("/spec/template/spec/containers/0/args").cloned().unwrap_or_default();
-            let replaced = args.as_array().is_some_and(|a| a.iter().any(|x| x == "--kube-proxy=replaced"));
-            let mut cm = api.get("", "configmaps", "kube-system", "cilium-config").unwrap();
-            cm["data"]["kube-proxy-replacement"] = json!(replaced.to_string());
-            api.put("", "configmaps", cm);
-            // A new agent spec: generation moves, then rolls out (the loop above next time).
-            let mut cilium = api.get("apps", "daemonsets", "kube-system", "cilium").unwrap();
-            cilium["spec"]["template"]["metadata"]["annotations"] = json!({"kpr": replaced.to_string()});
-            api.put("apps", "daemonsets", cilium);
-            d["metadata"]["annotations"] = json!({"sim/ran": "true"});
-            api.put("batch", "jobs", d);
-        }
-    }
+    runtime::demo::run_cilium_jobs(api);
+    runtime::demo::roll_out_daemonsets(api, 5);
 }
 
 /// The render with kube-proxy on or off (the v1.14 KubeProxyConfig document, on control planes).
@@ -151,12 +130,20 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 node_ready: true,
                 hold: false,
                 runs_controller: name == "w2",
-                running: Some(Config::parse(&o.running_config).unwrap()),
                 static_pods: BTreeMap::new(),
                 kube_proxy_manifest: (role == Role::Controlplane)
                     .then(|| o.manifests.iter().any(|m| m == "10-kube-proxy")),
             };
-            machines.push(runtime::assemble::machine(&classifier, contract, &read, &renders[&name]).unwrap());
+            machines.push(
+                runtime::assemble::machine(
+                    &classifier,
+                    contract,
+                    &read,
+                    Some(&Config::parse(&o.running_config).unwrap()),
+                    &renders[&name],
+                )
+                .unwrap(),
+            );
         }
         let workload = read_workload(&w.kube.client, true).await.unwrap();
         let s = ObservedState {
