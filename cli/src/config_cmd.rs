@@ -116,7 +116,7 @@ fn machine_diff(
     output: Output,
 ) -> Result<Report> {
     let m = disk::read_manifests(dir, c)?;
-    let rendered = disk::render_machine(&m, machine, contract, c)?;
+    let rendered = disk::render_machine_unchecked(&m, machine, contract, c)?;
     let mch = m.machine(machine).context("--machine")?;
     let running = disk::read_config(node)?;
     let ctx = render::machine::context(&m, mch, &rendered);

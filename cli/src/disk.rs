@@ -267,8 +267,25 @@ pub fn render_machine(
     contract: Option<&str>,
     c: &Classifier,
 ) -> Result<render::render::Rendered> {
+    render_result(render::machine::render_checked(m, machine, contract, c))
+}
+
+/// A machine's render without the Talos check (`config diff --manifests` reports refusals as
+/// the machine's condition).
+pub fn render_machine_unchecked(
+    m: &Manifests,
+    machine: &str,
+    contract: Option<&str>,
+    c: &Classifier,
+) -> Result<render::render::Rendered> {
+    render_result(render::machine::render_unchecked(m, machine, contract, c))
+}
+
+fn render_result(
+    r: Result<render::render::Rendered, render::machine::MachineError>,
+) -> Result<render::render::Rendered> {
     use render::machine::MachineError;
-    render::machine::render_checked(m, machine, contract, c).map_err(|e| match e {
+    r.map_err(|e| match e {
         // The library names the problem; the command line names the flag that caused it.
         MachineError::Unknown(_) => anyhow::Error::new(e).context("--machine"),
         MachineError::Contract(_) => anyhow::Error::new(e).context("--contract"),

@@ -17,7 +17,8 @@ pub fn render_cmd(
     let c = disk::classifier(rules.map(PathBuf::as_path))?;
     let m = disk::read_manifests(manifests, &c)?;
     let out = disk::render_machine(&m, machine, contract, &c)?;
-    Ok(Report { stdout: out.text, ..Report::default() })
+    let stderr: String = out.warnings.iter().map(|w| format!("warning: {w}\n")).collect();
+    Ok(Report { stdout: out.text, stderr, ..Report::default() })
 }
 
 pub fn crds_cmd() -> Result<Report> {

@@ -63,9 +63,14 @@ fn example(path: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)).unwrap()
 }
 
-/// The node label change a v1.14 node applies live.
+/// The node label change a v1.14 node applies live (in KubeNodeConfig: beside it, the legacy
+/// `machine.nodeLabels` is a conflict Talos refuses).
 fn with_label(config: &str) -> String {
-    config.replacen("machine:\n", "machine:\n    nodeLabels:\n        rack: r1\n", 1)
+    config.replacen(
+        "kind: KubeNodeConfig\nnodeIP: {}\nlabels:\n",
+        "kind: KubeNodeConfig\nnodeIP: {}\nlabels:\n    rack: r1\n",
+        1,
+    )
 }
 
 #[test]
@@ -82,7 +87,7 @@ fn diff_then_apply_a_live_change_to_a_simulated_v1_14_node() {
     let diff = || run(ichor().args(["config", "diff", "--node", "cp1", "--talosconfig", &tc, "--to"]).arg(&desired));
     let (code, out, _) = diff();
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("Verdict: LiveApply") && out.contains("machine.nodeLabels.rack"), "{out}");
+    assert!(out.contains("Verdict: LiveApply") && out.contains("KubeNodeConfig.labels.rack"), "{out}");
     // Talos's dry run applies nothing.
     let (code, out, err) =
         run(ichor().args(["apply", "--node", "cp1", "--talosconfig", &tc, "--dry-run"]).arg(&desired));

@@ -86,7 +86,7 @@ fn main() {
     let to = from
         .replace("mtu: 1500", "mtu: 9000")
         .replace("kubelet:v1.36.4", "kubelet:v1.36.5")
-        .replace("EXAMPLE SERVICE ACCOUNT KEY", "ROTATED SERVICE ACCOUNT KEY");
+        .replace("-----BEGIN RSA PRIVATE KEY-----\\n", "-----BEGIN RSA PRIVATE KEY-----\\nROTATED");
     let t = time(budget, || {
         let a = Config::parse(from).unwrap();
         let b = Config::parse(&to).unwrap();

@@ -29,6 +29,13 @@ struct Rels {
     document: Input<1>,
     machine_type: Input<1>,
     present: Input<1>,
+    contract: Input<1>,
+    value: Input<2>,
+    filled: Input<1>,
+    item: Input<3>,
+    cidr: Input<2>,
+    b64_bytes: Input<2>,
+    document_name: Input<2>,
     machine_role: Input<1>,
     entry_restarts: Input<2>,
     consent: Input<1>,
@@ -56,6 +63,13 @@ impl Rels {
             document: b.input("document", [("kind", S)]),
             machine_type: b.input("machine_type", [("type", S)]),
             present: b.input("present", [("path", S)]),
+            contract: b.input("contract", [("version", S)]),
+            value: b.input("value", [("path", S), ("text", S)]),
+            filled: b.input("filled", [("path", S)]),
+            item: b.input("item", [("list", S), ("index", N), ("path", S)]),
+            cidr: b.input("cidr", [("path", S), ("family", S)]),
+            b64_bytes: b.input("b64_bytes", [("path", S), ("n", N)]),
+            document_name: b.input("document_name", [("kind", S), ("name", S)]),
             machine_role: b.input("machine_role", [("role", S)]),
             entry_restarts: b.input("entry_restarts", [("entry", N), ("service", S)]),
             consent: b.input("consent", [("mode", S)]),
@@ -423,19 +437,47 @@ impl Classifier {
             sensitive.push(secret);
         }
         if let Some(cfg) = desired {
+            let row = [b.sym(&contract.to_string())];
+            r.contract.push(&mut b, row);
             for d in &cfg.docs {
-                if let Some(k) = &d.kind {
-                    let id = b.sym(k);
-                    r.document.push(&mut b, [id]);
+                let kind = b.sym(d.kind.as_deref().unwrap_or("v1alpha1"));
+                r.document.push(&mut b, [kind]);
+                if d.kind.is_some() {
+                    let name = b.sym(d.name.as_deref().unwrap_or_default());
+                    r.document_name.push(&mut b, [kind, name]);
                 }
             }
             if let Some(t) = cfg.machine_type() {
                 let id = b.sym(t);
                 r.machine_type.push(&mut b, [id]);
             }
-            for path in cfg.leaves().keys() {
-                let id = b.sym(&path.to_string());
+            for (path, v) in cfg.leaves() {
+                let text = path.to_string();
+                let id = b.sym(&text);
                 r.present.push(&mut b, [id]);
+                let facts = leaf_facts(&v);
+                if facts.filled {
+                    r.filled.push(&mut b, [id]);
+                }
+                if let Some(n) = facts.b64_bytes {
+                    let row = [id, b.num(n as i64)];
+                    r.b64_bytes.push(&mut b, row);
+                }
+                if let Some((parent, i)) = path.parent_index() {
+                    let row = [b.sym(&parent.to_string()), b.num(i as i64), id];
+                    r.item.push(&mut b, row);
+                }
+                // A secret's value is never a fact: only whether it is there, and its length.
+                if !data.matcher.secret(&path) {
+                    if let Some(t) = facts.text {
+                        let row = [id, b.sym(&t)];
+                        r.value.push(&mut b, row);
+                    }
+                    if let Some(f) = facts.cidr {
+                        let row = [id, b.sym(f)];
+                        r.cidr.push(&mut b, row);
+                    }
+                }
             }
         }
         if let Some(m) = machine {
@@ -493,6 +535,7 @@ impl Classifier {
             .map(|[m, a]| Rejection { message: db.sym(m).to_string(), at: db.sym(a).to_string() })
             .collect();
         rejected.sort();
+        let rejected = join_controlplane_only(rejected);
         let machine = machine.and_then(|_| {
             let [status, reason, message] = r.machine_ready.rows(&db).next()?;
             let mut reboot_paths: Vec<String> = r.reboot_path.rows(&db).map(|[p]| db.sym(p).to_string()).collect();
@@ -540,4 +583,62 @@ impl Classifier {
             _ => None,
         }
     }
+}
+
+/// What the validation rules read of one leaf's value.
+struct LeafFacts {
+    filled: bool,
+    text: Option<String>,
+    cidr: Option<&'static str>,
+    b64_bytes: Option<usize>,
+}
+
+fn leaf_facts(v: &serde_yaml::Value) -> LeafFacts {
+    use base64::Engine as _;
+    use serde_yaml::Value;
+    let text = match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    };
+    let filled = match v {
+        Value::Null => false,
+        Value::String(s) => !s.is_empty(),
+        Value::Mapping(m) => !m.is_empty(),
+        Value::Sequence(s) => !s.is_empty(),
+        _ => true,
+    };
+    let cidr = text.as_deref().and_then(cidr_family);
+    let b64_bytes = match v {
+        Value::String(s) if !s.is_empty() => {
+            base64::engine::general_purpose::STANDARD.decode(s.trim()).ok().map(|b| b.len())
+        }
+        _ => None,
+    };
+    LeafFacts { filled, text, cidr, b64_bytes }
+}
+
+/// `ipv4` or `ipv6` when the text is a CIDR (`10.244.0.0/16`, `fd00::/56`).
+fn cidr_family(t: &str) -> Option<&'static str> {
+    let (addr, len) = t.split_once('/')?;
+    let len: u8 = len.parse().ok()?;
+    match addr.parse::<core::net::IpAddr>().ok()? {
+        core::net::IpAddr::V4(_) if len <= 32 => Some("ipv4"),
+        core::net::IpAddr::V6(_) if len <= 128 => Some("ipv6"),
+        _ => None,
+    }
+}
+
+/// Talos names every control-plane-only kind of a config in one message, sorted and printed
+/// as a Go slice (`[KubeFlannelCNIConfig KubeProxyConfig]`); the rules derive one row per kind.
+fn join_controlplane_only(rows: Vec<Rejection>) -> Vec<Rejection> {
+    const HEAD: &str = "the following document kinds are only allowed on control plane machines: [";
+    let (cp, mut rest): (Vec<Rejection>, Vec<Rejection>) = rows.into_iter().partition(|r| r.message.starts_with(HEAD));
+    if !cp.is_empty() {
+        let kinds: Vec<&str> = cp.iter().map(|r| r.at.as_str()).collect();
+        rest.push(Rejection { message: format!("{HEAD}{}]", kinds.join(" ")), at: kinds.join(" and ") });
+        rest.sort();
+    }
+    rest
 }

@@ -18,6 +18,7 @@ pub mod fieldmeta;
 pub mod inventory;
 pub mod machine;
 pub mod manifests;
+pub mod patch;
 pub mod path;
 pub mod render;
 pub mod secrets;

@@ -44,9 +44,10 @@ impl MachineError {
     }
 }
 
-/// Renders `machine` at `contract` (default: its cluster's) and checks the result against the
-/// contract: paths it lacks and documents Talos refuses are errors naming the patch at fault.
-pub fn render_checked(
+/// Renders `machine` at `contract` (default: its cluster's) without the Talos check: for
+/// `config diff --manifests`, which reports a refusal as the machine's ConfigRejected
+/// condition beside the diff instead of failing.
+pub fn render_unchecked(
     m: &Manifests,
     machine: &str,
     contract: Option<&str>,
@@ -57,8 +58,20 @@ pub fn render_checked(
     let contract = c.contract(contract.unwrap_or(&cluster.spec.version_contract))?;
     let (bundle, version) = m.bundle(cluster);
     let inputs = m.inputs(mch, &bundle, version);
-    let out = render(&inputs, contract)
-        .map_err(|problems| MachineError::Render { machine: machine.to_string(), problems })?;
+    render(&inputs, contract).map_err(|problems| MachineError::Render { machine: machine.to_string(), problems })
+}
+
+/// Renders `machine` at `contract` (default: its cluster's) and checks the result against the
+/// contract: paths it lacks and documents Talos refuses are errors naming the patch at fault.
+pub fn render_checked(
+    m: &Manifests,
+    machine: &str,
+    contract: Option<&str>,
+    c: &Classifier,
+) -> Result<Rendered, MachineError> {
+    let out = render_unchecked(m, machine, contract, c)?;
+    let contract = out.contract;
+    let cluster = m.cluster_of(m.machine(machine)?);
     let changes = diff::changes(&Config::default(), &out.config);
     let o = c.classify(contract, &changes, Some(&out.config), false)?;
     let blame = |p: &Path| -> String {
@@ -86,12 +99,26 @@ pub fn render_checked(
     for r in &o.rejected {
         // Blame a part of the conflict that a patch set, else the first part.
         let parts: Vec<String> = r.at.split(" and ").filter_map(|x| Path::parse(x).ok()).map(|p| blame(&p)).collect();
-        let who =
-            parts.iter().find(|w| w.starts_with("TalosConfigPatch")).or(parts.first()).cloned().unwrap_or_default();
-        problems.push(format!(
-            "{who}: spec.patch: Talos would refuse the rendered config: {} ({}); remove it from the patch or select other machines",
-            r.message, r.at
-        ));
+        let who = parts.iter().find(|w| w.starts_with("TalosConfigPatch")).cloned();
+        problems.push(match who {
+            Some(who) => format!(
+                "{who}: spec.patch: Talos would refuse the rendered config: {} ({}); remove it from the patch or select other machines",
+                r.message, r.at
+            ),
+            // The install target comes from the machine itself.
+            None if r.at.starts_with("machine.install") => format!(
+                "{}: spec.installDisk: Talos would refuse the rendered config: {} ({}); set the machine's install disk",
+                crate::render::object_name("TalosMachine", &m.machine(machine)?.metadata),
+                r.message,
+                r.at
+            ),
+            None => format!(
+                "{}: Talos would refuse the rendered config: {} ({}); fix the resource or add a patch that does",
+                parts.first().cloned().unwrap_or_default(),
+                r.message,
+                r.at
+            ),
+        });
     }
     if !problems.is_empty() {
         return Err(MachineError::Refused { machine: machine.to_string(), problems });

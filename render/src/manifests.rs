@@ -80,6 +80,16 @@ impl Manifests {
                 let api = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default().to_string();
                 let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
                 let at = format!("{file}:{start}");
+                // Strict field validation, as `kubectl apply` does it: a field the CRD's schema
+                // does not know is an error, never silently dropped (`instalDisk`).
+                if api == "ichor.maesh.dev/v1alpha1" {
+                    let name = value.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("?");
+                    for (path, known) in unknown_fields(&kind, &value) {
+                        errors.push(format!(
+                            "{file}:{start}: {kind} {name}: {path}: unknown field (strict field validation, as kubectl apply does); the fields here are {known}"
+                        ));
+                    }
+                }
                 let de = |e: serde_yaml::Error| {
                     let msg = crate::yaml::scrub(&e.to_string());
                     format!("{at}: {kind}: {}", msg.split(" at line ").next().unwrap_or_default())
@@ -237,6 +247,63 @@ impl Manifests {
             })
             .collect();
         Inputs { cluster, machine: m, patches, secrets: bundle, secrets_version }
+    }
+}
+
+/// Fields of an object its kind's CRD schema does not have, with the fields it does have there.
+pub fn unknown_fields(kind: &str, object: &Value) -> Vec<(String, String)> {
+    let Some(crd) = crate::api::crds().into_iter().find(|c| c.spec.names.kind == kind) else { return vec![] };
+    let Some(schema) =
+        crd.spec.versions.first().and_then(|v| v.schema.as_ref()).and_then(|s| s.open_api_v3_schema.as_ref())
+    else {
+        return vec![];
+    };
+    let schema = serde_json::to_value(schema).unwrap_or_default();
+    let object = serde_json::to_value(object).unwrap_or_default();
+    let mut out = vec![];
+    if let Some(top) = object.as_object() {
+        for (k, v) in top {
+            match k.as_str() {
+                "apiVersion" | "kind" | "metadata" => {}
+                _ => match schema.get("properties").and_then(|p| p.get(k)) {
+                    Some(s) => walk_schema(v, s, k, &mut out),
+                    None => out.push((k.clone(), "apiVersion, kind, metadata, spec, status".into())),
+                },
+            }
+        }
+    }
+    out
+}
+
+fn walk_schema(v: &serde_json::Value, schema: &serde_json::Value, path: &str, out: &mut Vec<(String, String)>) {
+    if schema.get("x-kubernetes-preserve-unknown-fields").and_then(serde_json::Value::as_bool) == Some(true) {
+        return;
+    }
+    match v {
+        serde_json::Value::Object(m) => {
+            let Some(props) = schema.get("properties").and_then(serde_json::Value::as_object) else {
+                if let Some(extra) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+                    for (k, x) in m {
+                        walk_schema(x, extra, &format!("{path}.{k}"), out);
+                    }
+                }
+                return;
+            };
+            for (k, x) in m {
+                match props.get(k) {
+                    Some(s) => walk_schema(x, s, &format!("{path}.{k}"), out),
+                    None => out.push((format!("{path}.{k}"), props.keys().cloned().collect::<Vec<_>>().join(", "))),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            if let Some(s) = schema.get("items") {
+                for (i, x) in items.iter().enumerate() {
+                    walk_schema(x, s, &format!("{path}[{i}]"), out);
+                }
+            }
+        }
+        _ => {}
     }
 }
 

@@ -55,6 +55,14 @@ impl Path {
         p
     }
 
+    /// The list and the index when the path ends at a list element (`a.b[2]` -> `a.b`, 2).
+    pub fn parent_index(&self) -> Option<(Path, usize)> {
+        match self.segs.split_last()? {
+            (Seg::Index(i), rest) if !rest.is_empty() => Some((Path { segs: rest.to_vec() }, *i)),
+            _ => None,
+        }
+    }
+
     /// Parses the syntax above (no wildcards). The error names the column.
     pub fn parse(text: &str) -> Result<Path, PathError> {
         Path::parse_text(text).map_err(|message| PathError { message })

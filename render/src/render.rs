@@ -57,6 +57,14 @@ pub struct Rendered {
     pub patches: Vec<String>,
     /// Which patch last set each leaf path (for error messages).
     pub set_by: BTreeMap<Path, String>,
+    /// What the user should know though the render succeeded: where Ichor deliberately
+    /// differs from the contract's Talos, or a merge that cleared a field.
+    pub warnings: Vec<RenderError>,
+}
+
+/// The encoded size of a config's documents.
+fn size(docs: &[Value]) -> usize {
+    docs.iter().map(|d| serde_yaml::to_string(d).map_or(0, |t| t.len() + 4)).sum()
 }
 
 pub fn object_name(kind: &str, meta: &kube_core::ObjectMeta) -> String {
@@ -141,11 +149,17 @@ fn audit_policy() -> Value {
     ])
 }
 
-fn installer_image(c: &TalosClusterSpec, contract: Contract) -> String {
+/// The installer image: the cluster's own, else the default of the talosctl that matches the
+/// Talos version the machines run (FACTS 8.8), not the contract: a machine running Talos 1.14
+/// at contract v1.13 gets 1.14's factory installer.
+fn installer_image(c: &TalosClusterSpec) -> String {
     if let Some(i) = &c.install_image {
         return i.clone();
     }
-    if contract >= (Contract { major: 1, minor: 14 }) {
+    let talos = c.talos_version.strip_prefix('v').unwrap_or(&c.talos_version);
+    let minor = talos.split('.').nth(1).and_then(|m| m.parse::<u32>().ok()).unwrap_or(0);
+    let major = talos.split('.').next().and_then(|m| m.parse::<u32>().ok()).unwrap_or(0);
+    if (major, minor) >= (1, 14) {
         format!(
             "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:{}",
             c.talos_version
@@ -185,7 +199,7 @@ impl<'a> Common<'a> {
 }
 
 /// Base documents, legacy v1alpha1 form (contract up to v1.13).
-fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
+fn base_legacy(i: &Inputs) -> Vec<Value> {
     let Common { c, b, cp, v, net, name } = Common::of(i);
     let mut machine = vec![
         ("type", s(i.machine.spec.role.name())),
@@ -204,7 +218,7 @@ fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
     let mut install = vec![];
     if let Some(disk) = &i.machine.spec.install_disk {
         install.push(("disk", s(disk)));
-        install.push(("image", s(&installer_image(c, contract))));
+        install.push(("image", s(&installer_image(c))));
     }
     install.push(("wipe", Value::Bool(false)));
     install.push(("grubUseUKICmdline", Value::Bool(true)));
@@ -284,7 +298,7 @@ fn base_legacy(i: &Inputs, contract: Contract) -> Vec<Value> {
 }
 
 /// Base documents, multi-document form (contract v1.14 on).
-fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
+fn base_documents(i: &Inputs) -> Vec<Value> {
     let Common { c, b, cp, v, net, name } = Common::of(i);
     let mut v1_cluster = vec![("token", s(&b.secrets.bootstraptoken))];
     if cp {
@@ -320,7 +334,7 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
             "UnattendedInstallConfig",
             None,
             vec![
-                ("installer", map(vec![("image", s(&installer_image(c, contract)))])),
+                ("installer", map(vec![("image", s(&installer_image(c)))])),
                 (
                     "provisioning",
                     map(vec![
@@ -479,170 +493,7 @@ fn base_documents(i: &Inputs, contract: Contract) -> Vec<Value> {
     docs
 }
 
-// ---- documents as a list keyed by identity --------------------------------------------------
-
-fn id_of(d: &Value) -> (Option<String>, Option<String>) {
-    let kind = d.get("kind").and_then(Value::as_str).map(str::to_string);
-    let name = d.get("name").and_then(Value::as_str).map(str::to_string);
-    (kind.clone(), if kind.is_some() { name } else { None })
-}
-
-fn find(docs: &[Value], id: &(Option<String>, Option<String>)) -> Option<usize> {
-    docs.iter().position(|d| &id_of(d) == id)
-}
-
-fn describe(id: &(Option<String>, Option<String>)) -> String {
-    match id {
-        (None, _) => "the v1alpha1 document".into(),
-        (Some(k), None) => format!("document {k}"),
-        (Some(k), Some(n)) => format!("document {k}[{n}]"),
-    }
-}
-
-/// The path of a document itself (`KubeProxyConfig`, `LinkConfig[eth0]`).
-fn doc_path(id: &(Option<String>, Option<String>)) -> String {
-    match id {
-        (None, _) => String::new(),
-        (Some(k), None) => k.clone(),
-        (Some(k), Some(n)) => format!("{k}[{n}]"),
-    }
-}
-
-/// Lists that a patch replaces instead of appending to (`merge:"replace"`, FACTS 8.3).
-const REPLACE: &[&str] = &[
-    "cluster.apiServer.auditPolicy",
-    "cluster.network.podSubnets",
-    "cluster.network.serviceSubnets",
-    "KubeNetworkConfig.podSubnets",
-    "KubeNetworkConfig.serviceSubnets",
-    "KubeAuditPolicyConfig.configuration",
-    "KubeAuthenticationConfig.configuration",
-    "KubeCredentialProviderConfig.configuration",
-    "CRIBaseRuntimeSpecConfig.overrides",
-];
-
-/// Keyed lists: a patch item merges into the base item with the same key (FACTS 8.3).
-fn list_key(path: &str) -> Option<&'static str> {
-    if path == "machine.network.interfaces" {
-        Some("interface")
-    } else if path.starts_with("machine.network.interfaces[") && path.ends_with(".vlans") {
-        Some("vlanId")
-    } else if path == "cluster.apiServer.admissionControl" {
-        Some("name")
-    } else {
-        None
-    }
-}
-
-fn is_delete(v: &Value) -> bool {
-    v.get("$patch").and_then(Value::as_str) == Some("delete")
-}
-
-/// Merges `patch` into `base` at `path` (Talos's strategic merge, on YAML values).
-fn merge(base: &mut Value, patch: &Value, path: &str, set: &mut Vec<String>) -> Result<(), String> {
-    let replace = REPLACE.contains(&path)
-        || path.ends_with("Config.configuration") && REPLACE.iter().any(|r| path.ends_with(r))
-        || path.contains(".extraArgs.")
-        || (path.starts_with("NetworkRuleConfig[")
-            && (path.ends_with(".ingress") || path.ends_with(".portSelector.ports")))
-        || (path.starts_with("BGPInstanceConfig[")
-            && (path.ends_with(".advertise") || path.ends_with(".importRoutes") || path.ends_with(".neighbors")))
-        || (path.starts_with("KubeStaticPodConfig[") && path.ends_with(".pod"));
-    match (base, patch) {
-        (_, Value::Null) => Ok(()),
-        (b, p) if replace => {
-            *b = p.clone();
-            set.push(path.to_string());
-            Ok(())
-        }
-        (Value::Mapping(b), Value::Mapping(p)) => {
-            for (k, v) in p {
-                let key = k.as_str().unwrap_or_default().to_string();
-                let child = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
-                if is_delete(v) {
-                    if b.remove(k).is_none() {
-                        return Err(format!("`$patch: delete` of {child}, which the config does not have"));
-                    }
-                    set.push(child);
-                    continue;
-                }
-                match b.get_mut(k) {
-                    Some(existing) => merge(existing, v, &child, set)?,
-                    None => {
-                        b.insert(k.clone(), v.clone());
-                        set.push(child);
-                    }
-                }
-            }
-            Ok(())
-        }
-        (Value::Sequence(b), Value::Sequence(p)) => {
-            match list_key(path) {
-                Some(key) => {
-                    for item in p {
-                        let kv = item.get(key).cloned();
-                        let at = kv.as_ref().and_then(|kv| b.iter().position(|x| x.get(key) == Some(kv)));
-                        match at {
-                            Some(i) => merge(&mut b[i], item, &format!("{path}[{i}]"), set)?,
-                            None => b.push(item.clone()),
-                        }
-                    }
-                }
-                None => b.extend(p.iter().cloned()),
-            }
-            set.push(path.to_string());
-            Ok(())
-        }
-        (b, p) => {
-            *b = p.clone();
-            set.push(path.to_string());
-            Ok(())
-        }
-    }
-}
-
-/// Applies one patch's documents to the config's documents.
-fn apply_patch(docs: &mut Vec<Value>, patch_docs: &[Value], set: &mut Vec<String>) -> Result<(), String> {
-    for p in patch_docs {
-        let id = id_of(p);
-        if is_delete(p) {
-            if id.0.is_none() {
-                return Err("the v1alpha1 document cannot be deleted".into());
-            }
-            match find(docs, &id) {
-                Some(i) => {
-                    docs.remove(i);
-                    set.push(doc_path(&id));
-                }
-                None => {
-                    return Err(format!("`$patch: delete` of {}, which the config does not have", describe(&id)));
-                }
-            }
-            continue;
-        }
-        match find(docs, &id) {
-            Some(i) => {
-                let prefix = match &id {
-                    (None, _) => String::new(),
-                    (Some(k), None) => k.clone(),
-                    (Some(k), Some(n)) => format!("{k}[{n}]"),
-                };
-                let mut body = p.clone();
-                if let Value::Mapping(m) = &mut body {
-                    for k in ["apiVersion", "kind", "name"] {
-                        m.remove(k);
-                    }
-                }
-                merge(&mut docs[i], &body, &prefix, set)?;
-            }
-            None => {
-                docs.push(p.clone());
-                set.push(doc_path(&id));
-            }
-        }
-    }
-    Ok(())
-}
+use crate::patch::{Patch, PatchDoc, id_of};
 
 fn selects(p: &TalosConfigPatch, m: &TalosMachine) -> bool {
     let sel = &p.spec.selector;
@@ -653,11 +504,11 @@ fn selects(p: &TalosConfigPatch, m: &TalosMachine) -> bool {
 
 /// A copy of a patch's documents with what Ichor owns taken out: the CNI's inline manifest
 /// once handed over (ADR 0024), and the kube-proxy setting once Ichor owns it (ADR 0066).
-fn filtered(docs: &[Value], contract: Contract, handed_over: bool, owns_proxy: bool) -> Vec<Value> {
+fn filtered(docs: &[PatchDoc], contract: Contract, handed_over: bool, owns_proxy: bool) -> Vec<PatchDoc> {
     let v114 = contract >= Contract { major: 1, minor: 14 };
     let mut out = vec![];
-    for d in docs {
-        let mut d = d.clone();
+    for pd in docs {
+        let mut d = pd.value.clone();
         let (kind, name) = id_of(&d);
         if handed_over
             && kind.as_deref() == Some("KubeInlineManifestConfig")
@@ -685,7 +536,7 @@ fn filtered(docs: &[Value], contract: Contract, handed_over: bool, owns_proxy: b
         {
             m.remove("enabled");
         }
-        out.push(d);
+        out.push(PatchDoc { line: pd.line, value: d });
     }
     out
 }
@@ -695,7 +546,7 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
     let mut errors = vec![];
     let v114 = contract >= Contract { major: 1, minor: 14 };
     let cp = i.machine.spec.role == Role::Controlplane;
-    let mut docs = if v114 { base_documents(i, contract) } else { base_legacy(i, contract) };
+    let mut docs = if v114 { base_documents(i) } else { base_legacy(i) };
     // The CNI preset: anything but Flannel means no Flannel from Talos.
     match i.cluster.spec.cni.preset {
         CniPreset::Flannel => {}
@@ -716,33 +567,67 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
     patches.sort_by(|a, b| (a.spec.order, &a.metadata.name).cmp(&(b.spec.order, &b.metadata.name)));
     let mut applied = vec![];
     let mut set_by: BTreeMap<String, String> = BTreeMap::new();
+    let mut warnings = vec![];
     for p in &patches {
         let obj = object_name("TalosConfigPatch", &p.metadata);
-        let parsed =
-            crate::yaml::parse_documents(&p.spec.patch, crate::config::MAX_CONFIG_BYTES).map_err(|e| e.message);
-        let pdocs = match parsed {
-            Ok(d) => d,
-            Err(e) => {
+        let located = |e: crate::patch::PatchError| RenderError {
+            object: obj.clone(),
+            field: if e.field.is_empty() { "spec.patch".into() } else { format!("spec.patch: {}", e.field) },
+            message: if e.document == "?" {
+                format!("line {} of the patch: {}", e.line, e.message)
+            } else {
+                format!("line {} of the patch, document {}: {}", e.line, e.document, e.message)
+            },
+        };
+        let pdocs = match Patch::load(&p.spec.patch, contract) {
+            Ok(Patch::Strategic(d)) => d,
+            Ok(Patch::Json6902 { line }) => {
+                // Talos applies JSON 6902 only to a single-document config; every config of
+                // contract v1.12 and later has at least two (FACTS 8.5).
                 errors.push(RenderError {
                     object: obj,
                     field: "spec.patch".into(),
-                    message: format!("not valid YAML: {e}"),
+                    message: format!(
+                        "line {line} of the patch: JSON6902 patches are not supported for multi-document machine configuration (the {contract} config has {} documents); write the change as a strategic-merge document",
+                        docs.len()
+                    ),
                 });
+                continue;
+            }
+            Err(es) => {
+                errors.extend(es.into_iter().map(located));
                 continue;
             }
         };
         let pdocs = filtered(&pdocs, contract, handed_over, owns_proxy);
-        let mut set = vec![];
-        if let Err(e) = apply_patch(&mut docs, &pdocs, &mut set) {
+        let before = size(&docs);
+        match crate::patch::apply(&mut docs, &pdocs, contract) {
+            Ok(done) => {
+                for path in done.set {
+                    set_by.insert(path, obj.clone());
+                }
+                warnings.extend(done.warnings.into_iter().map(|w| RenderError {
+                    object: obj.clone(),
+                    field: "spec.patch".into(),
+                    message: format!("line {} of the patch, document {}: {}", w.line, w.document, w.message),
+                }));
+            }
+            Err(e) => {
+                errors.push(located(e));
+                continue;
+            }
+        }
+        let after = size(&docs);
+        if after > crate::config::MAX_CONFIG_BYTES {
             errors.push(RenderError {
                 object: obj.clone(),
                 field: "spec.patch".into(),
-                message: format!("{e}; fix or remove the patch"),
+                message: format!(
+                    "the config grows from {before} to {after} bytes with this patch, over the {}-byte limit Talos accepts; make the patch smaller",
+                    crate::config::MAX_CONFIG_BYTES
+                ),
             });
             continue;
-        }
-        for path in set {
-            set_by.insert(path, obj.clone());
         }
         applied.push(obj.trim_start_matches("TalosConfigPatch ").to_string());
     }
@@ -796,7 +681,7 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
         }
     };
     let set_by = set_by.into_iter().filter_map(|(k, v)| Path::parse(&k).ok().map(|p| (p, v))).collect();
-    Ok(Rendered { contract, text, config, inputs_hash: inputs_hash(i, &patches), patches: applied, set_by })
+    Ok(Rendered { contract, text, config, inputs_hash: inputs_hash(i, &patches), patches: applied, set_by, warnings })
 }
 
 /// The desired-inputs hash (ADR 0024 amendment): generations of the cluster, the machine and

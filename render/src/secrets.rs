@@ -38,6 +38,9 @@ pub struct Secrets {
     pub bootstraptoken: String,
     #[serde(default)]
     pub secretboxencryptionsecret: String,
+    /// The encryption secret of contracts up to 1.2; Talos takes one of the two.
+    #[serde(default)]
+    pub aescbcencryptionsecret: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -61,6 +64,34 @@ pub fn pem(b64: &str) -> String {
         .ok()
         .and_then(|b| String::from_utf8(b).ok())
         .unwrap_or_else(|| b64.to_string())
+}
+
+/// Why a value is not base64 of a PEM block of the wanted kind (the label is named, never the
+/// content).
+fn pem_problem(b64: &str, wanted: impl Fn(&str) -> bool, what: &str) -> Option<String> {
+    let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(b64.trim()) else {
+        return Some(format!("not base64 (Talos stores {what} as base64 of its PEM)"));
+    };
+    let Ok(text) = String::from_utf8(bytes) else { return Some(format!("not base64 of PEM text ({what} expected)")) };
+    let label =
+        text.lines().find_map(|l| l.trim().strip_prefix("-----BEGIN ")?.strip_suffix("-----").map(str::to_string));
+    match label {
+        None => Some(format!("no PEM block ({what} expected)")),
+        Some(l) if !wanted(&l) => Some(format!("a PEM {l}, where {what} belongs")),
+        Some(l) => {
+            let body: String = text
+                .lines()
+                .skip_while(|x| !x.contains("-----BEGIN"))
+                .skip(1)
+                .take_while(|x| !x.contains("-----END"))
+                .filter(|x| !x.contains(':'))
+                .collect();
+            match base64::engine::general_purpose::STANDARD.decode(body.trim()) {
+                Ok(der) if !der.is_empty() => None,
+                _ => Some(format!("the PEM {l} block's body is not base64")),
+            }
+        }
+    }
 }
 
 fn b64(text: &str) -> String {
@@ -100,7 +131,6 @@ impl Bundle {
         need(&b.cluster.id, "cluster.id");
         need(&b.cluster.secret, "cluster.secret");
         need(&b.secrets.bootstraptoken, "secrets.bootstraptoken");
-        need(&b.secrets.secretboxencryptionsecret, "secrets.secretboxencryptionsecret");
         need(&b.trustdinfo.token, "trustdinfo.token");
         for (pair, name, key_needed) in [
             (&b.certs.etcd, "etcd", true),
@@ -114,7 +144,82 @@ impl Bundle {
             }
         }
         need(&b.certs.k8sserviceaccount.key, "certs.k8sserviceaccount.key");
+        match (b.secrets.secretboxencryptionsecret.is_empty(), b.secrets.aescbcencryptionsecret.is_empty()) {
+            (true, true) => missing.push(
+                "the secrets bundle has none of [secrets.secretboxencryptionsecret, secrets.aescbcencryptionsecret]; one of them is required".into(),
+            ),
+            (false, false) => missing.push(
+                "the secrets bundle has both secrets.secretboxencryptionsecret and secrets.aescbcencryptionsecret; only one of them is allowed".into(),
+            ),
+            _ => {}
+        }
+        missing.extend(b.invalid());
         if missing.is_empty() { Ok(b) } else { Err(missing) }
+    }
+
+    /// What Talos's bundle validation refuses in values that are there (FACTS 8.9): keys and
+    /// certificates must be base64 of PEM of the right kind, the 32-byte secrets 32 bytes, the
+    /// tokens `[0-9a-z]{6}.[0-9a-z]{16}`. Each problem names the key, never the value.
+    fn invalid(&self) -> Vec<String> {
+        let mut out = vec![];
+        let mut check = |v: &str, name: &str, problem: Option<String>| {
+            if let (false, Some(p)) = (v.trim().is_empty(), problem) {
+                out.push(format!("the secrets bundle's {name} is invalid: {p}"));
+            }
+        };
+        let token = |t: &str| {
+            let ok = t.split_once('.').is_some_and(|(a, b)| {
+                a.len() == 6
+                    && b.len() == 16
+                    && (a.bytes().chain(b.bytes())).all(|c| c.is_ascii_digit() || c.is_ascii_lowercase())
+            });
+            (!ok).then(|| {
+                "a token is 6 and 16 characters of [0-9a-z] joined by a dot (`talosctl gen secrets` makes one)"
+                    .to_string()
+            })
+        };
+        check(&self.secrets.bootstraptoken, "secrets.bootstraptoken", token(&self.secrets.bootstraptoken));
+        check(&self.trustdinfo.token, "trustdinfo.token", token(&self.trustdinfo.token));
+        for (v, name) in [
+            (&self.cluster.secret, "cluster.secret"),
+            (&self.secrets.secretboxencryptionsecret, "secrets.secretboxencryptionsecret"),
+            (&self.cluster.id, "cluster.id"),
+        ] {
+            let engines = [&base64::engine::general_purpose::STANDARD, &base64::engine::general_purpose::URL_SAFE];
+            // The cluster id is URL-safe base64 up to 1.13, standard from 1.14; secrets are standard.
+            let n = if name == "cluster.id" { &engines[..] } else { &engines[..1] };
+            let len = n.iter().find_map(|e| e.decode(v.trim()).ok()).map(|b| b.len());
+            check(
+                v,
+                name,
+                match len {
+                    None => Some("not base64 of 32 random bytes".into()),
+                    Some(32) => None,
+                    Some(l) => Some(format!("decodes to {l} bytes; Talos needs 32")),
+                },
+            );
+        }
+        for (pair, name, key) in [
+            (&self.certs.etcd, "etcd", true),
+            (&self.certs.k8s, "k8s", true),
+            (&self.certs.k8saggregator, "k8saggregator", true),
+            (&self.certs.os, "os", true),
+            (&self.certs.k8sserviceaccount, "k8sserviceaccount", false),
+        ] {
+            if key || !pair.crt.is_empty() {
+                check(
+                    &pair.crt,
+                    &format!("certs.{name}.crt"),
+                    pem_problem(&pair.crt, |l| l == "CERTIFICATE", "a certificate"),
+                );
+            }
+            check(
+                &pair.key,
+                &format!("certs.{name}.key"),
+                pem_problem(&pair.key, |l| l.ends_with("PRIVATE KEY"), "a private key"),
+            );
+        }
+        out
     }
 
     /// Recovers the bundle from a control-plane config of either form.

@@ -141,6 +141,34 @@ impl<'de> Visitor<'de> for Bounded<'_> {
     }
 }
 
+/// The documents of a multi-document text, split at `---` lines, each with its first line
+/// (1-based) in the text.
+pub fn split_documents(text: &str) -> Vec<(usize, String)> {
+    let mut out = vec![];
+    let (mut cur, mut start) = (String::new(), 1);
+    for (i, line) in text.lines().enumerate() {
+        if line.starts_with("---") && line[3..].trim().is_empty() {
+            out.push((start, std::mem::take(&mut cur)));
+            start = i + 2;
+        } else {
+            cur.push_str(line);
+            cur.push('\n');
+        }
+    }
+    out.push((start, cur));
+    out
+}
+
+/// A mapping key as text (`5`, `true` and strings alike).
+pub fn key_text(k: &Value) -> String {
+    match k {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+    }
+}
+
 /// Parses every document of a multi-document text (patches, bundles) with one budget.
 pub fn parse_documents(text: &str, limit: usize) -> Result<Vec<Value>, YamlError> {
     let budget = Budget { left: Cell::new(limit), limit };

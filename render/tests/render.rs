@@ -529,3 +529,31 @@ fn with_paths_changes_only_the_named_paths() {
     let changed: Vec<String> = render::diff::changes(&running, &out).iter().map(|c| c.path.to_string()).collect();
     assert_eq!(changed, ["machine.env.A"]);
 }
+
+/// FACTS 8.10 / issue 16: a render past Talos's size limit is an error naming the patch that
+/// made it grow past it, not the first or the last patch.
+#[test]
+fn a_config_grown_past_the_limit_names_the_patch_that_grew_it() {
+    let dir = format!("{}/../examples/clusters/lab-v1.14", env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![];
+    for f in ["cluster.yaml", "machines.yaml", "patches.yaml", "secrets.yaml"] {
+        files.push((f.to_string(), std::fs::read_to_string(format!("{dir}/{f}")).unwrap()));
+    }
+    let big = |name: &str, order: u32| {
+        let line = "x".repeat(1000);
+        let contents: String = (0..6000).map(|_| format!("        # {line}\n")).collect();
+        format!(
+            "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: {name}\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: {order}\n  selector:\n    roles: []\n  patch: |\n    apiVersion: v1alpha1\n    kind: KubeInlineManifestConfig\n    name: {name}\n    contents: |\n{contents}"
+        )
+    };
+    files.push(("big-a.yaml".into(), big("big-a", 90)));
+    files.push(("big-b.yaml".into(), big("big-b", 91)));
+    let m = render::manifests::Manifests::load(&files, &["v1.14".into()]).unwrap();
+    let mch = m.machine("cp1").unwrap();
+    let (bundle, v) = m.bundle(m.cluster_of(mch));
+    let inputs = m.inputs(mch, &bundle, v);
+    let errors = render(&inputs, Contract::parse("v1.14").unwrap()).err().expect("over the limit");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].object, "TalosConfigPatch ichor-system/big-b");
+    assert!(errors[0].message.contains("over the 10485760-byte limit"), "{}", errors[0].message);
+}
