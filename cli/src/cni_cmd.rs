@@ -18,6 +18,17 @@ pub enum CniCommand {
     /// The chart's value keys, derived from its values.schema.json.
     #[command(subcommand)]
     Schema(SchemaCommand),
+    /// Switch kube-proxy: `replaced` (Cilium's replacement, Cilium first) or `enabled`
+    /// (Talos's kube-proxy back, kube-proxy first), as an operation with its consent.
+    #[command(
+        after_help = "Example:\n  ichor cni kube-proxy replaced --cluster lab --talosconfig talosconfig\n\nExit: 0 started (or previewed), 1 not started (blocked, declined, or a Git change to commit), 2 error."
+    )]
+    KubeProxy {
+        #[arg(value_parser = ["enabled", "replaced"])]
+        mode: String,
+        #[command(flatten)]
+        start: crate::op_cmd::StartArgs,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -72,6 +83,10 @@ fn refusals(rs: &[cilium::Refusal]) -> String {
 
 pub fn run(cmd: CniCommand) -> Result<Report> {
     match cmd {
+        CniCommand::KubeProxy { mode, start } => {
+            let mode = if mode == "replaced" { KubeProxyMode::Replaced } else { KubeProxyMode::Enabled };
+            crate::op_cmd::start(crate::op_cmd::Start::KubeProxy { mode }, &start)
+        }
         CniCommand::Schema(SchemaCommand::Derive { schema, chart, out }) => {
             let text = disk::read_text(&schema, disk::caps::FACTS, "a chart's values schema")?;
             let keys = cilium::derive_keys(&text, &chart).with_context(|| schema.display().to_string())?;

@@ -104,6 +104,73 @@ fn kubernetes_service_answers() -> bool {
     std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok()
 }
 
+/// `ichor sim cluster`: a simulated installation served until interrupted. Writes a kubeconfig
+/// (the in-memory API over HTTP on loopback) and a talosconfig (the simulated fleet), prints
+/// `ready` once both answer, and runs the controller with stand-ins for the kubelets, the
+/// DaemonSet rollouts and the Cilium Job.
+pub fn sim_cluster(manifests: &Path, kubeconfig: &Path, talosconfig: &Path, listen: &str) -> Result<Report> {
+    logging();
+    let files = disk::manifest_files(manifests)?;
+    let rt = crate::talos_cmd::io_runtime()?;
+    rt.block_on(async {
+        let demo = Arc::new(runtime::demo::Demo::start(&files, true).await?);
+        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}"))?;
+        let addr = listener.local_addr()?;
+        let namespace = demo
+            .api
+            .objects()
+            .keys()
+            .find(|k| k.1 == "talosclusters")
+            .map(|k| k.2.clone())
+            .unwrap_or_else(|| "ichor-system".into());
+        std::fs::write(kubeconfig, runtime::kubeapi::Api::kubeconfig(&format!("http://{addr}"), &namespace))
+            .with_context(|| format!("writing {}", kubeconfig.display()))?;
+        std::fs::write(talosconfig, demo.fleet.talosconfig(&["os:admin"])?)
+            .with_context(|| format!("writing {}", talosconfig.display()))?;
+        let served = tokio::spawn(demo.api.clone().serve_http(listener));
+        let controller = demo.controller(render::embedded::RELEASE_SET_KUBERNETES, None)?;
+        let config = RunConfig {
+            namespace: namespace.clone(),
+            lease_name: "ichor-controller".into(),
+            identity: "ichor-sim".into(),
+            listen: None,
+            requeue: Duration::from_millis(300),
+            dump_snapshots: None,
+        };
+        let shutdown = crate::talos_cmd::shutdown_signal();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(Arc::new(controller), config, Arc::new(Metrics::new()), async move {
+            let _ = stopped.await;
+        }));
+        let kubelets = tokio::spawn(demo.clone().kubelets_forever(Duration::from_millis(100)));
+        let api = demo.api.clone();
+        let nodes = demo.machines.len();
+        let workload = tokio::spawn(async move {
+            loop {
+                runtime::demo::run_cilium_jobs(&api);
+                runtime::demo::roll_out_daemonsets(&api, nodes);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        println!(
+            "ready: {} machines; kubeconfig {} (namespace {namespace}), talosconfig {}",
+            demo.machines.len(),
+            kubeconfig.display(),
+            talosconfig.display()
+        );
+        use std::io::Write as _;
+        std::io::stdout().flush().ok();
+        shutdown.await;
+        workload.abort();
+        kubelets.abort();
+        served.abort();
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        Ok::<(), anyhow::Error>(())
+    })?;
+    Ok(Report::default())
+}
+
 /// `ichor sim controller`: the example installation upgraded by the controller's loop.
 pub fn run_demo(manifests: &Path, to: &str, dump: Option<PathBuf>) -> Result<Report> {
     let files = disk::manifest_files(manifests)?;

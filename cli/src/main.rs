@@ -10,6 +10,7 @@ mod config_cmd;
 mod contract_cmd;
 mod controller_cmd;
 mod disk;
+mod op_cmd;
 mod plan_cmd;
 mod render_cmd;
 mod rules_cmd;
@@ -111,6 +112,26 @@ enum Command {
         #[arg(long, default_value = runtime::kube::JOB_IMAGE)]
         image: String,
     },
+    /// Start a Kubernetes upgrade: preview (machines, order, what would block), consent, then
+    /// the cluster's spec and a TalosOperation.
+    #[command(subcommand)]
+    Upgrade(UpgradeCommand),
+    /// Operations and their machines: phase, stage, clocks; `--watch` follows them with a
+    /// progress bar each (exit 0 when they complete, 1 when one pauses or is aborted).
+    #[command(after_help = "Example:\n  ichor status --cluster lab --watch")]
+    Status {
+        #[arg(long)]
+        cluster: Option<String>,
+        #[arg(long)]
+        watch: bool,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+        #[command(flatten)]
+        kube: op_cmd::KubeArgs,
+    },
+    /// Resume a paused operation, or abort one.
+    #[command(subcommand)]
+    Operation(OperationCommand),
     /// Run the controller: reconcile TalosOperations against the cluster in KUBECONFIG (or
     /// in-cluster) and the nodes in the talosconfig, while holding the Lease.
     #[command(after_help = "Example:\n  ichor controller --talosconfig talosconfig --namespace ichor-system")]
@@ -118,7 +139,57 @@ enum Command {
 }
 
 #[derive(Subcommand, Debug)]
+enum UpgradeCommand {
+    /// Upgrade Kubernetes to a version (control planes one at a time, then workers).
+    #[command(
+        after_help = "Example:\n  ichor upgrade kubernetes --cluster lab --to v1.37.0 --talosconfig talosconfig\n\nExit: 0 started (or previewed), 1 not started (blocked, declined, or a Git change to commit), 2 error."
+    )]
+    Kubernetes {
+        #[arg(long)]
+        to: String,
+        /// Workers changed at once.
+        #[arg(long, default_value_t = 1)]
+        max_unavailable: i32,
+        #[command(flatten)]
+        start: op_cmd::StartArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum OperationCommand {
+    /// Resume a paused operation (its failed machines start their step again).
+    Resume {
+        name: String,
+        #[command(flatten)]
+        kube: op_cmd::KubeArgs,
+    },
+    /// Abort an operation: it does nothing more and releases the cluster lock.
+    Abort {
+        name: String,
+        #[command(flatten)]
+        kube: op_cmd::KubeArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum SimCommand {
+    /// Serve a simulated installation until interrupted: the in-memory Kubernetes API over
+    /// HTTP on loopback (a kubeconfig is written), a simulated Talos fleet running the render of
+    /// MANIFESTS (a talosconfig is written), the controller and stand-ins for the kubelets,
+    /// DaemonSet rollouts and the Cilium Job. A fixture for trying the front door, not a cluster.
+    #[command(
+        after_help = "Example:\n  ichor sim cluster --manifests examples/clusters/lab-v1.14 --kubeconfig sim.kubeconfig --talosconfig sim.talosconfig"
+    )]
+    Cluster {
+        #[arg(long, default_value = "examples/clusters/lab-v1.14")]
+        manifests: std::path::PathBuf,
+        #[arg(long)]
+        kubeconfig: std::path::PathBuf,
+        #[arg(long)]
+        talosconfig: std::path::PathBuf,
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+    },
     /// Serve a simulated Talos fleet (Talos's gRPC API over mTLS on loopback, each node
     /// behaving as its Talos version does) until interrupted. A fixture, not Talos.
     #[command(
@@ -233,6 +304,15 @@ fn main() -> ExitCode {
             controller_cmd::run_demo(&manifests, &to, dump_snapshots)
         }
         Command::Controller(args) => controller_cmd::run_real(&args),
+        Command::Upgrade(UpgradeCommand::Kubernetes { to, max_unavailable, start }) => {
+            op_cmd::start(op_cmd::Start::Upgrade { to, max_unavailable }, &start)
+        }
+        Command::Status { cluster, watch, output, kube } => op_cmd::status(cluster.as_deref(), watch, output, &kube),
+        Command::Operation(OperationCommand::Resume { name, kube }) => op_cmd::resume_or_abort(&name, true, &kube),
+        Command::Operation(OperationCommand::Abort { name, kube }) => op_cmd::resume_or_abort(&name, false, &kube),
+        Command::Sim(SimCommand::Cluster { manifests, kubeconfig, talosconfig, listen }) => {
+            controller_cmd::sim_cluster(&manifests, &kubeconfig, &talosconfig, &listen)
+        }
         Command::Install { namespace, image } => {
             Ok(Report { stdout: runtime::rbac::install_yaml(&namespace, &image), ..Report::default() })
         }

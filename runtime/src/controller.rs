@@ -101,6 +101,21 @@ impl Controller {
             .get(&cluster_name)
             .await
             .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
+        self.read_operation(namespace, &op, &cluster, now).await
+    }
+
+    /// `read` for an operation and a cluster given as objects: the CLI previews an operation it
+    /// has not created yet, against the cluster as it will be once its spec is changed.
+    pub async fn read_operation(
+        &self,
+        namespace: &str,
+        op: &TalosOperation,
+        cluster: &TalosCluster,
+        now: &str,
+    ) -> Result<Read, ControllerError> {
+        let operation = op.metadata.name.as_deref().unwrap_or_default();
+        let cluster_name = op.spec.cluster_ref.name.clone();
+        let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);
         let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
         let others: Vec<OtherOperation> = ops
             .list(&ListParams::default())
@@ -115,7 +130,7 @@ impl Controller {
                 phase: o.status.and_then(|s| s.phase).unwrap_or_else(|| "Pending".into()),
             })
             .collect();
-        let manifests = self.manifests(namespace, &cluster, &machines, &patches).await?;
+        let manifests = self.manifests(namespace, cluster, &machines, &patches).await?;
         let nodes: Api<Node> = Api::all(self.kube.clone());
         let pods: Api<Pod> = Api::namespaced(self.kube.clone(), "kube-system");
         let mirror = pods.list(&ListParams::default()).await.map_err(kube_err("listing kube-system pods"))?.items;

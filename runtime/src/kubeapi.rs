@@ -246,6 +246,29 @@ impl Api {
         kube_client::Client::new(svc, "default")
     }
 
+    /// Serves this API over plain HTTP on `listener`: what a kubeconfig pointing at
+    /// `http://127.0.0.1:PORT` reaches (`ichor sim cluster`, the CLI's end-to-end tests).
+    pub async fn serve_http(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        let api = self;
+        let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+            let api = api.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let bytes = axum::body::to_bytes(body, 64 << 20).await.unwrap_or_default();
+                let resp = api.serve(Request::from_parts(parts, kube_client::client::Body::from(bytes))).await;
+                resp.map(axum::body::Body::new)
+            }
+        });
+        axum::serve(listener, app).await
+    }
+
+    /// A kubeconfig for an API served at `server` (`http://127.0.0.1:PORT`), context `sim`.
+    pub fn kubeconfig(server: &str, namespace: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster:\n    server: {server}\ncontexts:\n- name: sim\n  context:\n    cluster: sim\n    user: sim\n    namespace: {namespace}\ncurrent-context: sim\nusers:\n- name: sim\n  user: {{}}\n"
+        )
+    }
+
     /// A copy of every object, by key.
     pub fn objects(&self) -> BTreeMap<Key, Json> {
         self.store.lock().map(|s| s.objects.clone()).unwrap_or_default()

@@ -1,0 +1,170 @@
+//! The front door end to end: `ichor sim cluster` (the in-memory Kubernetes API over HTTP, the
+//! simulated Talos fleet, the controller) in a child process, and the operation commands run
+//! against it as a user types them: `upgrade kubernetes`, `status --watch`, `cni kube-proxy`,
+//! `operation abort|resume`. Outputs are goldens under `tests/golden/operations/` (timestamps
+//! and the API's port redacted), rewritten with `TRYCMD=overwrite`.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+struct Sim {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+impl Sim {
+    fn start(name: &str) -> Sim {
+        let dir = std::env::temp_dir().join(format!("ichor-ops-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ichor"))
+            .args(["sim", "cluster", "--manifests", "examples/clusters/lab-v1.14", "--kubeconfig"])
+            .arg(dir.join("kubeconfig"))
+            .arg("--talosconfig")
+            .arg(dir.join("talosconfig"))
+            .current_dir(root())
+            .env("ICHOR_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready:"), "the simulated cluster did not start: {line:?}");
+        Sim { child, dir }
+    }
+
+    /// A raw GET against the simulated API (what the kubeconfig's server answers).
+    fn get(&self, path: &str) -> String {
+        use std::io::{Read, Write};
+        let kc = std::fs::read_to_string(self.dir.join("kubeconfig")).unwrap();
+        let server = kc.lines().find_map(|l| l.trim().strip_prefix("server: http://")).unwrap().to_string();
+        let mut s = std::net::TcpStream::connect(&server).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {server}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    }
+
+    fn ichor(&self, args: &[&str]) -> (i32, String, String) {
+        let kc = self.dir.join("kubeconfig");
+        let tc = self.dir.join("talosconfig");
+        let out = Command::new(env!("CARGO_BIN_EXE_ichor"))
+            .args(args)
+            .env("KUBECONFIG", &kc)
+            .env("TALOSCONFIG", &tc)
+            .current_dir(root())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into(),
+            String::from_utf8_lossy(&out.stderr).into(),
+        )
+    }
+}
+
+/// Times are the run's own: redacted before comparing.
+fn redact(text: &str) -> String {
+    let re = regex::Regex::new(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z").unwrap();
+    re.replace_all(text, "<time>").into_owned()
+}
+
+fn golden(name: &str, actual: &str) {
+    let path = root().join("tests/golden/operations").join(name);
+    let actual = redact(actual);
+    if std::env::var("TRYCMD").as_deref() == Ok("overwrite") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("{} is missing: run with TRYCMD=overwrite", path.display()));
+    if expected != actual {
+        let diff = similar::TextDiff::from_lines(&expected, &actual);
+        panic!("{} differs (TRYCMD=overwrite rewrites it):\n{}", path.display(), diff.unified_diff());
+    }
+}
+
+#[test]
+fn upgrade_kubernetes_then_status_watch_completes_the_upgrade() {
+    let sim = Sim::start("upgrade");
+    let (code, out, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    golden("upgrade-dry-run.stdout", &out);
+    let (code, out, _) =
+        sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--dry-run", "--output", "json"]);
+    assert_eq!(code, 0);
+    golden("upgrade-dry-run.json", &out);
+    // Nothing was created by the dry runs.
+    let (_, out, _) = sim.ichor(&["status", "--cluster", "lab"]);
+    assert_eq!(out, "No TalosOperations in ichor-system.\n");
+    // Without a terminal and without --yes, consent cannot be asked: nothing is written.
+    let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("run again with --yes"), "{err}");
+    let (code, out, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    golden("upgrade-yes.stdout", &out);
+    let (code, out, err) = sim.ichor(&["status", "--cluster", "lab", "--watch"]);
+    assert_eq!(code, 0, "{out}{err}");
+    golden("upgrade-status-after-watch.stdout", &out);
+    let (code, out, _) = sim.ichor(&["status", "--cluster", "lab", "--output", "json"]);
+    assert_eq!(code, 0);
+    golden("upgrade-status.json", &out);
+    // Starting it again is refused, naming what to do.
+    let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("already exists: follow it with `ichor status --cluster lab --watch`"), "{err}");
+}
+
+#[test]
+fn kube_proxy_switch_is_created_with_its_consent_then_aborted() {
+    let sim = Sim::start("switch");
+    let (code, out, err) = sim.ichor(&["cni", "kube-proxy", "replaced", "--cluster", "lab", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    golden("switch-dry-run.stdout", &out);
+    let (code, out, err) =
+        sim.ichor(&["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes", "--output", "json"]);
+    assert_eq!(code, 0, "{err}");
+    golden("switch-yes.json", &out);
+    // The spec names the target; the consent annotation was removed once the operation existed.
+    let cluster = sim.get("/apis/ichor.maesh.dev/v1alpha1/namespaces/ichor-system/talosclusters/lab");
+    assert!(cluster.contains(r#""kubeProxy":"replaced""#), "{cluster}");
+    assert!(!cluster.contains("confirm-kube-proxy-switch"), "{cluster}");
+    // The controller picks it up and waits for the CNI change, on its clock.
+    let mut out = String::new();
+    for _ in 0..100 {
+        out = sim.ichor(&["status", "--cluster", "lab"]).1;
+        if out.contains("waiting on AwaitingCNIChange") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    golden("switch-status-waiting.stdout", &out);
+    let (code, out, err) = sim.ichor(&["operation", "resume", "kube-proxy-replaced"]);
+    assert_eq!(code, 2, "{out}");
+    golden("switch-resume-not-paused.stderr", &err);
+    let (code, out, err) = sim.ichor(&["operation", "abort", "kube-proxy-replaced"]);
+    assert_eq!(code, 0, "{err}");
+    golden("switch-abort.stdout", &out);
+    // Give the controller a reconcile: the aborted operation stays aborted.
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let (code, out, _) = sim.ichor(&["status", "--cluster", "lab", "--watch"]);
+    assert_eq!(code, 1, "an aborted operation ends the watch with exit 1: {out}");
+    golden("switch-status-aborted.stdout", &out);
+}
