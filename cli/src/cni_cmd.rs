@@ -29,6 +29,38 @@ pub enum CniCommand {
         #[command(flatten)]
         start: crate::op_cmd::StartArgs,
     },
+    /// Helm, as the Cilium Job runs it.
+    #[command(subcommand)]
+    Helm(HelmCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum HelmCommand {
+    /// What the `ichor-cni` Job runs: validate the user's layer of values with the one
+    /// validator, layer it (Ichor's defaults, the layer, the keys Ichor owns for the mode), then
+    /// `helm upgrade --install cilium` with the pinned chart. Refused values run no Helm.
+    #[command(
+        after_help = "Example:\n  ichor cni helm apply --kube-proxy replaced --values my-values.yaml --chart /charts/cilium-1.20.0.tgz\n\nExit: 0 Helm succeeded, 1 values refused (Helm not run), 2 Helm failed or an error."
+    )]
+    Apply {
+        /// The mode to apply (only the switch passes the target; every other Job the mode
+        /// Cilium runs now). Read from this flag, never from the cluster's spec.
+        #[arg(long, value_parser = ["enabled", "replaced"])]
+        kube_proxy: String,
+        /// The user's layer (YAML or JSON).
+        #[arg(long, conflicts_with = "values_env", required_unless_present = "values_env")]
+        values: Option<PathBuf>,
+        /// An environment variable holding the user's layer as JSON (how the Job receives it).
+        #[arg(long)]
+        values_env: Option<String>,
+        #[arg(long, default_value = "vxlan")]
+        tunnel: String,
+        /// The chart (the Job's image carries the embedded chart here).
+        #[arg(long, env = "ICHOR_CILIUM_CHART", default_value = render::embedded::CILIUM_CHART_PATH)]
+        chart: String,
+        #[arg(long, default_value = "kube-system")]
+        namespace: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -83,6 +115,9 @@ fn refusals(rs: &[cilium::Refusal]) -> String {
 
 pub fn run(cmd: CniCommand) -> Result<Report> {
     match cmd {
+        CniCommand::Helm(HelmCommand::Apply { kube_proxy, values, values_env, tunnel, chart, namespace }) => {
+            helm_apply(&kube_proxy, values.as_deref(), values_env.as_deref(), &tunnel, &chart, &namespace)
+        }
         CniCommand::KubeProxy { mode, start } => {
             let mode = if mode == "replaced" { KubeProxyMode::Replaced } else { KubeProxyMode::Enabled };
             crate::op_cmd::start(crate::op_cmd::Start::KubeProxy { mode }, &start)
@@ -160,4 +195,67 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
             Ok(Report { stdout, ..Report::default() })
         }
     }
+}
+
+/// `ichor cni helm apply`: the one validation, the layers, then Helm with the pinned chart.
+fn helm_apply(
+    mode: &str,
+    file: Option<&std::path::Path>,
+    env: Option<&str>,
+    tunnel: &str,
+    chart: &str,
+    namespace: &str,
+) -> Result<Report> {
+    let (text, source) = match (file, env) {
+        (Some(f), _) => (disk::read_text(f, disk::caps::TEXT, "a Cilium values file")?, f.display().to_string()),
+        (None, Some(var)) => (
+            std::env::var(var).with_context(|| format!("--values-env {var}: the variable is not set"))?,
+            format!("${var}"),
+        ),
+        (None, None) => bail!("--values FILE or --values-env VAR is required"),
+    };
+    let user: serde_json::Value = if text.trim().is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_yaml::from_str(&text).with_context(|| format!("{source}: not valid YAML or JSON"))?
+    };
+    let replaced = mode == KubeProxyMode::Replaced.name();
+    let rs = cilium::validate(&user, &keys()?, replaced);
+    if !rs.is_empty() {
+        // A refusal starts no Helm (CNIValuesApplied=False).
+        return Ok(Report {
+            stdout: refusals(&rs),
+            stderr: format!("{source}: refused; Helm was not run\n"),
+            findings: true,
+        });
+    }
+    let layered = cilium::layered(&user, replaced, tunnel);
+    let path = std::env::temp_dir().join(format!("ichor-cilium-values-{}.yaml", std::process::id()));
+    std::fs::write(&path, serde_yaml::to_string(&layered)?).with_context(|| format!("writing {}", path.display()))?;
+    let version = render::embedded::CILIUM_CHART_VERSION;
+    let args: Vec<String> =
+        ["upgrade", "--install", "cilium", chart, "--version", version, "--namespace", namespace, "--values"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([path.display().to_string(), "--atomic".into(), "--wait".into(), "--timeout".into(), "10m".into()])
+            .collect();
+    let out = std::process::Command::new("helm").args(&args).output();
+    let _ = std::fs::remove_file(&path);
+    let out = out.context("running helm (the Job's image carries it; on a workstation, install Helm 3)")?;
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        return Err(anyhow!(crate::Diagnosed {
+            diagnostics: stderr.lines().chain(stdout.lines()).map(|l| format!("helm: {l}\n")).collect(),
+            summary: format!(
+                "helm upgrade --install cilium (chart {version}, kube-proxy {mode}) failed with {}; Helm rolled the release back (--atomic); the operation pauses with CiliumJobFailed",
+                out.status
+            ),
+        }));
+    }
+    Ok(Report {
+        stdout: format!(
+            "Cilium {version} applied with kube-proxy {mode} (helm upgrade --install cilium, namespace {namespace}).\n{stdout}"
+        ),
+        ..Report::default()
+    })
 }

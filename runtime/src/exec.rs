@@ -30,11 +30,14 @@ pub trait KubePort {
     async fn sync_manifests(&mut self, via: &str, field_manager: &str) -> Result<(), Self::Error>;
     async fn delete(&mut self, via: &str, object: &ObjectRef) -> Result<(), Self::Error>;
     async fn restore_kube_proxy(&mut self, via: &str) -> Result<(), Self::Error>;
+    /// The Cilium Job `name`: `ichor cni helm apply` with the mode, the user's layer and the
+    /// tunnel protocol (it validates and layers them itself).
     async fn cilium_job(
         &mut self,
         name: &str,
         mode: render::api::KubeProxyMode,
-        values: &serde_json::Value,
+        user: &serde_json::Value,
+        tunnel: &str,
     ) -> Result<(), Self::Error>;
 }
 
@@ -92,8 +95,8 @@ impl<K: KubePort> Executor<'_, K> {
                 }
                 Action::Delete { via, object } => self.kube.delete(via, object).await.map_err(|e| e.to_string()),
                 Action::RestoreKubeProxy { via } => self.kube.restore_kube_proxy(via).await.map_err(|e| e.to_string()),
-                Action::CiliumJob { name, mode, values } => {
-                    self.kube.cilium_job(name, *mode, values).await.map_err(|e| e.to_string())
+                Action::CiliumJob { name, mode, user, tunnel, .. } => {
+                    self.kube.cilium_job(name, *mode, user, tunnel).await.map_err(|e| e.to_string())
                 }
                 // Status, waits, warnings and the end: recorded by `status::record`.
                 _ => Ok(()),

@@ -45,6 +45,8 @@ pub fn inventory_key(o: &Json) -> String {
 /// the controller does not).
 pub const JOB_NAMESPACE: &str = "kube-system";
 pub const JOB_SERVICE_ACCOUNT: &str = "ichor-cni";
+/// The environment variable that carries the user's layer of Cilium values (JSON) to the Job.
+pub const JOB_VALUES_ENV: &str = "ICHOR_CILIUM_VALUES";
 /// The image of the Cilium Job (Ichor's own, carrying the embedded chart).
 pub const JOB_IMAGE: &str = "ghcr.io/maesh/ichor:v0.1.0";
 
@@ -295,7 +297,8 @@ impl KubePort for KubeCluster {
         &mut self,
         name: &str,
         mode: render::api::KubeProxyMode,
-        values: &Json,
+        user: &Json,
+        tunnel: &str,
     ) -> Result<(), KubeError> {
         use k8s_openapi::api::batch::v1::Job;
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), JOB_NAMESPACE);
@@ -311,7 +314,10 @@ impl KubePort for KubeCluster {
                     "containers": [{
                         "name": "cilium",
                         "image": JOB_IMAGE,
-                        "args": ["cni", "job", format!("--kube-proxy={mode}"), format!("--values={values}")],
+                        // `ichor cni helm apply` validates the user's layer with the one
+                        // validator, layers it with the mode and runs Helm (README: the Job).
+                        "args": ["cni", "helm", "apply", format!("--kube-proxy={mode}"), format!("--tunnel={tunnel}"), format!("--values-env={JOB_VALUES_ENV}")],
+                        "env": [{"name": JOB_VALUES_ENV, "value": user.to_string()}],
                     }],
                 }},
             },

@@ -13,6 +13,7 @@ pub mod demo;
 #[cfg(feature = "io")]
 pub mod exec;
 pub mod facts;
+pub mod handover;
 #[cfg(feature = "io")]
 pub mod kube;
 #[cfg(feature = "io")]

@@ -118,7 +118,14 @@ pub enum Action {
         #[serde(rename = "kubeProxy")]
         mode: KubeProxyMode,
         name: String,
+        /// The layered values (what Helm gets; the name is their hash).
         values: Json,
+        /// The user's layer and the tunnel protocol: what the Job's `ichor cni helm apply`
+        /// validates and layers again itself, with the mode from its flag.
+        #[serde(skip)]
+        user: Json,
+        #[serde(skip)]
+        tunnel: String,
     },
     StepDone {
         step: String,
@@ -448,13 +455,11 @@ impl Planner {
         }
         for row @ [m] in r.act_cilium_job.rows(&db) {
             let mode = mode(&db, "act_cilium_job", m)?;
-            let values = render::cilium::layered(
-                s.cluster.cilium_values.as_ref().unwrap_or(&Json::Null),
-                mode == KubeProxyMode::Replaced,
-                s.cluster.cilium_tunnel.as_deref().unwrap_or("vxlan"),
-            );
+            let user = s.cluster.cilium_values.clone().unwrap_or(Json::Null);
+            let tunnel = s.cluster.cilium_tunnel.clone().unwrap_or_else(|| "vxlan".into());
+            let values = render::cilium::layered(&user, mode == KubeProxyMode::Replaced, &tunnel);
             let name = format!("ichor-cni-{}", render::cilium::values_hash(&values));
-            push(Action::CiliumJob { mode, name, values }, proof(r.act_cilium_job.id(), &row));
+            push(Action::CiliumJob { mode, name, values, user, tunnel }, proof(r.act_cilium_job.id(), &row));
         }
         for row @ [st] in r.act_step_done.rows(&db) {
             push(Action::StepDone { step: text(st) }, proof(r.act_step_done.id(), &row));

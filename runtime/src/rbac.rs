@@ -18,6 +18,12 @@ pub struct Rule {
 /// The controller's ClusterRole.
 pub const CONTROLLER_RULES: &[Rule] = &[
     Rule {
+        group: "argoproj.io",
+        resources: &["applications"],
+        verbs: &["get"],
+        why: "the CNI hand-over (ADR 0024) reads Argo CD's Application for Cilium: synced, healthy, owning the release",
+    },
+    Rule {
         group: "apps",
         resources: &["deployments"],
         verbs: &["get", "patch"],

@@ -203,6 +203,31 @@ async fn reconcile_machine(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>) -> 
     }
 }
 
+/// The CNI hand-over controller (ADR 0024): a TalosCluster's CNIHandover condition from Argo
+/// CD's Application; it comes back while the hand-over waits.
+async fn reconcile_handover(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    if !*ctx.leader.borrow() {
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    let name = c.metadata.name.clone().unwrap_or_default();
+    match crate::handover::reconcile(&ctx.controller.kube, &c, &now()).await {
+        Ok(Some(after)) => Ok(Action::requeue(after)),
+        Ok(None) => Ok(Action::await_change()),
+        Err(source) => {
+            ctx.metrics.errors.inc();
+            Err(ReconcileError {
+                operation: format!("the hand-over of TalosCluster {name}"),
+                source: crate::controller::ControllerError::Kube { what: "the CNI hand-over".into(), source },
+            })
+        }
+    }
+}
+
+fn handover_error_policy(_: Arc<render::api::TalosCluster>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
+    tracing::warn!(error = %e, "hand-over reconcile failed; retrying in 15 s");
+    Action::requeue(Duration::from_secs(15))
+}
+
 fn machine_error_policy(_: Arc<render::api::TalosMachine>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
     tracing::warn!(error = %e, "machine reconcile failed; retrying in 15 s");
     Action::requeue(Duration::from_secs(15))
@@ -320,6 +345,17 @@ pub async fn run(
                 tracing::debug!(error = %e, "reconcile");
             }
         });
+    let handovers = kube_runtime::Controller::new(
+        Api::<render::api::TalosCluster>::namespaced(ctx.controller.kube.clone(), &config.namespace),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(shutdown.clone())
+    .run(reconcile_handover, handover_error_policy, ctx.clone())
+    .for_each(|r| async move {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "hand-over reconcile");
+        }
+    });
     let machine_conditions = kube_runtime::Controller::new(machines, watcher::Config::default())
         .graceful_shutdown_on(shutdown)
         .run(reconcile_machine, machine_error_policy, ctx)
@@ -328,7 +364,7 @@ pub async fn run(
                 tracing::debug!(error = %e, "machine reconcile");
             }
         });
-    futures::join!(operations, machine_conditions);
+    futures::join!(operations, machine_conditions, handovers);
     ready.store(false, Ordering::Relaxed);
     // Dropping the receivers makes the lease task release the Lease.
     drop(leader);

@@ -71,7 +71,13 @@ impl KubePort for Twin {
     async fn restore_kube_proxy(&mut self, _: &str) -> Result<(), TwinError> {
         Err(TwinError("an upgrade restores nothing".into()))
     }
-    async fn cilium_job(&mut self, name: &str, _: KubeProxyMode, _: &serde_json::Value) -> Result<(), TwinError> {
+    async fn cilium_job(
+        &mut self,
+        name: &str,
+        _: KubeProxyMode,
+        _: &serde_json::Value,
+        _: &str,
+    ) -> Result<(), TwinError> {
         Err(TwinError(format!("an upgrade runs no Cilium Job, yet {name} was to run")))
     }
 }

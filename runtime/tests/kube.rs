@@ -139,13 +139,22 @@ async fn deletions_carry_the_uid_and_the_restore_brings_kube_proxy_back_from_tal
 #[tokio::test]
 async fn the_cilium_job_is_created_once_under_its_name_with_its_mode() {
     let (_f, api, mut k) = setup().await;
-    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({"kubeProxyReplacement": true})).await.unwrap();
-    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({"kubeProxyReplacement": true})).await.unwrap();
+    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({"hubble": {"enabled": true}}), "vxlan")
+        .await
+        .unwrap();
+    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({"hubble": {"enabled": true}}), "vxlan")
+        .await
+        .unwrap();
     let jobs: Api<Job> = Api::namespaced(k.client.clone(), "kube-system");
     let j = jobs.get("ichor-cni-abc").await.unwrap();
     let spec = j.spec.unwrap().template.spec.unwrap();
     assert_eq!(spec.service_account_name.as_deref(), Some("ichor-cni"));
-    assert!(spec.containers[0].args.as_ref().unwrap().contains(&"--kube-proxy=replaced".to_string()));
+    let args = spec.containers[0].args.clone().unwrap();
+    // The Job runs `ichor cni helm apply` with the mode from its flag and the user's layer.
+    assert_eq!(args[..4], ["cni", "helm", "apply", "--kube-proxy=replaced"]);
+    assert!(args.contains(&"--values-env=ICHOR_CILIUM_VALUES".to_string()), "{args:?}");
+    let env = spec.containers[0].env.clone().unwrap();
+    assert_eq!(env[0].value.as_deref(), Some(r#"{"hubble":{"enabled":true}}"#));
     assert_eq!(api.objects().keys().filter(|k| k.1 == "jobs").count(), 1);
 }
 
@@ -290,7 +299,7 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
 #[tokio::test]
 async fn the_workload_reports_a_failed_cilium_job_by_its_mode() {
     let (_f, api, mut k) = setup().await;
-    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({})).await.unwrap();
+    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({}), "vxlan").await.unwrap();
     let mut job = api.get("batch", "jobs", "kube-system", "ichor-cni-abc").unwrap();
     job["status"] = json!({"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]});
     api.put("batch", "jobs", job);
@@ -312,4 +321,53 @@ async fn the_manifest_sync_keeps_talos_inventory() {
     assert!(keys.contains(&&"kube-system_kube-proxy__ServiceAccount".to_string()), "{keys:?}");
     let ds = api.get("apps", "daemonsets", "kube-system", "kube-proxy").unwrap();
     assert_eq!(ds["metadata"]["annotations"]["config.k8s.io/owning-inventory"], "talos-bootstrap-manifests-inventory");
+}
+
+// ---- the CNI hand-over controller (ADR 0024) ---------------------------------------------
+
+/// Absent, progressing, degraded, then synced: the condition follows Argo CD's Application,
+/// and once True the render drops the CNI's inline manifest.
+#[tokio::test]
+async fn the_handover_follows_argo_cds_application_and_the_render_then_drops_the_inline_entry() {
+    use render::api::TalosCluster;
+    let api = kubeapi::Api::new();
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/lab-v1.14/cluster.yaml"))
+            .unwrap();
+    let cluster: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+    api.put(render::api::GROUP, "talosclusters", cluster);
+    let clusters: Api<TalosCluster> = Api::namespaced(api.client(), "ichor-system");
+    let condition = |c: &TalosCluster| {
+        let k = c.status.as_ref().unwrap().conditions.iter().find(|k| k.type_ == "CNIHandover").unwrap().clone();
+        (k.status, k.reason)
+    };
+    let app = |sync: &str, health: &str| {
+        json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application", "metadata": {"name": "cilium", "namespace": "argocd"},
+               "spec": {"source": {"chart": "cilium", "helm": {"releaseName": "cilium"}}, "destination": {"namespace": "kube-system"}},
+               "status": {"sync": {"status": sync}, "health": {"status": health}}})
+    };
+    let step = || async {
+        let c = clusters.get("lab").await.unwrap();
+        let again = runtime::handover::reconcile(&api.client(), &c, "2026-12-01T00:00:00Z").await.unwrap();
+        (condition(&clusters.get("lab").await.unwrap()), again)
+    };
+    // Argo CD absent: waiting, and it comes back.
+    let ((status, reason), again) = step().await;
+    assert_eq!(
+        (status.as_str(), reason.as_str(), again),
+        ("False", "WaitingForArgoCD", Some(runtime::handover::REQUEUE))
+    );
+    api.put("argoproj.io", "applications", app("OutOfSync", "Progressing"));
+    assert_eq!(step().await.0, ("False".into(), "ArgoCDProgressing".into()));
+    api.put("argoproj.io", "applications", app("Synced", "Degraded"));
+    assert_eq!(step().await.0, ("False".into(), "ArgoCDDegraded".into()));
+    api.put("argoproj.io", "applications", app("Synced", "Healthy"));
+    let ((status, reason), again) = step().await;
+    assert_eq!((status.as_str(), reason.as_str(), again), ("True", "Synced", None));
+    // The render reads the condition: the inline Cilium entry is gone.
+    let c = clusters.get("lab").await.unwrap();
+    assert!(render::render::handover_done(&c));
+    // A later degradation does not undo it.
+    api.put("argoproj.io", "applications", app("Synced", "Degraded"));
+    assert_eq!(step().await.0, ("True".into(), "Synced".into()));
 }
