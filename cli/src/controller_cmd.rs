@@ -108,12 +108,26 @@ fn kubernetes_service_answers() -> bool {
 /// (the in-memory API over HTTP on loopback) and a talosconfig (the simulated fleet), prints
 /// `ready` once both answer, and runs the controller with stand-ins for the kubelets, the
 /// DaemonSet rollouts and the Cilium Job.
-pub fn sim_cluster(manifests: &Path, kubeconfig: &Path, talosconfig: &Path, listen: &str) -> Result<Report> {
+pub fn sim_cluster(
+    manifests: &Path,
+    kubeconfig: &Path,
+    talosconfig: &Path,
+    listen: &str,
+    handover_done: bool,
+) -> Result<Report> {
     logging();
-    let files = disk::manifest_files(manifests)?;
+    let mut files = disk::manifest_files(manifests)?;
+    if !handover_done {
+        // The cluster runs without Argo CD: Ichor's Job owns Cilium.
+        for (_, text) in &mut files {
+            if text.contains("kind: TalosCluster") {
+                *text = text.replace("handover: automatic", "handover: disabled");
+            }
+        }
+    }
     let rt = crate::talos_cmd::io_runtime()?;
     rt.block_on(async {
-        let demo = Arc::new(runtime::demo::Demo::start(&files, true).await?);
+        let demo = Arc::new(runtime::demo::Demo::start(&files, handover_done).await?);
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}"))?;
         let addr = listener.local_addr()?;
         let namespace = demo
@@ -253,4 +267,51 @@ pub fn run_demo(manifests: &Path, to: &str, dump: Option<PathBuf>) -> Result<Rep
         Ok::<_, anyhow::Error>((s, phase))
     })?;
     Ok(Report { stdout: out.0, findings: out.1 != "Completed", ..Report::default() })
+}
+
+/// What `ichor webhook` is given.
+#[derive(clap::Args, Debug)]
+pub struct WebhookArgs {
+    /// Where to serve HTTPS.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    pub listen: String,
+    /// The kubernetes.io/tls Secret holding the certificate (in --namespace).
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"], required_unless_present = "tls_cert")]
+    pub tls_secret: Option<String>,
+    /// The certificate and key as PEM files instead (for running it outside the cluster).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    #[arg(long, default_value = "ichor-system")]
+    pub namespace: String,
+}
+
+/// `ichor webhook`: the validating webhook until interrupted.
+pub fn run_webhook(a: &WebhookArgs) -> Result<Report> {
+    logging();
+    let rt = crate::talos_cmd::io_runtime()?;
+    rt.block_on(async {
+        let kube = kube_client::Client::try_default()
+            .await
+            .context("connecting to Kubernetes (KUBECONFIG, or the in-cluster service account)")?;
+        let (cert, key) = match (&a.tls_secret, &a.tls_cert, &a.tls_key) {
+            (Some(name), _, _) => runtime::webhook::tls_from_secret(&kube, &a.namespace, name).await?,
+            (None, Some(c), Some(k)) => (
+                disk::read_text(c, disk::caps::TEXT, "a PEM certificate")?,
+                disk::read_text(k, disk::caps::TEXT, "a PEM key")?,
+            ),
+            _ => bail!("--tls-secret NAME, or --tls-cert FILE with --tls-key FILE"),
+        };
+        let config = runtime::webhook::server_config(&cert, &key)?;
+        let keys = render::inventory::Inventory::parse(render::embedded::CILIUM_KEYS.1)
+            .context(render::embedded::CILIUM_KEYS.0)?;
+        let hook = Arc::new(runtime::webhook::Webhook { kube, keys });
+        let listener =
+            tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("--listen {}", a.listen))?;
+        eprintln!("serving the validating webhook at https://{}/validate", a.listen);
+        runtime::webhook::serve_tls(hook, listener, config, crate::talos_cmd::shutdown_signal()).await?;
+        Ok::<(), anyhow::Error>(())
+    })?;
+    Ok(Report::default())
 }

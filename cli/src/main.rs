@@ -132,6 +132,11 @@ enum Command {
     /// Resume a paused operation, or abort one.
     #[command(subcommand)]
     Operation(OperationCommand),
+    /// Serve the validating webhook (HTTPS, AdmissionReview v1 at /validate): kube-proxy
+    /// switches need their consent annotation, Cilium values are validated and admin-only, a
+    /// second operation on a locked cluster is refused.
+    #[command(after_help = "Example:\n  ichor webhook --tls-secret ichor-webhook-tls --namespace ichor-system")]
+    Webhook(controller_cmd::WebhookArgs),
     /// Run the controller: reconcile TalosOperations against the cluster in KUBECONFIG (or
     /// in-cluster) and the nodes in the talosconfig, while holding the Lease.
     #[command(after_help = "Example:\n  ichor controller --talosconfig talosconfig --namespace ichor-system")]
@@ -189,6 +194,11 @@ enum SimCommand {
         talosconfig: std::path::PathBuf,
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
+        /// The CNI hand-over: `done` (Argo CD owns Cilium; a kube-proxy switch waits for the
+        /// values in Git) or `disabled` (Ichor's Cilium Job applies them; what a cluster without
+        /// Argo CD runs, and what lets the sim switch kube-proxy on its own).
+        #[arg(long, value_parser = ["done", "disabled"], default_value = "done")]
+        handover: String,
     },
     /// Serve a simulated Talos fleet (Talos's gRPC API over mTLS on loopback, each node
     /// behaving as its Talos version does) until interrupted. A fixture, not Talos.
@@ -304,14 +314,15 @@ fn main() -> ExitCode {
             controller_cmd::run_demo(&manifests, &to, dump_snapshots)
         }
         Command::Controller(args) => controller_cmd::run_real(&args),
+        Command::Webhook(args) => controller_cmd::run_webhook(&args),
         Command::Upgrade(UpgradeCommand::Kubernetes { to, max_unavailable, start }) => {
             op_cmd::start(op_cmd::Start::Upgrade { to, max_unavailable }, &start)
         }
         Command::Status { cluster, watch, output, kube } => op_cmd::status(cluster.as_deref(), watch, output, &kube),
         Command::Operation(OperationCommand::Resume { name, kube }) => op_cmd::resume_or_abort(&name, true, &kube),
         Command::Operation(OperationCommand::Abort { name, kube }) => op_cmd::resume_or_abort(&name, false, &kube),
-        Command::Sim(SimCommand::Cluster { manifests, kubeconfig, talosconfig, listen }) => {
-            controller_cmd::sim_cluster(&manifests, &kubeconfig, &talosconfig, &listen)
+        Command::Sim(SimCommand::Cluster { manifests, kubeconfig, talosconfig, listen, handover }) => {
+            controller_cmd::sim_cluster(&manifests, &kubeconfig, &talosconfig, &listen, handover == "done")
         }
         Command::Install { namespace, image } => {
             Ok(Report { stdout: runtime::rbac::install_yaml(&namespace, &image), ..Report::default() })

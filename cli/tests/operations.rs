@@ -27,11 +27,23 @@ fn root() -> PathBuf {
 
 impl Sim {
     fn start(name: &str) -> Sim {
+        Sim::start_with(name, "done")
+    }
+
+    fn start_with(name: &str, handover: &str) -> Sim {
         let dir = std::env::temp_dir().join(format!("ichor-ops-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_ichor"))
-            .args(["sim", "cluster", "--manifests", "examples/clusters/lab-v1.14", "--kubeconfig"])
+            .args([
+                "sim",
+                "cluster",
+                "--manifests",
+                "examples/clusters/lab-v1.14",
+                "--handover",
+                handover,
+                "--kubeconfig",
+            ])
             .arg(dir.join("kubeconfig"))
             .arg("--talosconfig")
             .arg(dir.join("talosconfig"))
@@ -162,9 +174,36 @@ fn kube_proxy_switch_is_created_with_its_consent_then_aborted() {
     let (code, out, err) = sim.ichor(&["operation", "abort", "kube-proxy-replaced"]);
     assert_eq!(code, 0, "{err}");
     golden("switch-abort.stdout", &out);
-    // Give the controller a reconcile: the aborted operation stays aborted.
-    std::thread::sleep(std::time::Duration::from_millis(800));
+    // The controller reconciles it once more: it stays aborted, and its clock is cleared.
+    for _ in 0..100 {
+        if !sim.ichor(&["status", "--cluster", "lab"]).1.contains("waiting on") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let (code, out, _) = sim.ichor(&["status", "--cluster", "lab", "--watch"]);
     assert_eq!(code, 1, "an aborted operation ends the watch with exit 1: {out}");
     golden("switch-status-aborted.stdout", &out);
+}
+
+/// The README's walk-through on a cluster without Argo CD: upgrade Kubernetes, switch kube-proxy
+/// to Cilium's replacement and back, each followed with `status --watch` to its end.
+#[test]
+fn walk_through_upgrade_then_switch_kube_proxy_there_and_back() {
+    let sim = Sim::start_with("walk", "disabled");
+    for start in [
+        vec!["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"],
+        vec!["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"],
+        vec!["cni", "kube-proxy", "enabled", "--cluster", "lab", "--yes"],
+    ] {
+        let (code, out, err) = sim.ichor(&start);
+        assert_eq!(code, 0, "{start:?}: {out}{err}");
+        let (code, out, err) = sim.ichor(&["status", "--cluster", "lab", "--watch"]);
+        assert_eq!(code, 0, "{start:?}: {out}{err}");
+    }
+    let (_, out, _) = sim.ichor(&["status", "--cluster", "lab"]);
+    golden("walk-through-status.stdout", &out);
+    // kube-proxy is back, restored from Talos's own rendering.
+    let ds = sim.get("/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy");
+    assert!(ds.starts_with("HTTP/1.1 200"), "{ds}");
 }

@@ -390,8 +390,118 @@ pub struct MachineProgress {
     pub started_at: Option<String>,
 }
 
-/// The CRDs of every kind, in a fixed order.
+/// The CRDs of every kind, in a fixed order, with their CEL rules (`CEL_RULES`).
 pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube_core::CustomResourceExt;
-    vec![TalosCluster::crd(), TalosMachine::crd(), TalosConfigPatch::crd(), TalosOperation::crd()]
+    let mut out = vec![TalosCluster::crd(), TalosMachine::crd(), TalosConfigPatch::crd(), TalosOperation::crd()];
+    for crd in &mut out {
+        let kind = crd.spec.names.kind.clone();
+        for v in &mut crd.spec.versions {
+            let Some(schema) = v.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) else { continue };
+            let mut json = serde_json::to_value(&*schema).unwrap_or_default();
+            for r in CEL_RULES.iter().filter(|r| r.kind == kind) {
+                let mut node = &mut json;
+                for p in r.path.split('.').filter(|p| !p.is_empty()) {
+                    node = &mut node["properties"][p];
+                }
+                let list = &mut node["x-kubernetes-validations"];
+                if !list.is_array() {
+                    *list = serde_json::json!([]);
+                }
+                if let Some(a) = list.as_array_mut() {
+                    a.push(serde_json::json!({"rule": r.rule, "message": r.message}));
+                }
+            }
+            if let Ok(s) = serde_json::from_value(json) {
+                *schema = s;
+            }
+        }
+    }
+    out
 }
+
+/// One CEL rule of a CRD (`x-kubernetes-validations`): what is structural, checked by the API
+/// server itself. What needs more than the object (the consent annotation, who may write Cilium
+/// values, the cluster lock) is the webhook's (`runtime::admission`).
+pub struct CelRule {
+    pub kind: &'static str,
+    /// The schema node, as a dotted path of properties from the root (`spec.cni`).
+    pub path: &'static str,
+    pub rule: &'static str,
+    pub message: &'static str,
+}
+
+pub const CEL_RULES: &[CelRule] = &[
+    CelRule {
+        kind: "TalosCluster",
+        path: "spec.kubernetesVersion",
+        rule: "self.matches('^v[0-9]+\\\\.[0-9]+\\\\.[0-9]+$')",
+        message: "kubernetesVersion is vX.Y.Z, for example v1.37.0 (images add their own v)",
+    },
+    CelRule {
+        kind: "TalosCluster",
+        path: "spec.talosVersion",
+        rule: "self.matches('^v[0-9]+\\\\.[0-9]+\\\\.[0-9]+(-[0-9A-Za-z.-]+)?$')",
+        message: "talosVersion is vX.Y.Z, for example v1.14.3",
+    },
+    CelRule {
+        kind: "TalosCluster",
+        path: "spec.versionContract",
+        rule: "self.matches('^v[0-9]+\\\\.[0-9]+$')",
+        message: "versionContract is vX.Y, for example v1.14",
+    },
+    CelRule {
+        kind: "TalosCluster",
+        path: "spec.endpoint",
+        rule: "self.startsWith('https://')",
+        message: "the endpoint is an https:// URL, for example https://lab.example.internal:6443",
+    },
+    CelRule {
+        kind: "TalosCluster",
+        path: "spec.secretsRef",
+        rule: "self == oldSelf",
+        message: "secretsRef is immutable: the cluster's identity and keys come from it",
+    },
+    CelRule {
+        kind: "TalosCluster",
+        path: "spec.cni.preset",
+        rule: "self == oldSelf",
+        message: "the CNI preset is chosen when the cluster is created",
+    },
+    CelRule {
+        kind: "TalosMachine",
+        path: "spec.clusterRef",
+        rule: "self == oldSelf",
+        message: "clusterRef is immutable: a machine belongs to one cluster; delete it and create another",
+    },
+    CelRule {
+        kind: "TalosMachine",
+        path: "spec.role",
+        rule: "self == oldSelf",
+        message: "role is immutable: a machine changes role only through a reinstall; delete it and create another",
+    },
+    CelRule {
+        kind: "TalosConfigPatch",
+        path: "spec.clusterRef",
+        rule: "self == oldSelf",
+        message: "clusterRef is immutable; delete the patch and create another",
+    },
+    CelRule {
+        kind: "TalosOperation",
+        path: "spec",
+        rule: "self == oldSelf",
+        message: "a TalosOperation's spec is immutable; abort it (ichor operation abort NAME) and create another",
+    },
+    CelRule {
+        kind: "TalosOperation",
+        path: "spec",
+        rule: "self.kind != 'kubernetes' || (has(self.target) && has(self.target.kubernetesVersion))",
+        message: "a kubernetes operation names target.kubernetesVersion",
+    },
+    CelRule {
+        kind: "TalosOperation",
+        path: "spec",
+        rule: "self.kind != 'cni' || (has(self.target) && has(self.target.kubeProxy))",
+        message: "a cni operation names target.kubeProxy (replaced or enabled)",
+    },
+];

@@ -407,10 +407,13 @@ impl Controller {
         }});
         // An unchanged status is not written again: each write is a watch event, which would
         // start this reconcile again.
-        let current = serde_json::to_value(mch.status.clone().unwrap_or_default()).unwrap_or_default();
-        let mut next = current.clone();
+        // Compared as typed statuses: `rebootPaths: []` and no `rebootPaths` are the same status
+        // (the API keeps the empty list it was sent; the type does not serialize it), so a
+        // converged machine is not written again on every reconcile.
+        let current = mch.status.clone().unwrap_or_default();
+        let mut next = serde_json::to_value(&current).unwrap_or_default();
         crate::kubeapi::merge_patch(&mut next, &status["status"]);
-        if next == current {
+        if serde_json::from_value::<render::api::TalosMachineStatus>(next).ok().as_ref() == Some(&current) {
             return Ok(condition);
         }
         machines_api
@@ -488,13 +491,19 @@ impl Controller {
             .iter()
             .map(|(k, v)| (k.clone(), json!({"phase": v.phase, "stage": v.stage, "startedAt": v.started_at})))
             .collect();
+        // A merge patch only removes a key sent as null: a cleared clock is sent so.
+        let mut clocks: serde_json::Map<String, serde_json::Value> =
+            read.snapshot.operation.waiting_since.keys().map(|k| (k.clone(), serde_json::Value::Null)).collect();
+        for (k, v) in &op.waiting_since {
+            clocks.insert(k.clone(), json!(v));
+        }
         let status = json!({
             "metadata": {"resourceVersion": read.resource_version},
             "status": {
                 "phase": op.phase,
                 "pausedReason": op.paused_reason,
                 "machines": machines,
-                "waitingSince": op.waiting_since,
+                "waitingSince": clocks,
                 "done": op.done,
             }
         });

@@ -122,6 +122,10 @@ impl Demo {
             api.put("", "nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}}));
         }
         api.put("", "configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cilium-config", "namespace": "kube-system"}, "data": {"kube-proxy-replacement": "false"}}));
+        // Cilium, as its bootstrap manifest installed it (the embedded chart).
+        api.put("apps", "daemonsets", json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "cilium", "namespace": "kube-system"},
+            "spec": {"selector": {"matchLabels": {"k8s-app": "cilium"}}, "template": {"metadata": {"labels": {"k8s-app": "cilium"}},
+                "spec": {"containers": [{"name": "cilium-agent", "image": format!("quay.io/cilium/cilium:v{}", render::embedded::CILIUM_CHART_VERSION)}]}}}}));
         let demo = Demo { fleet, api, talos, machines };
         // Talos's bootstrap applied kube-proxy from the first control plane's rendering.
         if let Some((_, address, _)) = demo.machines.iter().find(|m| m.2 == Role::Controlplane) {

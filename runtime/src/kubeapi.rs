@@ -40,6 +40,8 @@ struct Store {
     history: Vec<WatchEvent>,
     /// Requests served: method and path, in order (request-level assertions).
     log: Vec<String>,
+    /// The (user, namespace, resource/subresource, verb) a SubjectAccessReview allows.
+    grants: BTreeSet<(String, String, String, String)>,
 }
 
 /// The in-memory API; clones share it.
@@ -269,6 +271,14 @@ impl Api {
         )
     }
 
+    /// Lets `user` do `verb` on `resource` (`talosclusters/cilium-values`) in `namespace`, as a
+    /// SubjectAccessReview reports it.
+    pub fn grant(&self, user: &str, namespace: &str, resource: &str, verb: &str) {
+        if let Ok(mut s) = self.store.lock() {
+            s.grants.insert((user.into(), namespace.into(), resource.into(), verb.into()));
+        }
+    }
+
     /// A copy of every object, by key.
     pub fn objects(&self) -> BTreeMap<Key, Json> {
         self.store.lock().map(|s| s.objects.clone()).unwrap_or_default()
@@ -374,6 +384,22 @@ impl Api {
                 Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", format!("the body is not JSON: {e}")),
             }
         };
+        // SubjectAccessReview: answered from the grants, never stored (as the API server does).
+        if plural == "subjectaccessreviews" && parts.method == Method::POST {
+            let a = |p: &str| body.pointer(p).and_then(Json::as_str).unwrap_or_default().to_string();
+            let resource =
+                format!("{}/{}", a("/spec/resourceAttributes/resource"), a("/spec/resourceAttributes/subresource"));
+            let grant = (
+                a("/spec/user"),
+                a("/spec/resourceAttributes/namespace"),
+                resource,
+                a("/spec/resourceAttributes/verb"),
+            );
+            let allowed = self.store.lock().is_ok_and(|s| s.grants.contains(&grant));
+            let mut out = body.clone();
+            out["status"] = json!({"allowed": allowed});
+            return full(&out, StatusCode::CREATED);
+        }
         let key = (group.clone(), plural.clone(), ns.clone(), name.clone());
         let content_type = parts.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
         match (parts.method.clone(), name.is_empty(), sub.as_str()) {

@@ -5,6 +5,7 @@
 //! to facts) and `plan::Planner` (evaluate, decode, check, explain). The executor that talks to
 //! Talos and Kubernetes is a later issue; `plan::Action` is its vocabulary.
 
+pub mod admission;
 pub mod assemble;
 #[cfg(feature = "io")]
 pub mod controller;
@@ -26,3 +27,5 @@ pub mod state;
 pub mod status;
 #[cfg(feature = "io")]
 pub mod talos;
+#[cfg(feature = "io")]
+pub mod webhook;

@@ -284,6 +284,138 @@ spec:
         - name: talosconfig
           secret:
             secretName: ichor-talosconfig
+---
+# The validating webhook (`ichor webhook`): what the CRDs' CEL rules cannot say. Its TLS
+# certificate is the kubernetes.io/tls Secret {namespace}/ichor-webhook-tls (cert-manager's
+# Certificate, or your own); cert-manager injects the CA into the configuration below.
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: ichor-webhook
+  namespace: {namespace}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: ichor-webhook
+rules:
+  # Whether the requester may write Cilium values (talosclusters/cilium-values, ichor-admin only).
+  - apiGroups: ["authorization.k8s.io"]
+    resources: ["subjectaccessreviews"]
+    verbs: ["create"]
+  # The cluster lock: the other operations of the cluster.
+  - apiGroups: ["ichor.maesh.dev"]
+    resources: ["talosoperations"]
+    verbs: ["list"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: ichor-webhook
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: ichor-webhook
+subjects:
+  - kind: ServiceAccount
+    name: ichor-webhook
+    namespace: {namespace}
+---
+# Its own certificate only.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: ichor-webhook-tls
+  namespace: {namespace}
+rules:
+  - apiGroups: [""]
+    resources: ["secrets"]
+    resourceNames: ["ichor-webhook-tls"]
+    verbs: ["get"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: ichor-webhook-tls
+  namespace: {namespace}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: ichor-webhook-tls
+subjects:
+  - kind: ServiceAccount
+    name: ichor-webhook
+    namespace: {namespace}
+---
+# Writing Cilium values is a right of its own (CNI page): bind this to ichor-admin only.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: ichor-admin-cilium-values
+rules:
+  - apiGroups: ["ichor.maesh.dev"]
+    resources: ["talosclusters/cilium-values"]
+    verbs: ["update"]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: ichor-webhook
+  namespace: {namespace}
+spec:
+  replicas: 2
+  selector:
+    matchLabels:
+      app.kubernetes.io/name: ichor-webhook
+  template:
+    metadata:
+      labels:
+        app.kubernetes.io/name: ichor-webhook
+    spec:
+      serviceAccountName: ichor-webhook
+      containers:
+        - name: webhook
+          image: {image}
+          args: ["webhook", "--namespace", "{namespace}", "--tls-secret", "ichor-webhook-tls", "--listen", "0.0.0.0:9443"]
+          ports:
+            - name: https
+              containerPort: 9443
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: ichor-webhook
+  namespace: {namespace}
+spec:
+  selector:
+    app.kubernetes.io/name: ichor-webhook
+  ports:
+    - name: https
+      port: 443
+      targetPort: https
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata:
+  name: ichor
+  annotations:
+    cert-manager.io/inject-ca-from: {namespace}/ichor-webhook-tls
+webhooks:
+  - name: validate.ichor.maesh.dev
+    admissionReviewVersions: ["v1"]
+    sideEffects: None
+    failurePolicy: Fail
+    timeoutSeconds: 10
+    clientConfig:
+      service:
+        name: ichor-webhook
+        namespace: {namespace}
+        path: /validate
+    rules:
+      - apiGroups: ["ichor.maesh.dev"]
+        apiVersions: ["v1alpha1"]
+        resources: ["talosclusters", "talosoperations"]
+        operations: ["CREATE", "UPDATE"]
 "#,
         job_why = JOB_SERVICE_ACCOUNT_WHY
     )

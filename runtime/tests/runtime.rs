@@ -602,9 +602,25 @@ fn the_install_manifests_parse_and_carry_the_role() {
             "ClusterRoleBinding",
             "ServiceAccount",
             "ClusterRoleBinding",
-            "Deployment"
+            "Deployment",
+            // The validating webhook.
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "ClusterRole",
+            "Deployment",
+            "Service",
+            "ValidatingWebhookConfiguration",
         ]
     );
+    // The webhook's configuration sends both kinds to its Service at /validate.
+    let hook = &docs[15]["webhooks"][0];
+    assert_eq!(hook["admissionReviewVersions"][0], "v1");
+    assert_eq!(hook["clientConfig"]["service"]["path"], "/validate");
+    assert_eq!(hook["rules"][0]["resources"], serde_json::json!(["talosclusters", "talosoperations"]));
+    assert_eq!(docs[13]["spec"]["template"]["spec"]["containers"][0]["args"][0], "webhook");
     let rules = docs[2]["rules"].as_array().unwrap();
     assert_eq!(rules.len(), runtime::rbac::CONTROLLER_RULES.len());
     assert!(runtime::rbac::allowed("create", "", "pods/eviction"));

@@ -1,0 +1,185 @@
+//! The validating webhook (feature `io`): HTTPS with rustls, its certificate from a Secret,
+//! answering `AdmissionReview` v1 at `/validate` with `runtime::admission`'s verdict.
+//!
+//! Start at `Webhook::handle` (one request body to one response body: parse, look up what the
+//! verdict needs, review) and `serve_tls` (the listener). The lookups are a SubjectAccessReview
+//! for the Cilium values' right and the cluster's TalosOperations for the lock.
+
+use crate::admission::{Facts, Request, VALUES_RESOURCE, VALUES_SUBRESOURCE, VALUES_VERB, needs, review};
+use bytes::Bytes;
+use http::StatusCode;
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use kube_client::api::{Api, ListParams, PostParams};
+use render::api::TalosOperation;
+use serde_json::json;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("the TLS Secret {0}: {1}")]
+    Secret(String, String),
+    #[error("the TLS certificate or key: {0}")]
+    Tls(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+pub struct Webhook {
+    pub kube: kube_client::Client,
+    pub keys: render::inventory::Inventory,
+}
+
+impl Webhook {
+    async fn facts(&self, r: &Request) -> Result<Facts, kube_client::Error> {
+        let n = needs(r);
+        let mut facts = Facts::default();
+        if n.values_right {
+            let sar = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: Some(r.user.clone()),
+                    groups: Some(r.groups.clone()),
+                    resource_attributes: Some(ResourceAttributes {
+                        group: Some(render::api::GROUP.into()),
+                        resource: Some(VALUES_RESOURCE.into()),
+                        subresource: Some(VALUES_SUBRESOURCE.into()),
+                        verb: Some(VALUES_VERB.into()),
+                        namespace: Some(r.namespace.clone()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let api: Api<SubjectAccessReview> = Api::all(self.kube.clone());
+            let answer = api.create(&PostParams::default(), &sar).await?;
+            facts.may_write_values = answer.status.is_some_and(|s| s.allowed);
+        }
+        if let Some(cluster) = n.operations_of {
+            let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), &r.namespace);
+            facts.operations = ops
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|o| o.spec.cluster_ref.name == cluster)
+                .map(|o| {
+                    let phase = o.status.and_then(|s| s.phase).unwrap_or_else(|| "Pending".into());
+                    (o.metadata.name.unwrap_or_default(), phase)
+                })
+                .collect();
+        }
+        Ok(facts)
+    }
+
+    /// One AdmissionReview body to its response. A lookup that fails refuses the request
+    /// (fail closed) and says why.
+    pub async fn handle(&self, body: &[u8]) -> (StatusCode, serde_json::Value) {
+        let r = match Request::parse(body) {
+            Ok(r) => r,
+            Err(e) => return (StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
+        };
+        let verdict = match self.facts(&r).await {
+            Ok(f) => review(&r, &f, &self.keys),
+            Err(e) => crate::admission::Verdict {
+                allowed: false,
+                messages: vec![format!("the webhook could not check the request ({e}); try again")],
+            },
+        };
+        tracing::info!(uid = %r.uid, kind = %r.kind, operation = %r.operation, user = %r.user, allowed = verdict.allowed, "admission");
+        (StatusCode::OK, verdict.response(&r.uid))
+    }
+
+    pub fn router(self: Arc<Self>) -> axum::Router {
+        axum::Router::new()
+            .route(
+                "/validate",
+                axum::routing::post(move |body: Bytes| {
+                    let hook = self.clone();
+                    async move {
+                        let (code, v) = hook.handle(&body).await;
+                        (code, [(http::header::CONTENT_TYPE, "application/json")], v.to_string())
+                    }
+                }),
+            )
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+    }
+}
+
+/// The certificate and key (PEM) from a `kubernetes.io/tls` Secret.
+pub async fn tls_from_secret(
+    client: &kube_client::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(String, String), WebhookError> {
+    let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), namespace);
+    let what = format!("{namespace}/{name}");
+    let s = api.get(name).await.map_err(|e| WebhookError::Secret(what.clone(), e.to_string()))?;
+    let data = s.data.unwrap_or_default();
+    let get = |k: &str| {
+        data.get(k).map(|b| String::from_utf8_lossy(&b.0).into_owned()).ok_or_else(|| {
+            WebhookError::Secret(
+                what.clone(),
+                format!("no {k} key (a kubernetes.io/tls Secret has tls.crt and tls.key)"),
+            )
+        })
+    };
+    Ok((get("tls.crt")?, get("tls.key")?))
+}
+
+/// A rustls server config from PEM (HTTP/1.1, as the API server speaks to webhooks).
+pub fn server_config(cert_pem: &str, key_pem: &str) -> Result<Arc<rustls::ServerConfig>, WebhookError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| WebhookError::Tls(format!("tls.crt: {e}")))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| WebhookError::Tls(format!("tls.key: {e}")))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| WebhookError::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| WebhookError::Tls(e.to_string()))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// A TLS listener for axum: each accepted connection is handshaken; a failed handshake is
+/// logged and the next one accepted.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((stream, addr)) = self.tcp.accept().await else { continue };
+            match self.acceptor.accept(stream).await {
+                Ok(tls) => return (tls, addr),
+                Err(e) => tracing::debug!(error = %e, %addr, "TLS handshake"),
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
+/// Serves the webhook over HTTPS on `listener` until `shutdown` resolves.
+pub async fn serve_tls(
+    hook: Arc<Webhook>,
+    listener: tokio::net::TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), WebhookError> {
+    let l = TlsListener { tcp: listener, acceptor: tokio_rustls::TlsAcceptor::from(config) };
+    axum::serve(l, hook.router()).with_graceful_shutdown(shutdown).await?;
+    Ok(())
+}
