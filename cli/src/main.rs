@@ -165,12 +165,16 @@ enum OperationCommand {
     /// Resume a paused operation (its failed machines start their step again).
     Resume {
         name: String,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
         #[command(flatten)]
         kube: op_cmd::KubeArgs,
     },
     /// Abort an operation: it does nothing more and releases the cluster lock.
     Abort {
         name: String,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
         #[command(flatten)]
         kube: op_cmd::KubeArgs,
     },
@@ -319,8 +323,12 @@ fn main() -> ExitCode {
             op_cmd::start(op_cmd::Start::Upgrade { to, max_unavailable }, &start)
         }
         Command::Status { cluster, watch, output, kube } => op_cmd::status(cluster.as_deref(), watch, output, &kube),
-        Command::Operation(OperationCommand::Resume { name, kube }) => op_cmd::resume_or_abort(&name, true, &kube),
-        Command::Operation(OperationCommand::Abort { name, kube }) => op_cmd::resume_or_abort(&name, false, &kube),
+        Command::Operation(OperationCommand::Resume { name, output, kube }) => {
+            op_cmd::resume_or_abort(&name, true, output, &kube)
+        }
+        Command::Operation(OperationCommand::Abort { name, output, kube }) => {
+            op_cmd::resume_or_abort(&name, false, output, &kube)
+        }
         Command::Sim(SimCommand::Cluster { manifests, kubeconfig, talosconfig, listen, handover }) => {
             controller_cmd::sim_cluster(&manifests, &kubeconfig, &talosconfig, &listen, handover == "done")
         }

@@ -451,7 +451,7 @@ async fn machine_count(client: &kube_client::Client, ns: &str, cluster: &str) ->
 }
 
 /// `ichor operation resume|abort NAME`.
-pub fn resume_or_abort(name: &str, resume: bool, kube: &KubeArgs) -> Result<Report> {
+pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs) -> Result<Report> {
     let rt = crate::talos_cmd::io_runtime()?;
     rt.block_on(async {
         let (client, ns) = connect(kube).await?;
@@ -492,7 +492,10 @@ pub fn resume_or_abort(name: &str, resume: bool, kube: &KubeArgs) -> Result<Repo
         if let Some(e) = last {
             bail!("writing the status of TalosOperation {ns}/{name}: {e}");
         }
-        let stdout = if resume {
+        let now = if resume { "Running" } else { "Aborted" };
+        let stdout = if output == Output::Json {
+            serde_json::to_string_pretty(&json!({"namespace": ns, "operation": name, "was": phase, "now": now, "pausedReason": st.paused_reason}))? + "\n"
+        } else if resume {
             format!("Resumed TalosOperation {ns}/{name} (it was paused: {}).\n", st.paused_reason.unwrap_or_default())
         } else {
             format!("Aborted TalosOperation {ns}/{name} (it was {phase}); it does nothing more and holds no lock. Machines already changed stay as they are.\n")

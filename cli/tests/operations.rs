@@ -171,9 +171,13 @@ fn kube_proxy_switch_is_created_with_its_consent_then_aborted() {
     let (code, out, err) = sim.ichor(&["operation", "resume", "kube-proxy-replaced"]);
     assert_eq!(code, 2, "{out}");
     golden("switch-resume-not-paused.stderr", &err);
-    let (code, out, err) = sim.ichor(&["operation", "abort", "kube-proxy-replaced"]);
+    let (code, out, err) = sim.ichor(&["operation", "abort", "kube-proxy-replaced", "--output", "json"]);
     assert_eq!(code, 0, "{err}");
-    golden("switch-abort.stdout", &out);
+    golden("switch-abort.json", &out);
+    // Aborting it again says it already is.
+    let (code, _, err) = sim.ichor(&["operation", "abort", "kube-proxy-replaced"]);
+    assert_eq!(code, 2);
+    golden("switch-abort-again.stderr", &err);
     // The controller reconciles it once more: it stays aborted, and its clock is cleared.
     for _ in 0..100 {
         if !sim.ichor(&["status", "--cluster", "lab"]).1.contains("waiting on") {
