@@ -116,18 +116,19 @@ pub fn sim_cluster(
     handover_done: bool,
 ) -> Result<Report> {
     logging();
-    let mut files = disk::manifest_files(manifests)?;
-    if !handover_done {
-        // The cluster runs without Argo CD: Ichor's Job owns Cilium.
-        for (_, text) in &mut files {
-            if text.contains("kind: TalosCluster") {
-                *text = text.replace("handover: automatic", "handover: disabled");
-            }
-        }
-    }
+    let files = disk::manifest_files(manifests)?;
     let rt = crate::talos_cmd::io_runtime()?;
     rt.block_on(async {
         let demo = Arc::new(runtime::demo::Demo::start(&files, handover_done).await?);
+        if !handover_done {
+            // The cluster runs without Argo CD: Ichor's Job owns Cilium.
+            for (key, mut c) in demo.api.objects() {
+                if key.1 == "talosclusters" {
+                    c["spec"]["cni"]["handover"] = serde_json::json!("disabled");
+                    demo.api.put(&key.0, &key.1, c);
+                }
+            }
+        }
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}"))?;
         let addr = listener.local_addr()?;
         let namespace = demo

@@ -80,32 +80,8 @@ fn talos_client(path: &std::path::Path) -> Result<runtime::talos::client::Client
     let text = disk::read_text(path, disk::caps::TEXT, "a talosconfig")?;
     let cfg = runtime::talos::config::TalosConfig::parse(&text, &file)?;
     let (name, ctx) = cfg.context(None, &file)?;
-    let creds = ctx.credentials(name, &file, now_secs())?;
+    let creds = ctx.credentials(name, &file, crate::talos_cmd::now())?;
     Ok(runtime::talos::client::Client::new(ctx, &creds, Duration::from_secs(15))?)
-}
-
-fn now_secs() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
-}
-
-fn now_rfc3339() -> String {
-    rfc3339(now_secs())
-}
-
-/// RFC 3339 UTC of a Unix time (days-from-civil, no calendar crate needed).
-fn rfc3339(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 /// What the user starts.
@@ -169,34 +145,20 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         cache: Default::default(),
     };
     let read = controller
-        .read_operation(&ns, &op, &target, &now_rfc3339())
+        .read_operation(&ns, &op, &target, &runtime::plan::rfc3339(crate::talos_cmd::now()))
         .await
         .context("reading what the operation's rules need (the preview)")?;
     let plan = controller.planner.plan_with(&read.snapshot, false)?;
-    let blocking: Vec<String> = plan
-        .actions
-        .iter()
-        .filter_map(|(act, _)| match act {
-            Action::Pause { .. } | Action::Fail { .. } => Some(act.to_string()),
-            _ => None,
-        })
-        .collect();
-    let waits: Vec<String> = plan
-        .actions
-        .iter()
-        .filter_map(|(act, _)| match act {
-            Action::Wait { .. } => Some(act.to_string()),
-            _ => None,
-        })
-        .collect();
-    let riding: Vec<String> = plan
-        .actions
-        .iter()
-        .filter_map(|(act, _)| match act {
-            Action::Warn { .. } => Some(act.to_string()),
-            _ => None,
-        })
-        .collect();
+    // What the first reconcile would do, sorted by what it means for the start.
+    let (mut blocking, mut waits, mut riding) = (vec![], vec![], vec![]);
+    for (act, _) in &plan.actions {
+        match act {
+            Action::Pause { .. } | Action::Fail { .. } => blocking.push(act.to_string()),
+            Action::Wait { .. } => waits.push(act.to_string()),
+            Action::Warn { .. } => riding.push(act.to_string()),
+            _ => {}
+        }
+    }
     let confirmation =
         plan.confirmation.clone().unwrap_or_else(|| format!("Start {op_name} on cluster {ns}/{}.", a.cluster));
     let op_yaml = serde_yaml::to_string(&op)?;
@@ -364,8 +326,9 @@ fn describe(op: &TalosOperation) -> String {
     s + "\n"
 }
 
+/// The phases an operation stays in until a user acts (rules/backbone.rules).
 fn terminal(phase: &str) -> bool {
-    matches!(phase, "Completed" | "Paused" | "Aborted" | "Failed")
+    matches!(phase, "Completed" | "Paused" | "Aborted")
 }
 
 /// `ichor status [--cluster NAME] [--watch]`.
@@ -426,7 +389,7 @@ pub fn status(cluster: Option<&str>, watch: bool, output: Output, kube: &KubeArg
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
-        let ended_badly = items.iter().any(|o| matches!(phase(o).as_str(), "Paused" | "Aborted" | "Failed"));
+        let ended_badly = items.iter().any(|o| matches!(phase(o).as_str(), "Paused" | "Aborted"));
         let stdout = match output {
             Output::Json => {
                 let v: Vec<serde_json::Value> = items

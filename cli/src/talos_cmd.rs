@@ -32,7 +32,8 @@ pub struct NodeArgs {
     pub timeout: u64,
 }
 
-fn now() -> i64 {
+/// Seconds since 1970 (certificate checks, clocks).
+pub(crate) fn now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 

@@ -65,7 +65,8 @@ impl fmt::Display for ConfigError {
     }
 }
 
-const V1ALPHA1_KEYS: [&str; 5] = ["version", "machine", "cluster", "debug", "persist"];
+/// Top-level keys that make an untyped document the v1alpha1 one.
+pub(crate) const V1ALPHA1_KEYS: [&str; 5] = ["version", "machine", "cluster", "debug", "persist"];
 
 impl Config {
     /// Parses a multi-document config; every problem found is returned.
@@ -83,20 +84,7 @@ impl Config {
         let mut errors = vec![];
         let mut docs: Vec<Doc> = vec![];
         // Split on document separators, remembering where each chunk starts.
-        let mut chunks: Vec<(usize, String)> = vec![];
-        let mut current = String::new();
-        let mut start = 1;
-        for (i, line) in text.lines().enumerate() {
-            if line.starts_with("---") && line[3..].trim().is_empty() {
-                chunks.push((start, std::mem::take(&mut current)));
-                start = i + 2;
-            } else {
-                current.push_str(line);
-                current.push('\n');
-            }
-        }
-        chunks.push((start, current));
-        for (start, chunk) in chunks {
+        for (start, chunk) in crate::yaml::split_documents(text) {
             // Bounded after aliases expand, merge keys resolved, tags refused, keys made text.
             let value: Value = match crate::yaml::parse(&chunk, MAX_CONFIG_BYTES) {
                 Ok(v) => v,

@@ -60,10 +60,7 @@ impl Manifests {
         let mut m = Manifests::default();
         let mut errors = vec![];
         for (file, text) in files {
-            let mut line = 1;
-            for chunk in split_docs(text) {
-                let start = line;
-                line += chunk.matches('\n').count() + 1;
+            for (start, chunk) in crate::yaml::split_documents(text) {
                 // Bounded, merge keys resolved as kubectl resolves them, tags refused.
                 let value: Value = match crate::yaml::parse(&chunk, crate::config::MAX_CONFIG_BYTES) {
                     Ok(v) => v,
@@ -305,21 +302,6 @@ fn walk_schema(v: &serde_json::Value, schema: &serde_json::Value, path: &str, ou
         }
         _ => {}
     }
-}
-
-fn split_docs(text: &str) -> Vec<String> {
-    let mut out = vec![];
-    let mut cur = String::new();
-    for line in text.lines() {
-        if line.starts_with("---") && line[3..].trim().is_empty() {
-            out.push(std::mem::take(&mut cur));
-        } else {
-            cur.push_str(line);
-            cur.push('\n');
-        }
-    }
-    out.push(cur);
-    out
 }
 
 type SecretParts = (String, String, BTreeMap<String, String>);

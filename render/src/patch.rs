@@ -48,7 +48,7 @@ pub enum Patch {
     Json6902 { line: usize },
 }
 
-const V1ALPHA1_KEYS: [&str; 5] = ["version", "machine", "cluster", "debug", "persist"];
+use crate::config::V1ALPHA1_KEYS;
 
 /// The identity of a document: kind and name, `None` kind for the v1alpha1 document.
 pub type DocId = (Option<String>, Option<String>);

@@ -62,9 +62,18 @@ pub struct Rendered {
     pub warnings: Vec<RenderError>,
 }
 
-/// The encoded size of a config's documents.
-fn size(docs: &[Value]) -> usize {
-    docs.iter().map(|d| serde_yaml::to_string(d).map_or(0, |t| t.len() + 4)).sum()
+/// The encoded size of a config's (or a patch's) documents.
+fn size<'v>(docs: impl IntoIterator<Item = &'v Value>) -> usize {
+    docs.into_iter().map(|d| serde_yaml::to_string(d).map_or(0, |t| t.len() + 4)).sum()
+}
+
+/// Where in a patch a problem or warning is, as the render's messages say it.
+fn in_patch(line: usize, document: &str) -> String {
+    if document == "?" {
+        format!("line {line} of the patch")
+    } else {
+        format!("line {line} of the patch, document {document}")
+    }
 }
 
 pub fn object_name(kind: &str, meta: &kube_core::ObjectMeta) -> String {
@@ -568,16 +577,17 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
     let mut applied = vec![];
     let mut set_by: BTreeMap<String, String> = BTreeMap::new();
     let mut warnings = vec![];
+    // Talos's size limit, without encoding the config after every patch: the base is encoded
+    // once, and a patch grows the config by at most its own encoding (a patch document mirrors
+    // the config's nesting; deletes and replacements only shrink it), counted twice to be safe.
+    // Only near the limit is the config encoded exactly, before and after the patch.
+    let mut bound = size(&docs);
     for p in &patches {
         let obj = object_name("TalosConfigPatch", &p.metadata);
         let located = |e: crate::patch::PatchError| RenderError {
             object: obj.clone(),
             field: if e.field.is_empty() { "spec.patch".into() } else { format!("spec.patch: {}", e.field) },
-            message: if e.document == "?" {
-                format!("line {} of the patch: {}", e.line, e.message)
-            } else {
-                format!("line {} of the patch, document {}: {}", e.line, e.document, e.message)
-            },
+            message: format!("{}: {}", in_patch(e.line, &e.document), e.message),
         };
         let pdocs = match Patch::load(&p.spec.patch, contract) {
             Ok(Patch::Strategic(d)) => d,
@@ -600,7 +610,9 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
             }
         };
         let pdocs = filtered(&pdocs, contract, handed_over, owns_proxy);
-        let before = size(&docs);
+        bound += 2 * size(pdocs.iter().map(|d| &d.value));
+        let near_limit = bound > crate::config::MAX_CONFIG_BYTES;
+        let before = if near_limit { size(&docs) } else { 0 };
         match crate::patch::apply(&mut docs, &pdocs, contract) {
             Ok(done) => {
                 for path in done.set {
@@ -609,7 +621,7 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
                 warnings.extend(done.warnings.into_iter().map(|w| RenderError {
                     object: obj.clone(),
                     field: "spec.patch".into(),
-                    message: format!("line {} of the patch, document {}: {}", w.line, w.document, w.message),
+                    message: format!("{}: {}", in_patch(w.line, &w.document), w.message),
                 }));
             }
             Err(e) => {
@@ -617,7 +629,10 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
                 continue;
             }
         }
-        let after = size(&docs);
+        let after = if near_limit { size(&docs) } else { 0 };
+        if near_limit {
+            bound = after;
+        }
         if after > crate::config::MAX_CONFIG_BYTES {
             errors.push(RenderError {
                 object: obj.clone(),

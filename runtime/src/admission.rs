@@ -121,9 +121,10 @@ pub fn needs(r: &Request) -> Needs {
     }
 }
 
-/// Phases in which an operation holds (or is about to take) its cluster's lock.
+/// An operation holds its cluster's lock while Running, as `lock_held_by` in
+/// rules/backbone.rules says: a Pending or Waiting one has not taken it, a Paused one let it go.
 fn holds_lock(phase: &str) -> bool {
-    !matches!(phase, "Completed" | "Paused" | "Aborted" | "Failed")
+    phase == "Running"
 }
 
 /// The webhook's decision for one request.
