@@ -232,7 +232,7 @@ pub fn run_demo(manifests: &Path, to: &str, dump: Option<PathBuf>) -> Result<Rep
         let mut last = String::new();
         let phase = loop {
             let st = ops.get(&op_name).await?.status.unwrap_or_default();
-            let phase = st.phase.clone().unwrap_or_else(|| "Pending".into());
+            let phase = st.phase();
             let machines: Vec<String> = st
                 .machines
                 .iter()
@@ -245,7 +245,7 @@ pub fn run_demo(manifests: &Path, to: &str, dump: Option<PathBuf>) -> Result<Rep
                 s += &line;
                 last = line;
             }
-            if phase == "Completed" || phase == "Paused" {
+            if phase == render::api::Phase::Completed || phase == render::api::Phase::Paused {
                 if let Some(r) = st.paused_reason {
                     s += &format!("  paused: {r}\n");
                 }
@@ -267,7 +267,7 @@ pub fn run_demo(manifests: &Path, to: &str, dump: Option<PathBuf>) -> Result<Rep
         s += &images.concat();
         Ok::<_, anyhow::Error>((s, phase))
     })?;
-    Ok(Report { stdout: out.0, findings: out.1 != "Completed", ..Report::default() })
+    Ok(Report { stdout: out.0, findings: out.1 != render::api::Phase::Completed, ..Report::default() })
 }
 
 /// What `ichor webhook` is given.

@@ -11,7 +11,8 @@ use crate::{Output, Report, disk};
 use anyhow::{Context, Result, anyhow, bail};
 use kube_client::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use render::api::{
-    CONFIRM_KUBE_PROXY_SWITCH, KubeProxyMode, OperationKind, TalosCluster, TalosOperation, TalosOperationSpec,
+    CONFIRM_KUBE_PROXY_SWITCH, KubeProxyMode, MachinePhase, OperationKind, Phase, TalosCluster, TalosOperation,
+    TalosOperationSpec,
 };
 use runtime::plan::Action;
 use serde_json::json;
@@ -296,7 +297,7 @@ async fn write_with_retry(api: &Api<TalosCluster>, name: &str, body: serde_json:
 fn describe(op: &TalosOperation) -> String {
     let st = op.status.clone().unwrap_or_default();
     let name = op.metadata.name.clone().unwrap_or_default();
-    let phase = st.phase.clone().unwrap_or_else(|| "Pending".into());
+    let phase = st.phase();
     let target = match op.spec.kind {
         OperationKind::Kubernetes => op.spec.target.kubernetes_version.clone().unwrap_or_default(),
         OperationKind::Cni => op.spec.target.kube_proxy.map(|m| format!("kube-proxy {}", m.name())).unwrap_or_default(),
@@ -307,7 +308,7 @@ fn describe(op: &TalosOperation) -> String {
         s += &format!(", stage {stage}");
     }
     if let Some(r) = &st.paused_reason {
-        s += &format!("\n  {}: {r}", if phase == "Paused" { "paused" } else { "reason" });
+        s += &format!("\n  {}: {r}", if phase == Phase::Paused { "paused" } else { "reason" });
     }
     for (m, p) in &st.machines {
         s += &format!(
@@ -326,9 +327,9 @@ fn describe(op: &TalosOperation) -> String {
     s + "\n"
 }
 
-/// The phases an operation stays in until a user acts (rules/backbone.rules).
-fn terminal(phase: &str) -> bool {
-    matches!(phase, "Completed" | "Paused" | "Aborted")
+/// The phases `status --watch` stops following in: ended, or paused until a user acts.
+fn settled(phase: Phase) -> bool {
+    phase.is_terminal() || phase == Phase::Paused
 }
 
 /// `ichor status [--cluster NAME] [--watch]`.
@@ -349,12 +350,12 @@ pub fn status(cluster: Option<&str>, watch: bool, output: Output, kube: &KubeArg
             items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
             Ok::<_, anyhow::Error>(items)
         };
-        let phase = |o: &TalosOperation| o.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_else(|| "Pending".into());
+        let phase = |o: &TalosOperation| o.status.as_ref().map(|s| s.phase()).unwrap_or_default();
         let mut items = list(ops.clone()).await?;
         if watch {
             // Only the operations not ended yet are followed.
             let names: Vec<String> =
-                items.iter().filter(|o| !terminal(&phase(o))).filter_map(|o| o.metadata.name.clone()).collect();
+                items.iter().filter(|o| !settled(phase(o))).filter_map(|o| o.metadata.name.clone()).collect();
             let bars = indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
             let style = indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
@@ -374,9 +375,9 @@ pub fn status(cluster: Option<&str>, watch: bool, output: Output, kube: &KubeArg
                     let st = o.status.clone().unwrap_or_default();
                     let machines = machine_count(&client, &ns, &o.spec.cluster_ref.name).await.max(st.machines.len());
                     bar.set_length(machines as u64);
-                    bar.set_position(st.machines.values().filter(|p| p.phase == "Done").count() as u64);
+                    bar.set_position(st.machines.values().filter(|p| p.phase == MachinePhase::Done).count() as u64);
                     bar.set_message(format!("{}{}", phase(o), st.stage.map(|s| format!(" ({s})")).unwrap_or_default()));
-                    if !terminal(&phase(o)) {
+                    if !settled(phase(o)) {
                         open += 1;
                     }
                 }
@@ -389,7 +390,7 @@ pub fn status(cluster: Option<&str>, watch: bool, output: Output, kube: &KubeArg
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
-        let ended_badly = items.iter().any(|o| matches!(phase(o).as_str(), "Paused" | "Aborted"));
+        let ended_badly = items.iter().any(|o| matches!(phase(o), Phase::Paused | Phase::Aborted));
         let stdout = match output {
             Output::Json => {
                 let v: Vec<serde_json::Value> = items
@@ -413,55 +414,78 @@ async fn machine_count(client: &kube_client::Client, ns: &str, cluster: &str) ->
         .unwrap_or(0)
 }
 
-/// `ichor operation resume|abort NAME`.
+/// `ichor operation resume|abort NAME`: writes the user's intent as an annotation on the
+/// operation (`ichor.maesh.dev/resume`, a counter, or `ichor.maesh.dev/abort`), with the
+/// resourceVersion read; the controller's rules move the phase (the status has one writer). It
+/// then waits a few seconds for the controller to act and says what it saw.
 pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs) -> Result<Report> {
+    use render::api::{ABORT, RESUME};
     let rt = crate::talos_cmd::io_runtime()?;
     rt.block_on(async {
         let (client, ns) = connect(kube).await?;
         let ops: Api<TalosOperation> = Api::namespaced(client, &ns);
-        let op = ops.get(name).await.with_context(|| format!("reading TalosOperation {ns}/{name}"))?;
-        let st = op.status.clone().unwrap_or_default();
-        let phase = st.phase.clone().unwrap_or_else(|| "Pending".into());
-        let body = if resume {
-            if phase != "Paused" {
-                bail!("TalosOperation {ns}/{name} is {phase}, not Paused: only a paused operation is resumed");
-            }
-            // A failed machine's step starts again from what its node runs (ADR 0026 never
-            // retries on its own; resuming is the user's decision).
-            let machines: serde_json::Map<String, serde_json::Value> = st
-                .machines
-                .iter()
-                .filter(|(_, p)| p.phase == "Failed")
-                .map(|(m, _)| (m.clone(), serde_json::Value::Null))
-                .collect();
-            json!({"status": {"phase": "Running", "pausedReason": null, "machines": machines}})
-        } else {
-            if matches!(phase.as_str(), "Completed" | "Aborted") {
-                bail!("TalosOperation {ns}/{name} is already {phase}");
-            }
-            json!({"status": {"phase": "Aborted", "pausedReason": format!("aborted by the user (was {phase})")}})
-        };
-        let mut last = None;
-        for _ in 0..5 {
-            match ops.patch_status(name, &PatchParams::default(), &Patch::Merge(&body)).await {
-                Ok(_) => {
-                    last = None;
-                    break;
+        let mut attempts = 0;
+        let (op, wanted) = loop {
+            let op = ops.get(name).await.with_context(|| format!("reading TalosOperation {ns}/{name}"))?;
+            let st = op.status.clone().unwrap_or_default();
+            let phase = st.phase();
+            let annotations = op.metadata.annotations.clone().unwrap_or_default();
+            let intent = runtime::state::Intent::of(Some(&annotations), st.resumed);
+            let (key, value) = if resume {
+                if phase != Phase::Paused {
+                    bail!(
+                        "TalosOperation {ns}/{name} is {phase}, not Paused: only a paused operation is resumed{}",
+                        match phase {
+                            Phase::Completed | Phase::Aborted => "; it has ended: start the operation again to run it once more",
+                            _ => "; follow it with ichor status --watch, or end it with ichor operation abort",
+                        }
+                    );
                 }
-                Err(kube_client::Error::Api(e)) if e.code == 409 => last = Some(e.to_string()),
-                Err(e) => return Err(anyhow!(e).context(format!("writing the status of TalosOperation {ns}/{name}"))),
+                if intent.abort {
+                    bail!("TalosOperation {ns}/{name} was asked to abort: an aborted operation is not resumed");
+                }
+                (RESUME, (intent.resume.max(intent.resumed) + 1).to_string())
+            } else {
+                if phase.is_terminal() {
+                    bail!("TalosOperation {ns}/{name} is already {phase}: there is nothing to abort");
+                }
+                (ABORT, "true".to_string())
+            };
+            let body = json!({"metadata": {
+                "resourceVersion": op.metadata.resource_version,
+                "annotations": {key: value},
+            }});
+            match ops.patch(name, &PatchParams::default(), &Patch::Merge(&body)).await {
+                Ok(_) => break (op, value),
+                Err(kube_client::Error::Api(e)) if e.code == 409 && attempts < 5 => attempts += 1,
+                Err(e) => return Err(anyhow!(e).context(format!("writing the intent on TalosOperation {ns}/{name}"))),
             }
+        };
+        let st = op.status.clone().unwrap_or_default();
+        let was = st.phase();
+        // The controller moves the phase; wait a little for it to be seen.
+        let mut now = None;
+        for _ in 0..50 {
+            let o = ops.get(name).await.with_context(|| format!("reading TalosOperation {ns}/{name}"))?;
+            let s = o.status.unwrap_or_default();
+            let acted = if resume { s.resumed.to_string() == wanted } else { s.phase() == Phase::Aborted };
+            if acted {
+                now = Some(s.phase());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        if let Some(e) = last {
-            bail!("writing the status of TalosOperation {ns}/{name}: {e}");
-        }
-        let now = if resume { "Running" } else { "Aborted" };
         let stdout = if output == Output::Json {
-            serde_json::to_string_pretty(&json!({"namespace": ns, "operation": name, "was": phase, "now": now, "pausedReason": st.paused_reason}))? + "\n"
+            serde_json::to_string_pretty(&json!({"namespace": ns, "operation": name, "was": was, "now": now.unwrap_or(was), "acted": now.is_some(), "pausedReason": st.paused_reason}))? + "\n"
+        } else if now.is_none() {
+            format!(
+                "Asked TalosOperation {ns}/{name} to {}; no controller acted on it within 10 s: is ichor controller running? It acts at its next reconcile.\n",
+                if resume { "resume" } else { "abort" }
+            )
         } else if resume {
             format!("Resumed TalosOperation {ns}/{name} (it was paused: {}).\n", st.paused_reason.unwrap_or_default())
         } else {
-            format!("Aborted TalosOperation {ns}/{name} (it was {phase}); it does nothing more and holds no lock. Machines already changed stay as they are.\n")
+            format!("Aborted TalosOperation {ns}/{name} (it was {was}); it does nothing more and holds no lock. Machines already changed stay as they are.\n")
         };
         Ok(Report { stdout, ..Report::default() })
     })

@@ -16,6 +16,13 @@ pub const GROUP: &str = "ichor.maesh.dev";
 pub const CONFIRM_KUBE_PROXY_SWITCH: &str = "ichor.maesh.dev/confirm-kube-proxy-switch";
 /// A machine that an operation must skip (ADR 0026 hold annotations).
 pub const HOLD: &str = "ichor.maesh.dev/hold";
+/// The user's intent to end an operation (`ichor operation abort`): the controller's rules
+/// move it to `Aborted` at their next reconcile. Any value counts; abort is final.
+pub const ABORT: &str = "ichor.maesh.dev/abort";
+/// The user's intent to resume a paused operation (`ichor operation resume`): a counter the
+/// CLI raises by one; the controller's rules resume the operation when it is above
+/// `status.resumed` (the count already acted on) and record the new count.
+pub const RESUME: &str = "ichor.maesh.dev/resume";
 
 /// A Talos cluster: its versions, endpoint, CNI and where its secrets are.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
@@ -356,11 +363,67 @@ pub struct OperationTarget {
     pub kube_proxy: Option<KubeProxyMode>,
 }
 
+/// The phase of a TalosOperation (ADR 0026's status-held state machine). The rules move it
+/// (`phase` in rules/backbone.rules); which phases end an operation and which hold the
+/// cluster's lock are the rules' `terminal` and `holds_lock`, which `is_terminal` and
+/// `holds_lock` repeat for Rust's readers (a test pins them to the rules).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Phase {
+    /// Created, not yet started: the preview's confirmation is shown in this phase.
+    #[default]
+    Pending,
+    /// Acting: it holds the cluster's lock.
+    Running,
+    /// Waiting for another operation to release the lock.
+    Waiting,
+    /// Stopped with a reason until the user resumes or aborts it.
+    Paused,
+    /// Done; nothing moves it again.
+    Completed,
+    /// Ended by the user; nothing moves it again.
+    Aborted,
+}
+
+symbols!(Phase {
+    Pending => "Pending",
+    Running => "Running",
+    Waiting => "Waiting",
+    Paused => "Paused",
+    Completed => "Completed",
+    Aborted => "Aborted",
+});
+
+impl Phase {
+    /// No reconcile moves an operation out of this phase (rules/backbone.rules `terminal`).
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Phase::Completed | Phase::Aborted)
+    }
+
+    /// An operation in this phase holds its cluster's lock (rules/backbone.rules `holds_lock`).
+    pub fn holds_lock(self) -> bool {
+        matches!(self, Phase::Running)
+    }
+}
+
+/// The phase of one machine's step within an operation.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MachinePhase {
+    /// Started (the marker and the verification clock's start), not yet verified.
+    #[default]
+    Applying,
+    /// Verified and done.
+    Done,
+    /// Failed: the operation pauses and never retries it on its own.
+    Failed,
+}
+
+symbols!(MachinePhase { Applying => "Applying", Done => "Done", Failed => "Failed" });
+
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosOperationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<Phase>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage: Option<String>,
     /// Why it paused, when it did.
@@ -376,12 +439,26 @@ pub struct TalosOperationStatus {
     pub done: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// How many resume requests (the `ichor.maesh.dev/resume` counter) the controller has acted on.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resumed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl TalosOperationStatus {
+    /// The phase, `Pending` before the controller first wrote one.
+    pub fn phase(&self) -> Phase {
+        self.phase.unwrap_or_default()
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineProgress {
-    pub phase: String,
+    pub phase: MachinePhase,
     /// The stage the step belongs to (upgrade) or `switch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage: Option<String>,

@@ -86,13 +86,15 @@ fn main() {
                 target_kubernetes: Some("v1.36.5".into()),
                 target_kube_proxy: None,
                 max_unavailable: 10,
-                phase: "Running".into(),
+                phase: render::api::Phase::Running,
+                intent: Default::default(),
                 paused_reason: None,
                 machines: BTreeMap::new(),
                 waiting_since: BTreeMap::new(),
                 done: vec!["manifestsSynced".into()],
             },
             other_operations: vec![],
+            inputs_rejected: None,
         };
         planner.plan(&s).unwrap()
     };

@@ -78,7 +78,7 @@ pub struct Needs {
 pub struct Facts {
     pub may_write_values: bool,
     /// The cluster's other operations: name and phase.
-    pub operations: Vec<(String, String)>,
+    pub operations: Vec<(String, render::api::Phase)>,
 }
 
 /// The verdict: allowed, or refused with a message that names the field and what to do.
@@ -119,12 +119,6 @@ pub fn needs(r: &Request) -> Needs {
         },
         _ => Needs::default(),
     }
-}
-
-/// An operation holds its cluster's lock while Running, as `lock_held_by` in
-/// rules/backbone.rules says: a Pending or Waiting one has not taken it, a Paused one let it go.
-fn holds_lock(phase: &str) -> bool {
-    phase == "Running"
 }
 
 /// The webhook's decision for one request.
@@ -194,7 +188,7 @@ pub fn review(r: &Request, facts: &Facts, keys: &render::inventory::Inventory) -
                 };
             };
             let own = op.metadata.name.clone().unwrap_or_default();
-            if let Some((held, phase)) = facts.operations.iter().find(|(n, p)| n != &own && holds_lock(p)) {
+            if let Some((held, phase)) = facts.operations.iter().find(|(n, p)| n != &own && p.holds_lock()) {
                 refusals.push(format!(
                     "TalosOperation {}/{own}: cluster {} is locked by TalosOperation {}/{held} ({phase}); wait for it (`ichor status --cluster {} --watch`) or abort it (`ichor operation abort {held}`)",
                     r.namespace, op.spec.cluster_ref.name, r.namespace, op.spec.cluster_ref.name
@@ -286,11 +280,19 @@ mod tests {
                         "spec": {"clusterRef": {"name": "lab"}, "kind": "kubernetes", "target": {"kubernetesVersion": "v1.37.0"}}});
         let r = req("TalosOperation", "CREATE", op, Json::Null);
         assert_eq!(needs(&r).operations_of.as_deref(), Some("lab"));
-        let v = review(&r, &Facts { operations: vec![("a".into(), "Running".into())], ..Facts::default() }, &keys());
+        let v = review(
+            &r,
+            &Facts { operations: vec![("a".into(), render::api::Phase::Running)], ..Facts::default() },
+            &keys(),
+        );
         assert!(!v.allowed && v.messages[0].contains("locked by TalosOperation ichor-system/a (Running)"), "{v:?}");
         assert!(
-            review(&r, &Facts { operations: vec![("a".into(), "Completed".into())], ..Facts::default() }, &keys())
-                .allowed
+            review(
+                &r,
+                &Facts { operations: vec![("a".into(), render::api::Phase::Completed)], ..Facts::default() },
+                &keys()
+            )
+            .allowed
         );
     }
 }

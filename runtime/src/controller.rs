@@ -127,10 +127,31 @@ impl Controller {
             .map(|o| OtherOperation {
                 name: o.metadata.name.clone().unwrap_or_default(),
                 kind: o.spec.kind,
-                phase: o.status.and_then(|s| s.phase).unwrap_or_else(|| "Pending".into()),
+                phase: o.status.map(|s| s.phase()).unwrap_or_default(),
             })
             .collect();
-        let manifests = self.manifests(namespace, cluster, &machines, &patches).await?;
+        // What the user wrote may not render: then nothing is observed or done, and the rules
+        // pause the operation naming every problem (unless it has ended).
+        let mut rejected = None;
+        let mut rendered_all = vec![];
+        match self.manifests(namespace, cluster, &machines, &patches).await {
+            Ok(manifests) => {
+                for m in &machines {
+                    let name = m.metadata.name.clone().unwrap_or_default();
+                    match render::machine::render_checked(&manifests, &name, None, &self.classifier) {
+                        Ok(r) => rendered_all.push(r),
+                        Err(e) => {
+                            let e = ControllerError::Render { machine: name, problem: render_problem(&e) };
+                            rejected = Some(e.to_string());
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e @ ControllerError::Manifests(_)) => rejected = Some(e.to_string()),
+            Err(e) => return Err(e),
+        }
+        let machines: Vec<TalosMachine> = if rejected.is_some() { vec![] } else { machines };
         let nodes: Api<Node> = Api::all(self.kube.clone());
         let pods: Api<Pod> = Api::namespaced(self.kube.clone(), "kube-system");
         let mirror = pods.list(&ListParams::default()).await.map_err(kube_err("listing kube-system pods"))?.items;
@@ -140,10 +161,8 @@ impl Controller {
         let observations = crate::talos::observe::observe_fleet(&self.talos, &addresses, 16).await;
         let (mut renders, mut by_address) = (BTreeMap::new(), BTreeMap::new());
         let mut snap_machines = vec![];
-        for (m, observed) in machines.iter().zip(&observations) {
+        for ((m, observed), rendered) in machines.iter().zip(&observations).zip(rendered_all) {
             let name = m.metadata.name.clone().unwrap_or_default();
-            let rendered = render::machine::render_checked(&manifests, &name, None, &self.classifier)
-                .map_err(|e| ControllerError::Render { machine: name.clone(), problem: render_problem(&e) })?;
             let node = nodes.get_opt(&name).await.map_err(kube_err(format!("reading Node {name}")))?;
             let status = node.as_ref().and_then(|n| n.status.clone()).unwrap_or_default();
             let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
@@ -202,7 +221,11 @@ impl Controller {
             renders.insert(name.clone(), rendered.config);
             by_address.insert(name, m.spec.address.clone());
         }
-        let workload = read_workload(&self.kube, (self.service_answers)()).await?;
+        let workload = if rejected.is_some() {
+            crate::state::Workload::default()
+        } else {
+            read_workload(&self.kube, (self.service_answers)()).await?
+        };
         let st = op.status.clone().unwrap_or_default();
         let handover_done = cluster
             .status
@@ -235,7 +258,8 @@ impl Controller {
                 target_kubernetes: op.spec.target.kubernetes_version.clone(),
                 target_kube_proxy: op.spec.target.kube_proxy,
                 max_unavailable: op.spec.max_unavailable.into(),
-                phase: st.phase.clone().unwrap_or_else(|| "Pending".into()),
+                phase: st.phase(),
+                intent: crate::state::Intent::of(op.metadata.annotations.as_ref(), st.resumed),
                 paused_reason: st.paused_reason.clone(),
                 machines: st
                     .machines
@@ -244,7 +268,7 @@ impl Controller {
                         (
                             k.clone(),
                             MachineProgress {
-                                phase: v.phase.clone(),
+                                phase: v.phase,
                                 stage: v.stage.clone(),
                                 started_at: v.started_at.clone().unwrap_or_else(|| now.to_string()),
                             },
@@ -255,10 +279,11 @@ impl Controller {
                 done: st.done.clone(),
             },
             other_operations: others,
+            inputs_rejected: rejected,
         };
-        // The snapshot is checked as `ichor plan --state` checks it.
-        let text = serde_yaml::to_string(&snapshot).map_err(|e| ControllerError::Snapshot(e.to_string()))?;
-        ObservedState::parse(&text)
+        // The snapshot is checked as `ichor plan --state` checks it (typed, no YAML between).
+        snapshot
+            .check()
             .map_err(|e| ControllerError::Snapshot(e.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; ")))?;
         Ok(Read { snapshot, renders, addresses: by_address, resource_version: op.metadata.resource_version.clone() })
     }
@@ -427,18 +452,9 @@ impl Controller {
     pub async fn reconcile(&self, namespace: &str, operation: &str, now: &str) -> Result<Reconciled, ControllerError> {
         let mut attempt = 0;
         loop {
-            let read = match self.read(namespace, operation, now).await {
-                Ok(r) => r,
-                // What the user wrote cannot be rendered (or read as a snapshot): nothing is
-                // done, and the operation pauses naming why, instead of failing every reconcile.
-                Err(
-                    e @ (ControllerError::Render { .. } | ControllerError::Manifests(_) | ControllerError::Snapshot(_)),
-                ) => {
-                    self.pause(namespace, operation, &e.to_string()).await?;
-                    return Err(e);
-                }
-                Err(e) => return Err(e),
-            };
+            // A render that fails is a fact of the snapshot (`inputsRejected`): the rules pause
+            // the operation, unless it has ended, and nothing else is done.
+            let read = self.read(namespace, operation, now).await?;
             let plan = self.planner.plan(&read.snapshot)?;
             let mut kube = KubeCluster {
                 client: self.kube.clone(),
@@ -462,22 +478,6 @@ impl Controller {
         }
     }
 
-    /// Pauses the operation with a reason (when it is not already paused or completed).
-    async fn pause(&self, namespace: &str, operation: &str, reason: &str) -> Result<(), ControllerError> {
-        let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);
-        let op =
-            ops.get(operation).await.map_err(kube_err(format!("reading TalosOperation {namespace}/{operation}")))?;
-        let phase = op.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-        if phase == "Paused" || phase == "Completed" {
-            return Ok(());
-        }
-        let status = json!({"status": {"phase": "Paused", "pausedReason": format!("{reason}: fix it, then delete the operation and create it again")}});
-        ops.patch_status(operation, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .map(|_| ())
-            .map_err(kube_err(format!("writing the status of TalosOperation {namespace}/{operation}")))
-    }
-
     async fn write_status(
         &self,
         namespace: &str,
@@ -486,6 +486,12 @@ impl Controller {
         after: &ObservedState,
     ) -> Result<(), ControllerError> {
         let op = &after.operation;
+        // A status that does not change is not written: each write is a watch event that would
+        // start this reconcile again.
+        if *op == read.snapshot.operation && after.cluster.status_kube_proxy == read.snapshot.cluster.status_kube_proxy
+        {
+            return Ok(());
+        }
         let machines: serde_json::Map<String, serde_json::Value> = op
             .machines
             .iter()
@@ -505,6 +511,7 @@ impl Controller {
                 "machines": machines,
                 "waitingSince": clocks,
                 "done": op.done,
+                "resumed": (op.intent.resumed > 0).then_some(op.intent.resumed),
             }
         });
         let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);

@@ -61,6 +61,9 @@ pub struct Rels {
     pub machine_condition: Input<3>,
     pub removed_apis_unknown: Input<1>,
     pub cilium_job_failed: Input<2>,
+    pub abort_requested: Input<0>,
+    pub inputs_rejected: Input<1>,
+    pub resume_requested: Input<0>,
     pub act_pause: Output<3>,
     pub act_fail: Output<3>,
     pub act_set_status: Output<2>,
@@ -80,6 +83,10 @@ pub struct Rels {
     pub act_clear_clock: Output<1>,
     pub act_warn: Output<3>,
     pub act_complete: Output<0>,
+    pub act_resume: Output<0>,
+    pub act_abort: Output<1>,
+    pub terminal: Output<1>,
+    pub holds_lock: Output<1>,
     pub phase: Output<1>,
     pub action_order: Output<2>,
     pub current_kube_proxy_mode: Output<1>,
@@ -141,6 +148,9 @@ impl Rels {
             machine_condition: b.input("machine_condition", [("machine", S), ("type", S), ("reason", S)]),
             removed_apis_unknown: b.input("removed_apis_unknown", [("reason", S)]),
             cilium_job_failed: b.input("cilium_job_failed", [("mode", S), ("reason", S)]),
+            abort_requested: b.input("abort_requested", []),
+            inputs_rejected: b.input("inputs_rejected", [("reason", S)]),
+            resume_requested: b.input("resume_requested", []),
             act_pause: b.output("act_pause", [("template", S), ("machine", S), ("detail", S)]),
             act_fail: b.output("act_fail", [("machine", S), ("template", S), ("detail", S)]),
             act_set_status: b.output("act_set_status", [("field", S), ("value", S)]),
@@ -160,6 +170,10 @@ impl Rels {
             act_clear_clock: b.output("act_clear_clock", [("clock", S)]),
             act_warn: b.output("act_warn", [("template", S), ("a", S), ("b", S)]),
             act_complete: b.output("act_complete", []),
+            act_resume: b.output("act_resume", []),
+            act_abort: b.output("act_abort", [("was", S)]),
+            terminal: b.output("terminal", [("phase", S)]),
+            holds_lock: b.output("holds_lock", [("phase", S)]),
             phase: b.output("phase", [("phase", S)]),
             action_order: b.output("action_order", [("action", S), ("rank", N)]),
             current_kube_proxy_mode: b.output("current_kube_proxy_mode", [("mode", S)]),
@@ -180,8 +194,15 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     r.now.push(&mut b, [n]);
     // The operation.
     let op = &s.operation;
-    let row = [b.sym(&op.name), b.sym(op.kind.name()), b.sym(&op.phase)];
+    let row = [b.sym(&op.name), b.sym(op.kind.name()), b.sym(op.phase.name())];
     r.operation.push(&mut b, row);
+    // The user's intent (annotations): the rules move the phase.
+    if op.intent.abort {
+        r.abort_requested.push(&mut b, []);
+    }
+    if op.intent.resume_pending() {
+        r.resume_requested.push(&mut b, []);
+    }
     if let Some(reason) = &op.paused_reason {
         let id = b.sym(reason);
         r.paused_reason.push(&mut b, [id]);
@@ -199,7 +220,7 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     for (m, pr) in &op.machines {
         let row = [
             b.sym(m),
-            b.sym(&pr.phase),
+            b.sym(pr.phase.name()),
             b.sym(pr.stage.as_deref().unwrap_or("")),
             b.num(epoch(&pr.started_at).unwrap_or(now)),
         ];
@@ -214,8 +235,12 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
         r.step_done.push(&mut b, [id]);
     }
     for o in &s.other_operations {
-        let row = [b.sym(&o.name), b.sym(o.kind.name()), b.sym(&o.phase)];
+        let row = [b.sym(&o.name), b.sym(o.kind.name()), b.sym(o.phase.name())];
         r.other_operation.push(&mut b, row);
+    }
+    if let Some(why) = &s.inputs_rejected {
+        let id = b.sym(why);
+        r.inputs_rejected.push(&mut b, [id]);
     }
     // The cluster.
     let c = &s.cluster;

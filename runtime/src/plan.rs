@@ -11,7 +11,7 @@ use crate::state::ObservedState;
 use engine::explain::ProofGraph;
 use engine::{Database, Engine, EvalOptions, MemSources};
 use handlebars::Handlebars;
-use render::api::{KubeProxyMode, OperationKind, Role};
+use render::api::{KubeProxyMode, OperationKind, Phase, Role};
 use serde::Serialize;
 use serde_json::{Value as Json, json};
 use std::collections::{BTreeMap, HashMap};
@@ -64,6 +64,13 @@ pub const TALOS_FIELD_MANAGER: &str = "talos";
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum Action {
+    /// The user's abort (`ichor.maesh.dev/abort`) is recorded: the operation ended in `was`.
+    Abort {
+        was: Phase,
+    },
+    /// The user's resume (`ichor.maesh.dev/resume`) is recorded: failed machines' markers and
+    /// the pause reason go, and the request count is kept in `status.resumed`.
+    Resume,
     Pause {
         message: String,
     },
@@ -152,6 +159,10 @@ pub enum Action {
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Action::Abort { was } => {
+                write!(f, "record the user's abort (the operation was {was}); it does nothing more")
+            }
+            Action::Resume => write!(f, "record the user's resume (failed machines' steps start again)"),
             Action::Pause { message } => write!(f, "pause: {message}"),
             Action::Fail { machine, message } => write!(f, "fail {machine}'s step: {message}"),
             Action::SetStatus { field, value } => write!(f, "set status.{field} = {value}"),
@@ -198,6 +209,8 @@ impl Action {
     /// The action's kind, as serialized under `action` and ranked by `action_order`.
     pub fn kind(&self) -> &'static str {
         match self {
+            Action::Abort { .. } => "abort",
+            Action::Resume => "resume",
             Action::Pause { .. } => "pause",
             Action::Fail { .. } => "fail",
             Action::SetStatus { .. } => "setStatus",
@@ -230,7 +243,7 @@ impl Action {
 pub struct Plan {
     pub operation: String,
     pub kind: OperationKind,
-    pub phase: String,
+    pub phase: Phase,
     pub confirmation: Option<String>,
     /// Each action with the ids of its proofs in `proofs` (none unless explained).
     pub actions: Vec<(Action, Vec<usize>)>,
@@ -291,6 +304,14 @@ fn mode(db: &Database, relation: &'static str, id: u32) -> Result<KubeProxyMode,
     })
 }
 
+fn phase(db: &Database, relation: &'static str, id: u32) -> Result<Phase, PlanError> {
+    Phase::parse(db.sym(id)).ok_or_else(|| PlanError::Decode {
+        relation,
+        value: db.sym(id).to_string(),
+        expected: "operation phase (render::api::Phase)",
+    })
+}
+
 impl Planner {
     /// Compiles the program rooted at `root` (one of `files`, which includes the others) and
     /// the message templates; binds every relation the host uses.
@@ -319,6 +340,19 @@ impl Planner {
         let files: Vec<(String, String)> =
             render::embedded::RULE_FILES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
         Planner::new(&files, render::embedded::OPERATIONS_PROGRAM, render::embedded::MESSAGES)
+    }
+
+    /// The rules' `terminal` and `holds_lock` phases (facts of rules/backbone.rules, read with
+    /// no input): what `Phase::is_terminal` and `Phase::holds_lock` must agree with.
+    pub fn phase_sets(&self) -> Result<(Vec<Phase>, Vec<Phase>), PlanError> {
+        let r = &self.rels;
+        let db = self.engine.evaluate_built(self.engine.fact_builder(), EvalOptions::default())?;
+        let read = |rel: engine::Output<1>| -> Result<Vec<Phase>, PlanError> {
+            let mut v = rel.rows(&db).map(|[p]| phase(&db, "terminal", p)).collect::<Result<Vec<_>, _>>()?;
+            v.sort();
+            Ok(v)
+        };
+        Ok((read(r.terminal)?, read(r.holds_lock)?))
     }
 
     fn message(&self, template: &str, data: &Json) -> String {
@@ -388,6 +422,13 @@ impl Planner {
         };
         let mut actions: Vec<(Action, Vec<usize>)> = vec![];
         let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
+        for row @ [was] in r.act_abort.rows(&db) {
+            let was = phase(&db, "act_abort", was)?;
+            push(Action::Abort { was }, proof(r.act_abort.id(), &row));
+        }
+        if r.act_resume.any(&db) {
+            push(Action::Resume, proof(r.act_resume.id(), &[]));
+        }
         for row @ [t, m, d] in r.act_pause.rows(&db) {
             let msg = self.message(&text(t), &data(json!({"machine": text(m), "detail": text(d)})));
             push(Action::Pause { message: msg }, proof(r.act_pause.id(), &row));
@@ -500,8 +541,11 @@ impl Planner {
             // Contradicting actions are always reported with their proofs.
             return if explain { Err(e) } else { self.plan_with(s, true) };
         }
-        let phase = r.phase.rows(&db).next().map(|[ph]| text(ph)).unwrap_or_else(|| s.operation.phase.clone());
-        let confirmation = (s.operation.phase == "Pending").then(|| {
+        let phase = match r.phase.rows(&db).next() {
+            Some([ph]) => phase(&db, "phase", ph)?,
+            None => s.operation.phase,
+        };
+        let confirmation = (s.operation.phase == Phase::Pending).then(|| {
             let t = if s.operation.kind == OperationKind::Cni { "ConfirmSwitch" } else { "ConfirmUpgrade" };
             // The order is the rules' (`upgrade_order`): ranked there, listed here.
             let mut order: Vec<(i64, i64, &str)> =

@@ -165,12 +165,19 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, Rec
     for (machine, why) in &r.outcome.failed {
         publish(&ctx, &op, EventType::Warning, "StepFailed", "Apply", format!("{machine}: {why}")).await;
     }
-    ctx.metrics.operations.get_or_create(&PhaseLabel { phase: r.status.operation.phase.clone() }).set(1);
-    Ok(match r.status.operation.phase.as_str() {
-        "Completed" => Action::await_change(),
-        "Paused" => Action::requeue(Duration::from_secs(60)),
-        _ => Action::requeue(ctx.config.requeue),
+    let phase = r.status.operation.phase;
+    ctx.metrics.operations.get_or_create(&PhaseLabel { phase: phase.name().to_string() }).set(1);
+    Ok(match requeue_after(phase, ctx.config.requeue) {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
     })
+}
+
+/// When an operation in `phase` is reconciled again without a change: an ended or paused one
+/// never (the user's intent is an annotation, a change of the object, which wakes it); a running
+/// or waiting one after `running`, to look at its waits again.
+pub fn requeue_after(phase: render::api::Phase, running: Duration) -> Option<Duration> {
+    (!phase.is_terminal() && phase != render::api::Phase::Paused).then_some(running)
 }
 
 async fn publish(ctx: &Ctx, op: &TalosOperation, type_: EventType, reason: &str, action: &str, note: String) {

@@ -6,7 +6,7 @@
 //! the YAML itself, required fields, a machine listed twice, a clock in the future of `now`,
 //! versions that do not parse, an operation kind the rules do not know.
 
-use render::api::{CniPreset, Handover, KubeProxyMode, OperationKind, Role};
+use render::api::{CniPreset, Handover, KubeProxyMode, MachinePhase, OperationKind, Phase, Role};
 use render::vocab::Class;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -25,6 +25,10 @@ pub struct ObservedState {
     /// Other operations of the cluster (for the lock).
     #[serde(default)]
     pub other_operations: Vec<OtherOperation>,
+    /// The custom resources did not render (or load), with every problem: the snapshot then has
+    /// no machines, and the rules pause the operation unless it has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs_rejected: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -213,8 +217,12 @@ pub struct Operation {
     pub target_kube_proxy: Option<KubeProxyMode>,
     #[serde(default = "one")]
     pub max_unavailable: i64,
-    /// The phase held in status: Pending (not started), Running, Paused, Completed.
-    pub phase: String,
+    /// The phase held in status.
+    pub phase: Phase,
+    /// What the user asked of the operation through its annotations (`ichor operation
+    /// abort|resume`); the rules move the phase.
+    #[serde(default, skip_serializing_if = "Intent::is_empty")]
+    pub intent: Intent,
     /// Why it paused, when it did.
     #[serde(default)]
     pub paused_reason: Option<String>,
@@ -235,11 +243,46 @@ fn one() -> i64 {
     1
 }
 
+/// The user's intent, read from the operation's annotations (`render::api::ABORT`, `RESUME`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Intent {
+    /// `ichor operation abort` was asked for.
+    #[serde(default)]
+    pub abort: bool,
+    /// The resume counter of the annotation.
+    #[serde(default)]
+    pub resume: u64,
+    /// The resume requests already acted on (`status.resumed`).
+    #[serde(default)]
+    pub resumed: u64,
+}
+
+impl Intent {
+    fn is_empty(&self) -> bool {
+        *self == Intent::default()
+    }
+
+    /// A resume was asked for that the controller has not acted on yet.
+    pub fn resume_pending(&self) -> bool {
+        self.resume > self.resumed
+    }
+
+    /// The intent held in an operation's annotations and status.
+    pub fn of(annotations: Option<&BTreeMap<String, String>>, status_resumed: u64) -> Intent {
+        let get = |k: &str| annotations.and_then(|a| a.get(k));
+        Intent {
+            abort: get(render::api::ABORT).is_some(),
+            resume: get(render::api::RESUME).and_then(|v| v.trim().parse().ok()).unwrap_or(0),
+            resumed: status_resumed,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineProgress {
-    /// Applying, Done or Failed.
-    pub phase: String,
+    pub phase: MachinePhase,
     /// The stage it was applied in (upgrade) or `switch`.
     #[serde(default)]
     pub stage: Option<String>,
@@ -251,7 +294,7 @@ pub struct MachineProgress {
 pub struct OtherOperation {
     pub name: String,
     pub kind: OperationKind,
-    pub phase: String,
+    pub phase: Phase,
 }
 
 /// A snapshot problem, naming the field.
@@ -302,6 +345,14 @@ impl ObservedState {
             let msg = render::yaml::scrub(&e.to_string());
             vec![StateError { field: at, message: msg.split(" at line ").next().unwrap_or(&msg).to_string() }]
         })?;
+        s.check()?;
+        Ok(s)
+    }
+
+    /// Checks what the rules cannot (the snapshot as typed, with no YAML in between: the
+    /// controller checks what it assembled with this); every problem names its field.
+    pub fn check(&self) -> Result<(), Vec<StateError>> {
+        let s = self;
         let mut errors = vec![];
         let mut err = |field: String, message: String| errors.push(StateError { field, message });
         let now = epoch(&s.now);
@@ -371,11 +422,12 @@ impl ObservedState {
         {
             err("workload.ciliumChartVersion".into(), format!("{v:?} is not a version (X.Y.Z)"));
         }
-        for m in s.operation.machines.keys() {
+        // Without a render there are no machines to list (the progress is kept as it was).
+        for m in s.operation.machines.keys().filter(|_| s.inputs_rejected.is_none()) {
             if !s.machines.iter().any(|x| &x.name == m) {
                 err(format!("operation.machines.{m}"), "progress for a machine the snapshot does not list".into());
             }
         }
-        if errors.is_empty() { Ok(s) } else { Err(errors) }
+        if errors.is_empty() { Ok(()) } else { Err(errors) }
     }
 }

@@ -7,6 +7,7 @@
 
 use crate::plan::{Action, Plan};
 use crate::state::{MachineProgress, ObservedState};
+use render::api::{MachinePhase, Phase};
 
 /// `s` with the status changes of `plan` recorded (nodes and the workload cluster as they were).
 /// `failed` adds steps the executor failed (a Talos refusal): machine and message.
@@ -15,24 +16,35 @@ pub fn record(s: &ObservedState, plan: &Plan, failed: &[(String, String)]) -> Ob
     let op = &mut after.operation;
     for (a, _) in &plan.actions {
         match a {
+            Action::Abort { was } => {
+                op.paused_reason = Some(format!("aborted by the user (was {was})"));
+            }
+            Action::Resume => {
+                op.machines.retain(|_, p| p.phase != MachinePhase::Failed);
+                op.paused_reason = None;
+                op.intent.resumed = op.intent.resume;
+            }
             Action::Start { machine, stage } => {
-                let p =
-                    MachineProgress { phase: "Applying".into(), stage: Some(stage.clone()), started_at: s.now.clone() };
+                let p = MachineProgress {
+                    phase: MachinePhase::Applying,
+                    stage: Some(stage.clone()),
+                    started_at: s.now.clone(),
+                };
                 op.machines.insert(machine.clone(), p);
             }
             Action::Done { machine } => {
                 if let Some(p) = op.machines.get_mut(machine) {
-                    p.phase = "Done".into();
+                    p.phase = MachinePhase::Done;
                 }
             }
             Action::Fail { machine, message } => {
                 if let Some(p) = op.machines.get_mut(machine) {
-                    p.phase = "Failed".into();
+                    p.phase = MachinePhase::Failed;
                 }
                 op.paused_reason = Some(message.clone());
             }
             // A paused operation keeps the reason it paused for.
-            Action::Pause { message } if op.paused_reason.is_none() || s.operation.phase != "Paused" => {
+            Action::Pause { message } if op.paused_reason.is_none() || s.operation.phase != Phase::Paused => {
                 op.paused_reason = Some(message.clone());
             }
             Action::StepDone { step } if !op.done.contains(step) => op.done.push(step.clone()),
@@ -50,13 +62,14 @@ pub fn record(s: &ObservedState, plan: &Plan, failed: &[(String, String)]) -> Ob
     }
     for (machine, message) in failed {
         let p = op.machines.entry(machine.clone()).or_insert_with(|| MachineProgress {
-            phase: "Failed".into(),
+            phase: MachinePhase::Failed,
             stage: None,
             started_at: s.now.clone(),
         });
-        p.phase = "Failed".into();
+        p.phase = MachinePhase::Failed;
         op.paused_reason = Some(message.clone());
     }
-    op.phase = if failed.is_empty() { plan.phase.clone() } else { "Paused".into() };
+    // A step the executor failed pauses the operation, unless the plan ended it.
+    op.phase = if failed.is_empty() || plan.phase.is_terminal() { plan.phase } else { Phase::Paused };
     after
 }

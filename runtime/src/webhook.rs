@@ -63,7 +63,7 @@ impl Webhook {
                 .into_iter()
                 .filter(|o| o.spec.cluster_ref.name == cluster)
                 .map(|o| {
-                    let phase = o.status.and_then(|s| s.phase).unwrap_or_else(|| "Pending".into());
+                    let phase = o.status.map(|s| s.phase()).unwrap_or_default();
                     (o.metadata.name.unwrap_or_default(), phase)
                 })
                 .collect();

@@ -9,7 +9,7 @@
 //! runs.
 
 use kube_client::api::{Api, Patch, PatchParams, PostParams};
-use render::api::{TalosOperation, TalosOperationSpec};
+use render::api::{Phase, TalosOperation, TalosOperationSpec};
 use runtime::controller::Controller;
 use runtime::demo::Demo;
 use runtime::kubeapi;
@@ -103,7 +103,7 @@ async fn the_controller_upgrades_the_example_cluster_from_its_custom_resources()
         let now = runtime::plan::rfc3339(t0 + 60 * i);
         let r = w.controller.reconcile(NS, "upgrade-1-37", &now).await.unwrap();
         let shown: Vec<String> = r.plan.actions.iter().map(|(a, _)| a.to_string()).collect();
-        assert!(r.plan.phase != "Paused", "paused at reconcile {i}: {shown:#?}");
+        assert!(r.plan.phase != Phase::Paused, "paused at reconcile {i}: {shown:#?}");
         assert!(r.outcome.failed.is_empty() && r.outcome.interrupted.is_none(), "{:?}", r.outcome);
         // What the controller decided is what `ichor plan` decides on its dumped snapshot.
         let dumped = runtime::state::ObservedState::parse(&serde_yaml::to_string(&r.snapshot).unwrap()).unwrap();
@@ -112,17 +112,17 @@ async fn the_controller_upgrades_the_example_cluster_from_its_custom_resources()
             again.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>(),
             r.plan.actions.iter().map(|(a, _)| a.clone()).collect::<Vec<_>>()
         );
-        phases.push(r.plan.phase.clone());
-        if r.plan.phase == "Completed" {
+        phases.push(r.plan.phase);
+        if r.plan.phase == Phase::Completed {
             break;
         }
         kubelets(&w).await;
     }
-    assert_eq!(phases.last().map(String::as_str), Some("Completed"), "{phases:?}");
+    assert_eq!(phases.last().copied(), Some(Phase::Completed), "{phases:?}");
     assert_rbac_allows(&w.api.log()[from..]);
     let op = ops.get("upgrade-1-37").await.unwrap();
     let st = op.status.unwrap();
-    assert_eq!(st.phase.as_deref(), Some("Completed"));
+    assert_eq!(st.phase, Some(Phase::Completed));
     assert!(st.done.contains(&"manifestsSynced".to_string()));
     assert_eq!(st.machines.len(), 5);
     for (name, address) in MACHINES {
@@ -153,7 +153,7 @@ async fn a_status_write_that_meets_a_conflict_is_re_read_and_re_planned() {
     let err = ops.patch_status("upgrade", &PatchParams::default(), &Patch::Merge(&stale)).await.unwrap_err();
     assert!(matches!(&err, kube_client::Error::Api(s) if s.code == 409), "{err}");
     let r = w.controller.reconcile(NS, "upgrade", "2026-11-30T10:00:00Z").await.unwrap();
-    assert_eq!(r.status.operation.phase, "Running");
+    assert_eq!(r.status.operation.phase, Phase::Running);
     let _ = BTreeMap::<String, String>::new();
 }
 
@@ -208,10 +208,10 @@ async fn two_replicas_only_the_lease_holder_acts() {
     let started = std::time::Instant::now();
     loop {
         let phase = ops.get("upgrade").await.unwrap().status.and_then(|s| s.phase);
-        if phase.as_deref() == Some("Completed") {
+        if phase == Some(Phase::Completed) {
             break;
         }
-        assert_ne!(phase.as_deref(), Some("Paused"), "{:?}", ops.get("upgrade").await.unwrap().status);
+        assert_ne!(phase, Some(Phase::Paused), "{:?}", ops.get("upgrade").await.unwrap().status);
         assert!(started.elapsed() < Duration::from_secs(120), "not completed: {phase:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -289,15 +289,15 @@ async fn upgrade_with_kills(seed: u64) -> (BTreeMap<String, String>, String) {
             kills += 1;
         } else {
             let r = task.await.unwrap().unwrap();
-            assert!(r.plan.phase != "Paused", "paused at reconcile {i}: {:?}", r.plan.actions);
-            if r.plan.phase == "Completed" {
+            assert!(r.plan.phase != Phase::Paused, "paused at reconcile {i}: {:?}", r.plan.actions);
+            if r.plan.phase == Phase::Completed {
                 break;
             }
         }
         kubelets(&w).await;
     }
     let st = ops.get("upgrade").await.unwrap().status.unwrap_or_default();
-    assert_eq!(st.phase.as_deref(), Some("Completed"), "after {kills} kill(s): {st:?}");
+    assert_eq!(st.phase, Some(Phase::Completed), "after {kills} kill(s): {st:?}");
     let mut end = BTreeMap::new();
     for (name, address) in MACHINES {
         end.insert(name.to_string(), w.controller.talos.running_config(address).await.unwrap());
@@ -332,12 +332,66 @@ async fn a_render_talos_would_refuse_pauses_the_operation_naming_the_patch() {
     );
     let ops = create_upgrade(&client, "upgrade").await;
     let before = w.controller.talos.running_config("10.0.0.11").await.unwrap();
-    let err = w.controller.reconcile(NS, "upgrade", "2026-11-30T10:00:00Z").await.unwrap_err();
-    assert!(err.to_string().contains("old-kubeprism"), "{err}");
+    let r = w.controller.reconcile(NS, "upgrade", "2026-11-30T10:00:00Z").await.unwrap();
+    assert_eq!(r.plan.phase, Phase::Paused);
+    assert_only_records(&r.plan);
     let st = ops.get("upgrade").await.unwrap().status.unwrap();
-    assert_eq!(st.phase.as_deref(), Some("Paused"));
+    assert_eq!(st.phase, Some(Phase::Paused));
     assert!(st.paused_reason.as_deref().unwrap_or("").contains("old-kubeprism"), "{st:?}");
     assert_eq!(w.controller.talos.running_config("10.0.0.11").await.unwrap(), before, "nothing applied");
+    // Later reconciles change nothing: the status is not written again.
+    let rv = ops.get("upgrade").await.unwrap().metadata.resource_version;
+    w.controller.reconcile(NS, "upgrade", "2026-11-30T10:01:00Z").await.unwrap();
+    assert_eq!(ops.get("upgrade").await.unwrap().metadata.resource_version, rv);
+}
+
+/// The plan touches no node and no object: it only records (a pause, a cleared clock).
+fn assert_only_records(plan: &runtime::plan::Plan) {
+    use runtime::plan::Action;
+    for (a, _) in &plan.actions {
+        assert!(matches!(a, Action::Pause { .. } | Action::ClearClock { .. } | Action::Abort { .. }), "{a}");
+    }
+}
+
+/// Issue 21's regression: an aborted operation whose render later fails became Paused (Rust's
+/// pause forgot Aborted), and `ichor operation resume` then started it again. Now the phase is
+/// the rules' alone: it stays Aborted, is not requeued, and the rules ignore a resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_operation_whose_render_starts_failing_stays_aborted() {
+    let w = cluster().await;
+    let client = w.api.client();
+    move_to_1_37(&client).await;
+    let ops = create_upgrade(&client, "upgrade").await;
+    let r = w.controller.reconcile(NS, "upgrade", "2026-11-30T10:00:00Z").await.unwrap();
+    assert_eq!(r.plan.phase, Phase::Running);
+    // The user aborts (what `ichor operation abort` writes: the intent, not the phase).
+    let abort = json!({"metadata": {"annotations": {render::api::ABORT: "true"}}});
+    ops.patch("upgrade", &PatchParams::default(), &Patch::Merge(&abort)).await.unwrap();
+    let r = w.controller.reconcile(NS, "upgrade", "2026-11-30T10:00:10Z").await.unwrap();
+    assert_eq!(r.plan.phase, Phase::Aborted);
+    assert_eq!(r.plan.actions[0].0, runtime::plan::Action::Abort { was: Phase::Running });
+    // Then the render starts failing.
+    w.api.put(
+        "ichor.maesh.dev",
+        "talosconfigpatches",
+        json!({"apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosConfigPatch", "metadata": {"name": "old-kubeprism", "namespace": NS},
+            "spec": {"clusterRef": {"name": "lab"}, "order": 30, "patch": "machine:\n  features:\n    kubePrism:\n      enabled: true\n"}}),
+    );
+    // And a resume is asked for (as if the CLI's own check were bypassed with kubectl).
+    let resume = json!({"metadata": {"annotations": {render::api::RESUME: "1"}}});
+    ops.patch("upgrade", &PatchParams::default(), &Patch::Merge(&resume)).await.unwrap();
+    for t in ["2026-11-30T10:00:20Z", "2026-11-30T10:00:30Z"] {
+        let r = w.controller.reconcile(NS, "upgrade", t).await.unwrap();
+        assert_eq!(r.plan.phase, Phase::Aborted, "{:?}", r.plan.actions);
+        assert_only_records(&r.plan);
+    }
+    let st = ops.get("upgrade").await.unwrap().status.unwrap();
+    assert_eq!(st.phase, Some(Phase::Aborted), "{st:?}");
+    assert_eq!(st.resumed, 0, "a resume of an aborted operation is never acted on");
+    // An ended operation is never requeued: only a change of the object wakes it.
+    assert_eq!(runtime::serve::requeue_after(Phase::Aborted, Duration::from_secs(10)), None);
+    assert_eq!(runtime::serve::requeue_after(Phase::Completed, Duration::from_secs(10)), None);
+    assert_eq!(runtime::serve::requeue_after(Phase::Running, Duration::from_secs(10)), Some(Duration::from_secs(10)));
 }
 
 /// One switch through the controller: the user sets spec.cni.kubeProxy and the consent
@@ -369,9 +423,9 @@ async fn switch_to(w: &World, mode: render::api::KubeProxyMode, name: &str, seed
         } else {
             let r = task.await.unwrap().unwrap();
             let shown: Vec<String> = r.plan.actions.iter().map(|(a, _)| a.to_string()).collect();
-            assert!(r.plan.phase != "Paused", "{name} paused at reconcile {i}: {shown:#?}");
+            assert!(r.plan.phase != Phase::Paused, "{name} paused at reconcile {i}: {shown:#?}");
             assert!(r.outcome.failed.is_empty() && r.outcome.interrupted.is_none(), "{:?}", r.outcome);
-            if r.plan.phase == "Completed" {
+            if r.plan.phase == Phase::Completed {
                 return;
             }
         }

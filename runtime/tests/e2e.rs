@@ -155,7 +155,8 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         target_kubernetes: Some(TARGET.into()),
         target_kube_proxy: None,
         max_unavailable: 1,
-        phase: "Pending".into(),
+        phase: render::api::Phase::Pending,
+        intent: Default::default(),
         paused_reason: None,
         machines: BTreeMap::new(),
         waiting_since: BTreeMap::new(),
@@ -213,13 +214,14 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
             },
             operation: status.clone(),
             other_operations: vec![],
+            inputs_rejected: None,
         };
         // The snapshot the controller would dump parses back to itself.
         let dumped = serde_yaml::to_string(&s).unwrap();
         assert_eq!(ObservedState::parse(&dumped).unwrap(), s);
         let plan = planner.plan(&s).unwrap();
-        assert!(plan.phase != "Paused", "the upgrade paused at reconcile {i}: {:#?}", plan.actions);
-        if plan.phase == "Completed" {
+        assert!(plan.phase != render::api::Phase::Paused, "the upgrade paused at reconcile {i}: {:#?}", plan.actions);
+        if plan.phase == render::api::Phase::Completed {
             let mut end = BTreeMap::new();
             for (name, _) in names() {
                 let o = observe_node(&client, &name).await.unwrap();

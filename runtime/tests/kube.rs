@@ -273,7 +273,7 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
     let plan = Plan {
         operation: "upgrade".into(),
         kind: render::api::OperationKind::Kubernetes,
-        phase: "Running".into(),
+        phase: render::api::Phase::Running,
         confirmation: None,
         actions: vec![
             (Action::Cordon { machine: "w1".into() }, vec![]),

@@ -1,6 +1,7 @@
 //! runtime's integration tests: contradictory actions are refused with both proofs; a rules
 //! set that does not declare what the operations host needs is a load error, never a panic.
 
+use render::api::{MachinePhase, Phase};
 use runtime::plan::{PlanError, Planner};
 use runtime::state::ObservedState;
 
@@ -144,6 +145,8 @@ fn every_action_kind_is_its_serialized_tag_and_ranked_by_the_rules() {
     use runtime::plan::{Action, ContainerdNamespace, ObjectRef, TALOS_FIELD_MANAGER};
     let m = || "cp1".to_string();
     let all = vec![
+        Action::Abort { was: Phase::Running },
+        Action::Resume,
         Action::Pause { message: m() },
         Action::Fail { machine: m(), message: m() },
         Action::SetStatus { field: m(), value: m() },
@@ -174,6 +177,24 @@ fn every_action_kind_is_its_serialized_tag_and_ranked_by_the_rules() {
     for a in &all {
         assert_eq!(a.to_json()["action"], a.kind(), "{a:?}");
         assert!(backbone.contains(&format!("action_order(\"{}\", ", a.kind())), "action_order lacks {}", a.kind());
+    }
+}
+
+/// The Rust enum's `is_terminal` and `holds_lock` say what the rules' `terminal` and
+/// `holds_lock` say (rules/backbone.rules), and every phase the rules name is a `Phase`.
+#[test]
+fn the_phase_enum_is_pinned_to_the_rules() {
+    let planner = Planner::embedded().unwrap();
+    let (terminal, lock) = planner.phase_sets().unwrap();
+    let want = |f: fn(Phase) -> bool| Phase::ALL.iter().copied().filter(|p| f(*p)).collect::<Vec<_>>();
+    assert_eq!(terminal, want(Phase::is_terminal));
+    assert_eq!(lock, want(Phase::holds_lock));
+    // Every quoted phase-like symbol in the backbone's phase rules names a Phase.
+    let backbone = render::embedded::RULE_FILES.iter().find(|(f, _)| *f == "rules/backbone.rules").unwrap().1;
+    for line in backbone.lines().filter(|l| l.starts_with("phase(") || l.starts_with("from_phase(")) {
+        for sym in extract(line, "\"").iter().filter(|s| s.chars().next().is_some_and(char::is_uppercase)) {
+            assert!(Phase::parse(sym).is_some(), "{sym} in `{line}` is not a render::api::Phase");
+        }
     }
 }
 
@@ -249,7 +270,7 @@ fn random_upgrade(r: &mut Rng) -> String {
         );
         if r.chance(30) {
             let stage = ["apiservers", "controlplane", "kube-proxy", "kubelets"][r.below(4) as usize];
-            let phase = if r.chance(70) { "Applying" } else { "Done" };
+            let phase = if r.chance(70) { MachinePhase::Applying } else { MachinePhase::Done };
             // Clocks from 40 minutes ago to now, around the 20-minute limit.
             let ago = r.below(40);
             progress += &format!(
@@ -265,7 +286,7 @@ fn random_upgrade(r: &mut Rng) -> String {
     if r.chance(20) {
         text += "  removedApisCheckFailed: \"the metrics endpoint answered 503\"\n";
     }
-    let phase = if progress.is_empty() && r.chance(50) { "Pending" } else { "Running" };
+    let phase = if progress.is_empty() && r.chance(50) { Phase::Pending } else { Phase::Running };
     text += &format!(
         "operation:\n  name: upgrade\n  kind: kubernetes\n  targetKubernetes: v1.36.5\n  maxUnavailable: {}\n  phase: {phase}\n  done: [{}]\n",
         1 + r.below(3),
@@ -302,7 +323,11 @@ fn check_plans(
         let plan = planner.plan(&s).unwrap_or_else(|e| panic!("{e}\n{text}"));
         let ctx =
             || format!("\n{text}\nplan: {:#?}", plan.actions.iter().map(|(a, _)| a.to_string()).collect::<Vec<_>>());
-        assert!(plan.phase != "Running" || !plan.actions.is_empty(), "a Running plan that does nothing{}", ctx());
+        assert!(
+            plan.phase != render::api::Phase::Running || !plan.actions.is_empty(),
+            "a Running plan that does nothing{}",
+            ctx()
+        );
         clocks_hold(&s, &plan, &ctx);
         check(&s, &plan, &ctx);
         // The plan's own status changes recorded, as the executor records them: planning again
@@ -453,7 +478,7 @@ fn random_switch(r: &mut Rng) -> String {
             r.chance(80),
         );
         if r.chance(25) {
-            let phase = if r.chance(70) { "Applying" } else { "Done" };
+            let phase = if r.chance(70) { MachinePhase::Applying } else { MachinePhase::Done };
             progress += &format!(
                 "    {name}: {{phase: {phase}, stage: switch, startedAt: \"2026-11-29T09:{:02}:00Z\"}}\n",
                 20 + r.below(40)
@@ -491,7 +516,7 @@ fn random_switch(r: &mut Rng) -> String {
         text += &format!("  argocdApplication: {{health: {h}, sync: {sy}}}\n");
     }
     text += &format!("  kubernetesServiceAnswers: {}\n", r.chance(70));
-    let phase = if progress.is_empty() && r.chance(50) { "Pending" } else { "Running" };
+    let phase = if progress.is_empty() && r.chance(50) { Phase::Pending } else { Phase::Running };
     text += &format!("operation:\n  name: switch\n  kind: cni\n  targetKubeProxy: {target}\n  phase: {phase}\n");
     if r.chance(40) {
         let clock = [

@@ -110,7 +110,8 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
         target_kubernetes: None,
         target_kube_proxy: Some(target),
         max_unavailable: 1,
-        phase: "Pending".into(),
+        phase: render::api::Phase::Pending,
+        intent: Default::default(),
         paused_reason: None,
         machines: BTreeMap::new(),
         waiting_since: BTreeMap::new(),
@@ -169,11 +170,12 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
             workload,
             operation: op.clone(),
             other_operations: vec![],
+            inputs_rejected: None,
         };
         let plan = planner.plan(&s).unwrap();
         let shown: Vec<String> = plan.actions.iter().map(|(a, _)| a.to_string()).collect();
-        assert!(plan.phase != "Paused", "the switch to {target} paused at reconcile {i}: {shown:#?}");
-        if plan.phase == "Completed" {
+        assert!(plan.phase != render::api::Phase::Paused, "the switch to {target} paused at reconcile {i}: {shown:#?}");
+        if plan.phase == render::api::Phase::Completed {
             return cluster_status;
         }
         let mut exec =
