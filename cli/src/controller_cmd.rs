@@ -119,7 +119,7 @@ pub fn sim_cluster(
     let files = disk::manifest_files(manifests)?;
     let rt = crate::talos_cmd::io_runtime()?;
     rt.block_on(async {
-        let demo = Arc::new(runtime::demo::Demo::start(&files, handover_done).await?);
+        let demo = Arc::new(runtime::sim::demo::Demo::start(&files, handover_done).await?);
         if !handover_done {
             // The cluster runs without Argo CD: Ichor's Job owns Cilium.
             for (key, mut c) in demo.api.objects() {
@@ -138,7 +138,7 @@ pub fn sim_cluster(
             .find(|k| k.1 == "talosclusters")
             .map(|k| k.2.clone())
             .unwrap_or_else(|| "ichor-system".into());
-        std::fs::write(kubeconfig, runtime::kubeapi::Api::kubeconfig(&format!("http://{addr}"), &namespace))
+        std::fs::write(kubeconfig, runtime::sim::kubeapi::Api::kubeconfig(&format!("http://{addr}"), &namespace))
             .with_context(|| format!("writing {}", kubeconfig.display()))?;
         std::fs::write(talosconfig, demo.fleet.talosconfig(&["os:admin"])?)
             .with_context(|| format!("writing {}", talosconfig.display()))?;
@@ -162,8 +162,8 @@ pub fn sim_cluster(
         let nodes = demo.machines.len();
         let workload = tokio::spawn(async move {
             loop {
-                runtime::demo::run_cilium_jobs(&api);
-                runtime::demo::roll_out_daemonsets(&api, nodes);
+                runtime::sim::demo::run_cilium_jobs(&api);
+                runtime::sim::demo::roll_out_daemonsets(&api, nodes);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
@@ -191,7 +191,7 @@ pub fn run_demo(manifests: &Path, to: &str, dump: Option<PathBuf>) -> Result<Rep
     let files = disk::manifest_files(manifests)?;
     let rt = crate::talos_cmd::io_runtime()?;
     let out = rt.block_on(async {
-        let demo = Arc::new(runtime::demo::Demo::start(&files, true).await?);
+        let demo = Arc::new(runtime::sim::demo::Demo::start(&files, true).await?);
         let client = demo.api.client();
         let clusters: kube_client::Api<render::api::TalosCluster> = kube_client::Api::all(client.clone());
         let list = clusters.list(&Default::default()).await?;

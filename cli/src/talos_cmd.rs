@@ -178,7 +178,7 @@ pub fn sim(
     talosconfig: &Path,
     faults: &[String],
 ) -> Result<Report> {
-    use runtime::talos::sim::{Fault, Fleet, fleet_spec};
+    use runtime::sim::talos::{Fault, Fleet, fleet_spec};
     if nodes == 0 {
         bail!("--nodes: a fleet needs at least one node");
     }

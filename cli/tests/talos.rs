@@ -172,9 +172,8 @@ fn bad_talosconfigs_and_endpoints_exit_2_naming_the_file_field_or_endpoint_and_n
         assert!(!err.contains(&key[..24]) && !out.contains(&key[..24]), "{name}: key material printed");
     }
     // An expired certificate, from the same CA's kind of talosconfig.
-    let pki = runtime::talos::tls::Pki::generate().unwrap();
-    let spec =
-        runtime::talos::tls::ClientSpec { valid_for: -60, ..runtime::talos::tls::ClientSpec::talos(&["os:admin"]) };
+    let pki = runtime::sim::pki::Pki::generate().unwrap();
+    let spec = runtime::sim::pki::ClientSpec { valid_for: -60, ..runtime::sim::pki::ClientSpec::talos(&["os:admin"]) };
     let expired = pki.talosconfig("sim", std::slice::from_ref(&addr), &[], &pki.client(&spec).unwrap());
     let path = sim.file("expired.yaml", &expired);
     let (code, _, err) =
@@ -186,7 +185,7 @@ fn bad_talosconfigs_and_endpoints_exit_2_naming_the_file_field_or_endpoint_and_n
         "sim",
         &[addr],
         &[],
-        &pki.client(&runtime::talos::tls::ClientSpec::talos(&["os:admin"])).unwrap(),
+        &pki.client(&runtime::sim::pki::ClientSpec::talos(&["os:admin"])).unwrap(),
     );
     let path = sim.file("otherca.yaml", &other);
     let (code, _, err) = run(ichor()

@@ -3,10 +3,10 @@
 //! measured in the same process. Target: the fleet in under 2 s on the CI machine (2 cores).
 //! `cargo bench -p runtime --bench observe`; under `cargo test` it observes 50 nodes once.
 
+use runtime::sim::talos::{Fleet, fleet_spec};
 use runtime::talos::client::Client;
 use runtime::talos::config::TalosConfig;
 use runtime::talos::observe::{Observed, observe_fleet, observe_node};
-use runtime::talos::sim::{Fleet, fleet_spec};
 use std::time::{Duration, Instant};
 
 fn main() {

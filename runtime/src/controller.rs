@@ -437,7 +437,7 @@ impl Controller {
         // converged machine is not written again on every reconcile.
         let current = mch.status.clone().unwrap_or_default();
         let mut next = serde_json::to_value(&current).unwrap_or_default();
-        crate::kubeapi::merge_patch(&mut next, &status["status"]);
+        crate::kube::merge_patch(&mut next, &status["status"]);
         if serde_json::from_value::<render::api::TalosMachineStatus>(next).ok().as_ref() == Some(&current) {
             return Ok(condition);
         }

@@ -386,7 +386,8 @@ pub async fn read_workload(
         .items
     {
         let failed = j.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
-            cs.iter().find(|c| c.type_ == "Failed" && c.status == "True").map(|c| c.message.clone().unwrap_or_default())
+            let failed = "Failed"; // Kubernetes' word (a Job's condition type), not an operation phase
+            cs.iter().find(|c| c.type_ == failed && c.status == "True").map(|c| c.message.clone().unwrap_or_default())
         });
         let args = j
             .spec
@@ -423,4 +424,24 @@ pub async fn read_workload(
         kubernetes_service_answers: service_answers,
         ..Workload::default()
     })
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match patch {
+        serde_json::Value::Object(p) => {
+            if !target.is_object() {
+                *target = serde_json::Value::Object(serde_json::Map::new());
+            }
+            let t = target.as_object_mut().expect("made an object above");
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                }
+            }
+        }
+        v => *target = v.clone(),
+    }
 }

@@ -156,7 +156,9 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, Rec
     for (a, _) in &r.plan.actions {
         ctx.metrics.actions.get_or_create(&KindLabel { kind: a.kind().to_string() }).inc();
         let (ty, reason) = match a {
-            PlanAction::Pause { .. } | PlanAction::Fail { .. } => (EventType::Warning, "Paused"),
+            PlanAction::Pause { .. } | PlanAction::Fail { .. } => {
+                (EventType::Warning, render::api::Phase::Paused.name())
+            }
             PlanAction::Wait { .. } | PlanAction::ClearClock { .. } => continue,
             _ => (EventType::Normal, "Action"),
         };

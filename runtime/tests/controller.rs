@@ -11,9 +11,9 @@
 use kube_client::api::{Api, Patch, PatchParams, PostParams};
 use render::api::{Phase, TalosOperation, TalosOperationSpec};
 use runtime::controller::Controller;
-use runtime::demo::Demo;
-use runtime::kubeapi;
 use runtime::plan::Planner;
+use runtime::sim::demo::Demo;
+use runtime::sim::kubeapi;
 use runtime::talos::observe::observe_node;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -149,7 +149,7 @@ async fn a_status_write_that_meets_a_conflict_is_re_read_and_re_planned() {
     let mut op = w.api.get("ichor.maesh.dev", "talosoperations", NS, "upgrade").unwrap();
     op["metadata"]["annotations"] = json!({"touched": "yes"});
     w.api.put("ichor.maesh.dev", "talosoperations", op);
-    let stale = json!({"metadata": {"resourceVersion": read.resource_version}, "status": {"phase": "Running"}});
+    let stale = json!({"metadata": {"resourceVersion": read.resource_version}, "status": {"phase": Phase::Running}});
     let err = ops.patch_status("upgrade", &PatchParams::default(), &Patch::Merge(&stale)).await.unwrap_err();
     assert!(matches!(&err, kube_client::Error::Api(s) if s.code == 409), "{err}");
     let r = w.controller.reconcile(NS, "upgrade", "2026-11-30T10:00:00Z").await.unwrap();
@@ -258,7 +258,7 @@ async fn machine_conditions_come_from_the_render_against_the_node() {
     assert_ne!(c.status, "True", "{c:?}");
     let m = w.api.get("ichor.maesh.dev", "talosmachines", NS, "cp1").unwrap();
     assert_ne!(m["status"]["desiredInputsHash"], m["status"]["appliedInputsHash"]);
-    w.demo.fleet.set_fault("10.0.0.21", Some(runtime::talos::sim::Fault::Gone));
+    w.demo.fleet.set_fault("10.0.0.21", Some(runtime::sim::talos::Fault::Gone));
     let c = w.controller.reconcile_machine(NS, "w1", now).await.unwrap();
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("Unknown", "NodeUnreachable"), "{c:?}");
     assert!(c.message.contains("10.0.0.21"), "{c:?}");
@@ -429,7 +429,7 @@ async fn switch_to(w: &World, mode: render::api::KubeProxyMode, name: &str, seed
                 return;
             }
         }
-        runtime::demo::run_cilium_jobs(&w.api);
+        runtime::sim::demo::run_cilium_jobs(&w.api);
         kubelets(w).await;
     }
     panic!("{name} did not complete");

@@ -12,11 +12,11 @@ use render::api::{CniPreset, Handover, KubeProxyMode, OperationKind, Role};
 use render::config::Config;
 use runtime::exec::{Executor, KubePort};
 use runtime::plan::{ObjectRef, Planner};
+use runtime::sim::talos::{Fleet, NodeSpec};
 use runtime::state::*;
 use runtime::talos::client::Client;
 use runtime::talos::config::TalosConfig;
 use runtime::talos::observe::{NodeObservation, observe_node};
-use runtime::talos::sim::{Fleet, NodeSpec};
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! The executor's Kubernetes side (`runtime::kube::KubeCluster`) through a real
-//! `kube_client::Client` over the in-memory API (`runtime::kubeapi`), with the simulated Talos
+//! `kube_client::Client` over the in-memory API (`runtime::sim::kubeapi`), with the simulated Talos
 //! fleet as the source of rendered manifests; and the in-memory API's own contract (conflicts,
 //! status, server-side apply ownership, UID preconditions, watches).
 //!
@@ -11,12 +11,16 @@ use kube_client::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Precon
 use render::api::{KubeProxyMode, Role};
 use runtime::exec::KubePort;
 use runtime::kube::{KubeCluster, KubeError};
-use runtime::kubeapi;
 use runtime::plan::ObjectRef;
+use runtime::sim::kubeapi;
+use runtime::sim::talos::{Fleet, NodeSpec};
 use runtime::talos::config::TalosConfig;
-use runtime::talos::sim::{Fleet, NodeSpec};
 use serde_json::json;
 use std::time::Duration;
+
+/// Kubernetes' own words (a Node's phase, a Job's condition type), not operation phases.
+const NODE_RUNNING: &str = "Running"; // Kubernetes' word, not an operation phase
+const JOB_FAILED: &str = "Failed"; // Kubernetes' word, not an operation phase
 
 async fn setup() -> (Fleet, kubeapi::Api, KubeCluster) {
     let fleet = Fleet::start(
@@ -183,13 +187,14 @@ async fn a_stale_resource_version_is_a_conflict_and_status_is_its_own_subresourc
         .patch_status(
             "n",
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Running"}, "spec": {"podCIDR": "ignored"}})),
+            // A Node's phase (Kubernetes' word), not an operation phase.
+            &Patch::Merge(json!({"status": {"phase": NODE_RUNNING}, "spec": {"podCIDR": "ignored"}})),
         )
         .await
         .unwrap();
     let n = nodes.get("n").await.unwrap();
     assert_eq!(n.spec.unwrap().pod_cidr.as_deref(), Some("10.0.0.0/24"), "a status patch leaves spec alone");
-    assert_eq!(n.status.unwrap().phase.as_deref(), Some("Running"));
+    assert_eq!(n.status.unwrap().phase.as_deref(), Some(NODE_RUNNING));
 }
 
 #[tokio::test]
@@ -301,7 +306,7 @@ async fn the_workload_reports_a_failed_cilium_job_by_its_mode() {
     let (_f, api, mut k) = setup().await;
     k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({}), "vxlan").await.unwrap();
     let mut job = api.get("batch", "jobs", "kube-system", "ichor-cni-abc").unwrap();
-    job["status"] = json!({"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]});
+    job["status"] = json!({"conditions": [{"type": JOB_FAILED, "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]});
     api.put("batch", "jobs", job);
     let w = runtime::kube::read_workload(&k.client, true).await.unwrap();
     let why = w.cilium_jobs_failed.get(&KubeProxyMode::Replaced).expect("the failed Job");

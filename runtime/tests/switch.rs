@@ -12,12 +12,12 @@ use render::api::{CniPreset, Handover, KubeProxyMode, OperationKind, Role};
 use render::config::Config;
 use runtime::exec::{Executor, KubePort};
 use runtime::kube::{KubeCluster, read_workload};
-use runtime::kubeapi;
 use runtime::plan::Planner;
+use runtime::sim::kubeapi;
+use runtime::sim::talos::{Fleet, NodeSpec};
 use runtime::state::*;
 use runtime::talos::config::TalosConfig;
 use runtime::talos::observe::observe_node;
-use runtime::talos::sim::{Fleet, NodeSpec};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -39,8 +39,8 @@ fn ds(name: &str, image: &str) -> serde_json::Value {
 /// The cluster's own controllers, between reconciles: a Cilium Job not yet run sets
 /// cilium-config for its mode and rolls the agents; every DaemonSet rolls out.
 fn settle(api: &kubeapi::Api) {
-    runtime::demo::run_cilium_jobs(api);
-    runtime::demo::roll_out_daemonsets(api, 5);
+    runtime::sim::demo::run_cilium_jobs(api);
+    runtime::sim::demo::roll_out_daemonsets(api, 5);
 }
 
 /// The render with kube-proxy on or off (the v1.14 KubeProxyConfig document, on control planes).

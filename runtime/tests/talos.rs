@@ -7,11 +7,11 @@
 use prost::Message;
 use render::api::Role;
 use runtime::plan::ContainerdNamespace;
+use runtime::sim::pki::ClientSpec;
+use runtime::sim::talos::{Fault, Fleet, NodeSpec};
 use runtime::talos::client::{ApplyMode, Client, TalosError};
 use runtime::talos::config::TalosConfig;
 use runtime::talos::proto::machine::apply_configuration_request::Mode;
-use runtime::talos::sim::{Fault, Fleet, NodeSpec};
-use runtime::talos::tls::ClientSpec;
 use std::time::Duration;
 
 fn now() -> i64 {

@@ -2,7 +2,7 @@
 //! `tests/admission/`, as an API server sends them) POSTed over TLS to `/validate`, against the
 //! in-memory API for the SubjectAccessReview and the cluster's operations.
 
-use runtime::kubeapi;
+use runtime::sim::kubeapi;
 use runtime::webhook::{Webhook, serve_tls, server_config};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -132,7 +132,7 @@ async fn a_second_operation_on_a_locked_cluster_is_refused_naming_the_running_on
         "talosoperations",
         json!({"apiVersion": "ichor.maesh.dev/v1alpha1", "kind": "TalosOperation", "metadata": {"name": "upgrade-kubernetes-1-37-0", "namespace": "ichor-system"},
                "spec": {"clusterRef": {"name": "lab"}, "kind": "kubernetes", "target": {"kubernetesVersion": "v1.37.0"}},
-               "status": {"phase": "Running"}}),
+               "status": {"phase": render::api::Phase::Running}}),
     );
     let r = h.review("talosoperation-create.json", |_| {}).await;
     assert_eq!(r["allowed"], false);

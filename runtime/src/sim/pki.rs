@@ -5,7 +5,7 @@
 //! Start at `Pki::generate` (a CA, a server certificate for loopback, an admin client) and
 //! `client_roles` (what apid accepts). Used by the simulated fleet and by tests.
 
-use super::config::{TALOS_ED25519_LABEL, to_pem};
+use crate::talos::config::{TALOS_ED25519_LABEL, to_pem};
 use base64::Engine as _;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,

@@ -16,26 +16,26 @@
 //! validates, and turns AUTO into NO_REBOOT. Both refuse what Talos's validation refuses
 //! (InvalidArgument). ImageService exists from 1.13.
 
-use super::proto::common::{ContainerdNamespace as PbNs, Data};
-use super::proto::cosi::resource::state_server::{State, StateServer};
-use super::proto::cosi::resource::{
+use super::pki::{ClientCert, ClientSpec, Pki, PkiError, client_roles};
+use crate::talos::proto::common::{ContainerdNamespace as PbNs, Data};
+use crate::talos::proto::cosi::resource::state_server::{State, StateServer};
+use crate::talos::proto::cosi::resource::{
     Event, EventType, GetRequest, GetResponse, ListRequest, ListResponse, Metadata, Resource, Spec, WatchRequest,
     WatchResponse,
 };
-use super::proto::machine::apply_configuration_request::Mode;
-use super::proto::machine::image_service_server::{ImageService, ImageServiceServer};
-use super::proto::machine::machine_service_server::{MachineService, MachineServiceServer};
-use super::proto::machine::{
+use crate::talos::proto::machine::apply_configuration_request::Mode;
+use crate::talos::proto::machine::image_service_server::{ImageService, ImageServiceServer};
+use crate::talos::proto::machine::machine_service_server::{MachineService, MachineServiceServer};
+use crate::talos::proto::machine::{
     ApplyConfiguration, ApplyConfigurationRequest, ApplyConfigurationResponse, FeaturesInfo, ImagePull,
     ImagePullRequest, ImagePullResponse, ImageServicePullProgress, ImageServicePullRequest, ImageServicePullResponse,
     PlatformInfo, Version, VersionInfo, VersionResponse, image_service_pull_response,
 };
-use super::proto::resource::config::MachineConfigSpec;
-use super::proto::talos::resource::definitions::k8s::{
+use crate::talos::proto::resource::config::MachineConfigSpec;
+use crate::talos::proto::talos::resource::definitions::k8s::{
     ComponentConfigSpec, KubeletSpecSpec, ManifestSpec, ManifestStatusSpec, SingleManifest,
 };
-use super::proto::talos::resource::definitions::v1alpha1::ServiceSpec;
-use super::tls::{ClientCert, ClientSpec, Pki, PkiError, client_roles};
+use crate::talos::proto::talos::resource::definitions::v1alpha1::ServiceSpec;
 use futures::Stream;
 use prost::Message;
 use render::api::Role;

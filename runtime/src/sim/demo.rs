@@ -6,14 +6,14 @@
 //! Start at `Demo::start` (from manifest files), then `Demo::kubelets` (call it between
 //! reconciles, or `Demo::kubelets_forever`) and `Demo::controller`.
 
+use super::kubeapi;
+use super::talos::{Fleet, NodeSpec, SimError};
 use crate::controller::Controller;
 use crate::exec::KubePort;
 use crate::kube::KubeCluster;
-use crate::kubeapi;
 use crate::talos::client::Client as Talos;
 use crate::talos::config::TalosConfig;
 use crate::talos::observe::observe_node;
-use crate::talos::sim::{Fleet, NodeSpec, SimError};
 use render::api::Role;
 use serde_json::json;
 use std::sync::Arc;

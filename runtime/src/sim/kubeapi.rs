@@ -1,4 +1,4 @@
-//! An in-memory Kubernetes API, for tests and demos only (feature `io`): a tower service that
+//! An in-memory Kubernetes API, for tests and demos only (feature `sim`): a tower service that
 //! a real `kube_client::Client` talks HTTP to, keeping objects as JSON with what Ichor relies
 //! on: `resourceVersion` conflicts on update, the status subresource, server-side apply with
 //! field ownership (a conflict names the other manager, `force` takes the fields), UID
@@ -11,7 +11,7 @@
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
-use serde_json::{Map, Value as Json, json};
+use serde_json::{Value as Json, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -175,25 +175,7 @@ fn stale_version(key: &Key, patch: &Json, current: &Json) -> Option<Response<Bod
     })
 }
 
-/// RFC 7386 JSON merge patch.
-pub fn merge_patch(target: &mut Json, patch: &Json) {
-    match patch {
-        Json::Object(p) => {
-            if !target.is_object() {
-                *target = Json::Object(Map::new());
-            }
-            let t = target.as_object_mut().expect("made an object above");
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge_patch(t.entry(k.clone()).or_insert(Json::Null), v);
-                }
-            }
-        }
-        v => *target = v.clone(),
-    }
-}
+pub use crate::kube::merge_patch;
 
 /// Leaf fields of an applied object (metadata's identity and bookkeeping left out), as
 /// JSON pointers, with their values.
