@@ -57,20 +57,9 @@ pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the I/O runtime")
 }
 
-/// Talos's words, without the config diff Talos 1.13 appends (it would print secrets).
+/// Talos's words (the client already withheld the config diff Talos 1.13 appends).
 fn talos_error(e: TalosError) -> anyhow::Error {
-    match e {
-        TalosError::Refused { node, call, message } => {
-            let head = message.split("\ndiff:").next().unwrap_or(&message).to_string();
-            let cut = if head.len() < message.len() {
-                " (Talos's diff left out: it may carry secrets; `ichor config diff --node` shows it redacted)"
-            } else {
-                ""
-            };
-            anyhow::anyhow!("{node}: Talos refused {call}: {head}{cut}")
-        }
-        e => e.into(),
-    }
+    e.into()
 }
 
 fn running(rt: &tokio::runtime::Runtime, c: &Client, node: &str) -> Result<render::config::Config> {

@@ -56,6 +56,7 @@ fn main() {
                 runs_controller: false,
                 static_pods: BTreeMap::new(),
                 kube_proxy_manifest: None,
+                address: None,
             };
             snap.push(cache.machine(&classifier, contract, &read, Some(text), desired, inputs).unwrap());
         }

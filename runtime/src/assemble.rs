@@ -49,6 +49,8 @@ pub struct MachineRead {
     pub static_pods: BTreeMap<String, StaticPod>,
     /// Talos has rendered kube-proxy's manifest there (a control plane's `Manifests`), when read.
     pub kube_proxy_manifest: Option<bool>,
+    /// How the Talos API reaches it (the TalosMachine's `spec.address`).
+    pub address: Option<String>,
 }
 
 /// The machine's snapshot entry; `running` is its running config, `None` when the node could
@@ -80,6 +82,7 @@ fn entry(m: &MachineRead, contract: Contract, pending: Option<Vec<PendingPath>>)
         contract: Some(contract),
         kube_proxy_manifest_rendered: m.kube_proxy_manifest,
         conditions: BTreeMap::new(),
+        address: m.address.clone(),
     }
 }
 

@@ -56,8 +56,8 @@ pub struct Reconciled {
 #[derive(Debug)]
 pub struct Read {
     pub snapshot: ObservedState,
-    pub renders: BTreeMap<String, Config>,
-    pub addresses: BTreeMap<String, String>,
+    /// Each machine's running config (as read) and render: what completes the plan's applies.
+    pub configs: BTreeMap<String, crate::plan::MachineConfigs>,
     /// The operation's resourceVersion, for the status write.
     pub resource_version: Option<String>,
 }
@@ -159,7 +159,7 @@ impl Controller {
         // Unknown and the others are observed.
         let addresses: Vec<String> = machines.iter().map(|m| m.spec.address.clone()).collect();
         let observations = crate::talos::observe::observe_fleet(&self.talos, &addresses, 16).await;
-        let (mut renders, mut by_address) = (BTreeMap::new(), BTreeMap::new());
+        let mut configs = BTreeMap::new();
         let mut snap_machines = vec![];
         for ((m, observed), rendered) in machines.iter().zip(&observations).zip(rendered_all) {
             let name = m.metadata.name.clone().unwrap_or_default();
@@ -205,6 +205,7 @@ impl Controller {
                 runs_controller: self.controller_node.as_deref() == Some(name.as_str()),
                 static_pods,
                 kube_proxy_manifest: manifest,
+                address: Some(m.spec.address.clone()),
             };
             snap_machines.push(
                 self.cache
@@ -218,8 +219,9 @@ impl Controller {
                     )
                     .map_err(|e| ControllerError::Render { machine: name.clone(), problem: e.to_string() })?,
             );
-            renders.insert(name.clone(), rendered.config);
-            by_address.insert(name, m.spec.address.clone());
+            if let Some(running) = running {
+                configs.insert(name, crate::plan::MachineConfigs { running, desired: rendered.config });
+            }
         }
         let workload = if rejected.is_some() {
             crate::state::Workload::default()
@@ -285,7 +287,7 @@ impl Controller {
         snapshot
             .check()
             .map_err(|e| ControllerError::Snapshot(e.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; ")))?;
-        Ok(Read { snapshot, renders, addresses: by_address, resource_version: op.metadata.resource_version.clone() })
+        Ok(Read { snapshot, configs, resource_version: op.metadata.resource_version.clone() })
     }
 
     /// A cluster's TalosMachines and TalosConfigPatches.
@@ -455,17 +457,19 @@ impl Controller {
             // A render that fails is a fact of the snapshot (`inputsRejected`): the rules pause
             // the operation, unless it has ended, and nothing else is done.
             let read = self.read(namespace, operation, now).await?;
-            let plan = self.planner.plan(&read.snapshot)?;
-            let mut kube = KubeCluster {
-                client: self.kube.clone(),
-                talos: self.talos.clone(),
-                drain_timeout: self.drain_timeout,
-                nodes: read.addresses.clone(),
-            };
-            let mut exec =
-                Executor { talos: &self.talos, kube: &mut kube, desired: &read.renders, nodes: &read.addresses };
+            // The plan is complete: each apply carries the config to send and the hash of the
+            // running config it was planned from; the executor gets nothing else.
+            let plan = self.planner.plan_complete(&read.snapshot, &read.configs)?;
+            let mut kube =
+                KubeCluster { client: self.kube.clone(), talos: self.talos.clone(), drain_timeout: self.drain_timeout };
+            let mut exec = Executor { talos: &self.talos, kube: &mut kube };
             let outcome = exec.run(&plan).await;
-            let after = crate::status::record(&read.snapshot, &plan, &outcome.failed);
+            // A precondition that no longer held: the plan was stale. Nothing of it is recorded
+            // (as after a crash before the status write); the next reconcile plans again.
+            if outcome.refused() {
+                return Ok(Reconciled { snapshot: read.snapshot.clone(), plan, outcome, status: read.snapshot });
+            }
+            let after = crate::status::record(&read.snapshot, &plan, &outcome.failed());
             match self.write_status(namespace, operation, &read, &after).await {
                 Ok(()) => return Ok(Reconciled { snapshot: read.snapshot, plan, outcome, status: after }),
                 Err(ControllerError::Kube { source: kube_client::Error::Api(s), .. })

@@ -1,17 +1,17 @@
 //! The executor (feature `io`): performs a plan's actions in the plan's order, each exactly
-//! as the rules gave it, choosing nothing. Talos's side goes through the Talos client; the
-//! Kubernetes side through `KubePort` (the controller's kube-rs implementation, or a test's).
+//! as the rules gave it, choosing nothing. It takes the plan and the clients, nothing else: no
+//! observed state, no render. Talos's side goes through the Talos client; the Kubernetes side
+//! through `KubePort` (the controller's kube-rs implementation, or a test's).
 //!
-//! Start at `Executor::run`. A machine's apply changes only the paths the action names (the
-//! node's running config with those paths set from the render, `Config::with_paths`), in mode
-//! NO_REBOOT. A Talos refusal fails that machine's step (the operation pauses next reconcile,
-//! naming it); a transient error stops the run (the next reconcile re-derives and goes on);
-//! status changes are `status::record`'s, written by the caller.
+//! Start at `Executor::run`. An apply sends the config its action carries, in mode NO_REBOOT,
+//! and only while the node still runs the config the plan was made from (its hash, a
+//! precondition: otherwise nothing is applied, the run stops, and the next reconcile plans
+//! again). A Talos refusal fails that machine's step (the operation pauses next reconcile,
+//! naming it); a transient error stops the run. Each action gets a typed `Performed`; status
+//! changes are `status::record`'s, written by the caller.
 
-use crate::plan::{Action, ObjectRef, Plan};
+use crate::plan::{Action, ObjectRef, Plan, config_hash};
 use crate::talos::client::{ApplyMode, Client, TalosError};
-use render::config::Config;
-use std::collections::BTreeMap;
 
 /// What the executor needs of Kubernetes.
 #[allow(async_fn_in_trait)]
@@ -26,10 +26,13 @@ pub trait KubePort {
     /// Evicts the node's pods (PodDisruptionBudgets respected; DaemonSet and mirror pods left).
     async fn drain(&mut self, node: &str) -> Result<(), Self::Error>;
     async fn uncordon(&mut self, node: &str) -> Result<(), Self::Error>;
-    /// The bootstrap-manifest sync through `via`'s admin kubeconfig, under field manager `talos`.
-    async fn sync_manifests(&mut self, via: &str, field_manager: &str) -> Result<(), Self::Error>;
-    async fn delete(&mut self, via: &str, object: &ObjectRef) -> Result<(), Self::Error>;
-    async fn restore_kube_proxy(&mut self, via: &str) -> Result<(), Self::Error>;
+    /// The bootstrap-manifest sync: every manifest Talos rendered on the control plane the Talos
+    /// API reaches as `node`, server-side-applied under `field_manager`.
+    async fn sync_manifests(&mut self, node: &str, field_manager: &str) -> Result<(), Self::Error>;
+    async fn delete(&mut self, object: &ObjectRef) -> Result<(), Self::Error>;
+    /// The objects of the bootstrap manifest `manifest` Talos rendered on `node`, server-side-
+    /// applied under `field_manager` (nothing when Talos has not rendered it yet).
+    async fn restore_manifest(&mut self, node: &str, manifest: &str, field_manager: &str) -> Result<(), Self::Error>;
     /// The Cilium Job `name`: `ichor cni helm apply` with the mode, the user's layer and the
     /// tunnel protocol (it validates and layers them itself).
     async fn cilium_job(
@@ -41,106 +44,167 @@ pub trait KubePort {
     ) -> Result<(), Self::Error>;
 }
 
-/// How a run ended.
+/// What became of one action.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Performed {
+    /// Done on Talos or Kubernetes.
+    Done,
+    /// A status change (a marker, a clock, a pause, the phase): `status::record` writes it.
+    Recorded,
+    /// The machine's step failed (a Talos refusal, a drain past its deadline): the operation
+    /// pauses naming it.
+    Failed { machine: String, message: String },
+    /// A precondition no longer holds (the node's config changed since it was read, or the
+    /// apply carries no config): nothing was done; the next reconcile plans again.
+    Refused { why: String },
+    /// A transient error: the run stopped here; the next reconcile re-derives and goes on.
+    Interrupted { why: String },
+}
+
+/// How a run ended: each action performed (in order) with what became of it. Actions after a
+/// stop are not listed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
-    /// Actions performed, in order (their `Display`).
-    pub done: Vec<String>,
-    /// Machines whose step Talos refused: machine, message.
-    pub failed: Vec<(String, String)>,
-    /// Why the run stopped early (a transient error): try again next reconcile.
-    pub interrupted: Option<String>,
+    pub actions: Vec<(Action, Performed)>,
+}
+
+impl Outcome {
+    /// Machines whose step failed: machine, message.
+    pub fn failed(&self) -> Vec<(String, String)> {
+        self.actions
+            .iter()
+            .filter_map(|(_, p)| match p {
+                Performed::Failed { machine, message } => Some((machine.clone(), message.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Why the run stopped early (a transient error or a precondition), if it did.
+    pub fn stopped(&self) -> Option<&str> {
+        self.actions.iter().find_map(|(_, p)| match p {
+            Performed::Interrupted { why } | Performed::Refused { why } => Some(why.as_str()),
+            _ => None,
+        })
+    }
+
+    /// Whether a precondition stopped the run (the plan is stale: nothing of it should be
+    /// recorded as done).
+    pub fn refused(&self) -> bool {
+        self.actions.iter().any(|(_, p)| matches!(p, Performed::Refused { .. }))
+    }
+
+    /// The actions done on Talos or Kubernetes (their `Display`).
+    pub fn done(&self) -> Vec<String> {
+        self.actions.iter().filter(|(_, p)| *p == Performed::Done).map(|(a, _)| a.to_string()).collect()
+    }
 }
 
 pub struct Executor<'a, K: KubePort> {
     pub talos: &'a Client,
     pub kube: &'a mut K,
-    /// Each machine's render (the whole desired config).
-    pub desired: &'a BTreeMap<String, Config>,
-    /// How the Talos API reaches each machine (its address, the `node` header); a machine not
-    /// listed is reached by its name.
-    pub nodes: &'a BTreeMap<String, String>,
+}
+
+/// How the Talos API reaches a machine: the address its action carries, else its name.
+fn reach<'m>(machine: &'m str, node: &'m Option<String>) -> &'m str {
+    node.as_deref().unwrap_or(machine)
 }
 
 impl<K: KubePort> Executor<'_, K> {
-    fn node<'m>(&'m self, machine: &'m str) -> &'m str {
-        self.nodes.get(machine).map(String::as_str).unwrap_or(machine)
-    }
-
-    /// Performs the plan's actions in order; stops at the first transient error.
+    /// Performs the plan's actions in order; stops at the first transient error or failed
+    /// precondition, and after a drain that fails its machine's step.
     pub async fn run(&mut self, plan: &Plan) -> Outcome {
         let mut out = Outcome::default();
         for (a, _) in &plan.actions {
-            let r: Result<(), String> = match a {
-                Action::PullImage { machine, namespace, image } => self
-                    .talos
-                    .pull_image(self.node(machine), *namespace, image)
-                    .await
-                    .map_err(|e| self.talos_failed(machine, e, &mut out)),
-                Action::Apply { machine, paths } => self.apply(machine, paths, &mut out).await,
-                Action::Cordon { machine } => self.kube.cordon(machine).await.map_err(|e| e.to_string()),
-                Action::Drain { machine } => match self.kube.drain(machine).await {
-                    Ok(()) => Ok(()),
-                    Err(e) if K::fails_step(&e) => {
-                        out.failed.push((machine.clone(), e.to_string()));
-                        // Nothing more on this machine: its apply must not run undrained.
-                        out.interrupted = None;
-                        return out;
-                    }
-                    Err(e) => Err(e.to_string()),
-                },
-                Action::Uncordon { machine } => self.kube.uncordon(machine).await.map_err(|e| e.to_string()),
-                Action::SyncManifests { via, field_manager } => {
-                    self.kube.sync_manifests(via, field_manager).await.map_err(|e| e.to_string())
-                }
-                Action::Delete { via, object } => self.kube.delete(via, object).await.map_err(|e| e.to_string()),
-                Action::RestoreKubeProxy { via } => self.kube.restore_kube_proxy(via).await.map_err(|e| e.to_string()),
-                Action::CiliumJob { name, mode, user, tunnel, .. } => {
-                    self.kube.cilium_job(name, *mode, user, tunnel).await.map_err(|e| e.to_string())
-                }
-                // Status, waits, warnings and the end: recorded by `status::record`.
-                _ => Ok(()),
-            };
-            match r {
-                Ok(()) => out.done.push(a.to_string()),
-                Err(why) if why.is_empty() => {}
-                Err(why) => {
-                    out.interrupted = Some(why);
-                    return out;
-                }
+            let p = self.perform(a).await;
+            let stop = matches!(p, Performed::Interrupted { .. } | Performed::Refused { .. })
+                || matches!((a, &p), (Action::Drain { .. }, Performed::Failed { .. }));
+            out.actions.push((a.clone(), p));
+            if stop {
+                break;
             }
         }
         out
     }
 
-    /// A Talos error: a refusal fails the machine's step (returns "" to go on with the rest);
-    /// anything else interrupts the run.
-    fn talos_failed(&self, machine: &str, e: TalosError, out: &mut Outcome) -> String {
-        match e {
-            TalosError::Refused { message, .. } => {
-                let head = message.split("\ndiff:").next().unwrap_or(&message).to_string();
-                out.failed.push((machine.to_string(), format!("Talos refused the change on {machine}: {head}")));
-                String::new()
+    async fn perform(&mut self, a: &Action) -> Performed {
+        let kube = |r: Result<(), K::Error>| match r {
+            Ok(()) => Performed::Done,
+            Err(e) => Performed::Interrupted { why: e.to_string() },
+        };
+        match a {
+            Action::PullImage { machine, node, namespace, image } => {
+                match self.talos.pull_image(reach(machine, node), *namespace, image).await {
+                    Ok(()) => Performed::Done,
+                    Err(e) => talos_failed(machine, e),
+                }
             }
-            e => e.to_string(),
+            Action::Apply { machine, node, payload, .. } => {
+                let Some(payload) = payload else {
+                    return Performed::Refused {
+                        why: format!("the apply to {machine} carries no config (a plan made without the renders)"),
+                    };
+                };
+                let node = reach(machine, node);
+                let running = match self.talos.running_config(node).await {
+                    Ok(t) => t,
+                    Err(e) => return talos_failed(machine, e),
+                };
+                if config_hash(&running) != payload.running_hash {
+                    return Performed::Refused {
+                        why: format!(
+                            "{machine}'s running config changed since this plan was made: nothing applied; the next reconcile plans again"
+                        ),
+                    };
+                }
+                match self.talos.apply(node, payload.config.as_bytes(), ApplyMode::NoReboot, false).await {
+                    Ok(_) => Performed::Done,
+                    Err(e) => talos_failed(machine, e),
+                }
+            }
+            Action::Cordon { machine } => kube(self.kube.cordon(machine).await),
+            Action::Drain { machine } => match self.kube.drain(machine).await {
+                Ok(()) => Performed::Done,
+                // Nothing more on this machine: its apply must not run undrained.
+                Err(e) if K::fails_step(&e) => Performed::Failed { machine: machine.clone(), message: e.to_string() },
+                Err(e) => Performed::Interrupted { why: e.to_string() },
+            },
+            Action::Uncordon { machine } => kube(self.kube.uncordon(machine).await),
+            Action::SyncManifests { via, node, field_manager } => {
+                kube(self.kube.sync_manifests(reach(via, node), field_manager).await)
+            }
+            Action::Delete { object } => kube(self.kube.delete(object).await),
+            Action::RestoreKubeProxy { via, node, manifest, field_manager } => {
+                kube(self.kube.restore_manifest(reach(via, node), manifest, field_manager).await)
+            }
+            Action::CiliumJob { name, mode, user, tunnel, .. } => {
+                kube(self.kube.cilium_job(name, *mode, user, tunnel).await)
+            }
+            // Status, waits, warnings and the end: recorded by `status::record`.
+            Action::Abort { .. }
+            | Action::Resume
+            | Action::Pause { .. }
+            | Action::Fail { .. }
+            | Action::SetStatus { .. }
+            | Action::Start { .. }
+            | Action::Done { .. }
+            | Action::StepDone { .. }
+            | Action::Wait { .. }
+            | Action::ClearClock { .. }
+            | Action::Warn { .. }
+            | Action::Complete => Performed::Recorded,
         }
     }
+}
 
-    async fn apply(&mut self, machine: &str, paths: &[String], out: &mut Outcome) -> Result<(), String> {
-        let Some(desired) = self.desired.get(machine) else {
-            out.failed.push((machine.to_string(), format!("no render of {machine} to apply")));
-            return Err(String::new());
-        };
-        let node = self.node(machine).to_string();
-        let text = self.talos.running_config(&node).await.map_err(|e| self.talos_failed(machine, e, out))?;
-        let running = Config::parse(&text)
-            .map_err(|e| format!("{machine}: the running config does not parse: {}", e[0].message))?;
-        let paths: Vec<render::path::Path> = paths.iter().filter_map(|p| render::path::Path::parse(p).ok()).collect();
-        let next = running.with_paths(desired, &paths).to_yaml();
-        self.talos
-            .apply(&node, next.as_bytes(), ApplyMode::NoReboot, false)
-            .await
-            .map(|_| ())
-            .map_err(|e| self.talos_failed(machine, e, out))
+/// A Talos error: a refusal fails the machine's step (the run goes on with the rest); anything
+/// else interrupts the run. The client already withheld Talos's diff (it can hold secrets).
+fn talos_failed(machine: &str, e: TalosError) -> Performed {
+    match e {
+        TalosError::Refused { message, .. } => Performed::Failed {
+            machine: machine.to_string(),
+            message: format!("Talos refused the change on {machine}: {message}"),
+        },
+        e => Performed::Interrupted { why: e.to_string() },
     }
 }

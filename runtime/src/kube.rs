@@ -20,14 +20,6 @@ use kube_client::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value as Json, json};
 use std::time::Duration;
 
-/// The kube-proxy objects in Talos's rendered manifests (ADR 0066's amendment).
-pub const KUBE_PROXY_OBJECTS: [(&str, &str); 4] = [
-    ("DaemonSet", "kube-proxy"),
-    ("ServiceAccount", "kube-proxy"),
-    ("ClusterRoleBinding", "kube-proxy"),
-    ("ConfigMap", "kube-proxy"),
-];
-
 /// Talos's bootstrap-manifest inventory (a ConfigMap in kube-system) and the annotation that
 /// ties an object to it.
 pub const INVENTORY: &str = "talos-bootstrap-manifests-inventory";
@@ -76,9 +68,6 @@ pub struct KubeCluster {
     pub talos: Talos,
     /// How long a drain keeps retrying an eviction a budget refuses.
     pub drain_timeout: Duration,
-    /// How the Talos API reaches each machine (its address); a machine not listed is reached
-    /// by its name.
-    pub nodes: std::collections::BTreeMap<String, String>,
 }
 
 /// A kind's resource name, as the API server pluralizes it (`ConfigMap` -> `configmaps`,
@@ -106,15 +95,6 @@ pub fn resource(api_version: &str, kind: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&gvk, &plural(kind))
 }
 
-fn api_version_of(kind: &str) -> &'static str {
-    match kind {
-        "DaemonSet" | "Deployment" => "apps/v1",
-        "ClusterRoleBinding" | "ClusterRole" | "Role" | "RoleBinding" => "rbac.authorization.k8s.io/v1",
-        "Job" => "batch/v1",
-        _ => "v1",
-    }
-}
-
 impl KubeCluster {
     fn dynamic(&self, api_version: &str, kind: &str, namespace: Option<&str>) -> Api<DynamicObject> {
         let ar = resource(api_version, kind);
@@ -124,12 +104,16 @@ impl KubeCluster {
         }
     }
 
-    /// The objects Talos rendered on `via` (its `Manifests` resources), as JSON.
-    async fn rendered(&self, via: &str) -> Result<Vec<Json>, KubeError> {
+    /// The objects Talos rendered on `node` (its `Manifests` resources; only the one with id
+    /// `only` when given), as JSON.
+    async fn rendered(&self, node: &str, only: Option<&str>) -> Result<Vec<Json>, KubeError> {
         use prost::Message;
         let mut out = vec![];
-        let node = self.nodes.get(via).map(String::as_str).unwrap_or(via);
+        let via = node;
         for r in self.talos.list(node, "controlplane", "Manifests.kubernetes.talos.dev").await? {
+            if only.is_some_and(|id| r.metadata.as_ref().is_none_or(|m| m.id != id)) {
+                continue;
+            }
             let spec = r.spec.map(|s| s.proto_spec).unwrap_or_default();
             let m = crate::talos::proto::talos::resource::definitions::k8s::ManifestSpec::decode(spec.as_slice())
                 .map_err(|e| KubeError::Manifest(format!("{via}: a Manifest resource does not decode: {e}")))?;
@@ -173,14 +157,6 @@ fn value_json(v: &prost_types::Value) -> Json {
         Some(Kind::ListValue(l)) => Json::Array(l.values.iter().map(value_json).collect()),
         Some(Kind::StructValue(s)) => struct_json(s),
     }
-}
-
-fn is_kube_proxy(o: &Json) -> bool {
-    let kind = o.get("kind").and_then(|v| v.as_str()).unwrap_or("");
-    let name = o.pointer("/metadata/name").and_then(|v| v.as_str()).unwrap_or("");
-    KUBE_PROXY_OBJECTS
-        .iter()
-        .any(|(k, n)| *k == kind && (name == *n || (kind == "ConfigMap" && name.starts_with("kube-proxy-"))))
 }
 
 impl KubePort for KubeCluster {
@@ -247,8 +223,8 @@ impl KubePort for KubeCluster {
         Ok(())
     }
 
-    async fn sync_manifests(&mut self, via: &str, field_manager: &str) -> Result<(), KubeError> {
-        let mut objects = self.rendered(via).await?;
+    async fn sync_manifests(&mut self, node: &str, field_manager: &str) -> Result<(), KubeError> {
+        let mut objects = self.rendered(node, None).await?;
         // As Talos does (FACTS 5 and 6): each object carries the inventory it belongs to, and
         // the inventory ConfigMap lists it (`<namespace>_<name>_<group>_<kind>`). Nothing is
         // pruned: an object Talos no longer renders is the operation's to delete (ADR 0066).
@@ -266,9 +242,8 @@ impl KubePort for KubeCluster {
         self.apply_all(&[inventory], field_manager).await
     }
 
-    async fn delete(&mut self, via: &str, o: &ObjectRef) -> Result<(), KubeError> {
-        let _ = via;
-        let api = self.dynamic(api_version_of(&o.kind), &o.kind, o.namespace.as_deref());
+    async fn delete(&mut self, o: &ObjectRef) -> Result<(), KubeError> {
+        let api = self.dynamic(&o.api_version, &o.kind, o.namespace.as_deref());
         let current = match api.get(&o.name).await {
             Ok(x) => x,
             Err(e) if is_status(&e, 404) => return Ok(()),
@@ -287,10 +262,10 @@ impl KubePort for KubeCluster {
         }
     }
 
-    async fn restore_kube_proxy(&mut self, via: &str) -> Result<(), KubeError> {
-        let objects: Vec<Json> = self.rendered(via).await?.into_iter().filter(is_kube_proxy).collect();
+    async fn restore_manifest(&mut self, node: &str, manifest: &str, field_manager: &str) -> Result<(), KubeError> {
+        let objects = self.rendered(node, Some(manifest)).await?;
         // Talos has not rendered it yet: nothing is applied and the wait continues.
-        self.apply_all(&objects, crate::plan::TALOS_FIELD_MANAGER).await
+        self.apply_all(&objects, field_manager).await
     }
 
     async fn cilium_job(

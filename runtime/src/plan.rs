@@ -47,13 +47,67 @@ impl fmt::Display for ContainerdNamespace {
     }
 }
 
-/// A Kubernetes object by kind, namespace (none for a cluster-scoped kind) and name.
+/// A Kubernetes object by API version, kind, namespace (none for a cluster-scoped kind) and
+/// name: everything a delete needs, as the rules list it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ObjectRef {
+    pub api_version: String,
     pub kind: String,
     pub namespace: Option<String>,
     pub name: String,
 }
+
+/// A machine's whole config to send and what it was planned from, for an apply: the executor
+/// sends `config` as it is, and only while the node still runs the config hashed as
+/// `running_hash` (a precondition, as kube's UID preconditions: a node changed since it was
+/// read is not applied to, and the next reconcile plans again).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApplyPayload {
+    /// The exact bytes to apply (secrets included: never serialized, never displayed).
+    pub config: String,
+    /// sha256 of `config`.
+    pub config_hash: String,
+    /// sha256 of the running config's text the plan was made from.
+    pub running_hash: String,
+}
+
+impl fmt::Debug for ApplyPayload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApplyPayload")
+            .field("config", &"<redacted>")
+            .field("config_hash", &self.config_hash)
+            .field("running_hash", &self.running_hash)
+            .finish()
+    }
+}
+
+impl Serialize for ApplyPayload {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("ApplyPayload", 2)?;
+        st.serialize_field("configHash", &self.config_hash)?;
+        st.serialize_field("runningHash", &self.running_hash)?;
+        st.end()
+    }
+}
+
+/// sha256 of a config's text, hex: what an apply's precondition compares.
+pub fn config_hash(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What completes a plan's applies, besides the snapshot: each machine's running config (its
+/// text, as read from the node) and its render.
+#[derive(Clone, Debug)]
+pub struct MachineConfigs {
+    pub running: String,
+    pub desired: render::config::Config,
+}
+
+/// Talos's bootstrap manifest that holds kube-proxy's objects (`k8s.Manifest` id, FACTS 5).
+pub const KUBE_PROXY_MANIFEST: &str = "10-kube-proxy";
 
 /// The field manager of the bootstrap-manifest sync: Talos's own, so that Talos and Ichor
 /// never fight over the fields (FACTS 5).
@@ -88,6 +142,9 @@ pub enum Action {
     },
     PullImage {
         machine: String,
+        /// How the Talos API reaches it (absent: by its name).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
         namespace: ContainerdNamespace,
         image: String,
     },
@@ -97,10 +154,17 @@ pub enum Action {
     Drain {
         machine: String,
     },
+    /// Apply `payload.config` with mode NO_REBOOT: the node's running config with `paths` set
+    /// from the render. Without a payload (a plan made from a snapshot alone, `ichor plan`)
+    /// the executor refuses it.
     #[serde(rename = "applyNoReboot")]
     Apply {
         machine: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
         paths: Vec<String>,
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        payload: Option<ApplyPayload>,
     },
     Done {
         machine: String,
@@ -108,17 +172,25 @@ pub enum Action {
     Uncordon {
         machine: String,
     },
+    /// Server-side-apply every bootstrap manifest Talos rendered on `via`.
     SyncManifests {
         via: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
         field_manager: &'static str,
     },
+    /// Delete an object with the controller's own identity, preconditioned on the UID read.
     Delete {
-        via: String,
         #[serde(flatten)]
         object: ObjectRef,
     },
+    /// Server-side-apply the objects of the bootstrap manifest `manifest` Talos rendered on `via`.
     RestoreKubeProxy {
         via: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
+        manifest: String,
+        field_manager: &'static str,
     },
     /// The Job is named by the hash of the values it applies, so re-creating it is a no-op.
     CiliumJob {
@@ -169,26 +241,26 @@ impl fmt::Display for Action {
             Action::Start { machine, stage } => {
                 write!(f, "start {machine} (step {stage}; record it in status with the time)")
             }
-            Action::PullImage { machine, namespace, image } => {
+            Action::PullImage { machine, namespace, image, .. } => {
                 write!(f, "pull {image} into containerd namespace {namespace} on {machine}")
             }
             Action::Cordon { machine } => write!(f, "cordon {machine}"),
             Action::Drain { machine } => write!(f, "drain {machine}"),
-            Action::Apply { machine, paths } => {
+            Action::Apply { machine, paths, .. } => {
                 write!(f, "apply the rendered config to {machine} without a reboot, changing {}", paths.join(", "))
             }
             Action::Done { machine } => write!(f, "record {machine}'s step as verified and done"),
             Action::Uncordon { machine } => write!(f, "uncordon {machine}"),
-            Action::SyncManifests { via, field_manager } => {
+            Action::SyncManifests { via, field_manager, .. } => {
                 write!(f, "server-side-apply the bootstrap manifests (field manager {field_manager}) through {via}")
             }
-            Action::Delete { via, object: ObjectRef { kind, namespace: None, name } } => {
-                write!(f, "delete {kind} {name} (cluster-scoped) through {via}'s admin kubeconfig")
+            Action::Delete { object: ObjectRef { kind, namespace: None, name, .. } } => {
+                write!(f, "delete {kind} {name} (cluster-scoped)")
             }
-            Action::Delete { via, object: ObjectRef { kind, namespace: Some(ns), name } } => {
-                write!(f, "delete {kind} {ns}/{name} through {via}'s admin kubeconfig")
+            Action::Delete { object: ObjectRef { kind, namespace: Some(ns), name, .. } } => {
+                write!(f, "delete {kind} {ns}/{name}")
             }
-            Action::RestoreKubeProxy { via } => {
+            Action::RestoreKubeProxy { via, .. } => {
                 write!(f, "restore the kube-proxy objects from Talos's rendered manifests through {via}")
             }
             Action::CiliumJob { mode, name, .. } => {
@@ -251,6 +323,24 @@ pub struct Plan {
     pub proofs: ProofGraph,
     /// The mode every Cilium Job outside a switch uses (`cilium_job_mode` in rules/switch.rules).
     pub cilium_job_mode: Option<KubeProxyMode>,
+}
+
+impl Plan {
+    /// Each apply given its payload: the running config with the action's paths set from the
+    /// render, and the hashes of both. A machine without configs keeps no payload (the
+    /// executor refuses such an apply). Pure: the same inputs give the same bytes.
+    pub fn complete(&mut self, configs: &BTreeMap<String, MachineConfigs>) {
+        for (a, _) in &mut self.actions {
+            let Action::Apply { machine, paths, payload, .. } = a else { continue };
+            let Some(c) = configs.get(machine.as_str()) else { continue };
+            let Ok(running) = render::config::Config::parse(&c.running) else { continue };
+            let parsed: Vec<render::path::Path> =
+                paths.iter().filter_map(|p| render::path::Path::parse(p).ok()).collect();
+            let config = running.with_paths(&c.desired, &parsed).to_yaml();
+            *payload =
+                Some(ApplyPayload { config_hash: config_hash(&config), config, running_hash: config_hash(&c.running) });
+        }
+    }
 }
 
 /// Why the planner cannot be built or cannot plan.
@@ -420,6 +510,8 @@ impl Planner {
             }
             d
         };
+        // How the Talos API reaches a machine: actions that call Talos carry it.
+        let node_of = |m: &str| s.machines.iter().find(|x| x.name == m).and_then(|x| x.address.clone());
         let mut actions: Vec<(Action, Vec<usize>)> = vec![];
         let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
         for row @ [was] in r.act_abort.rows(&db) {
@@ -450,7 +542,7 @@ impl Planner {
                 expected: "containerd namespace (k8s.io or system)",
             })?;
             push(
-                Action::PullImage { machine: text(m), namespace, image: text(img) },
+                Action::PullImage { machine: text(m), node: node_of(db.sym(m)), namespace, image: text(img) },
                 proof(r.act_pull_image.id(), &row),
             );
         }
@@ -468,7 +560,7 @@ impl Planner {
         }
         for (m, (mut paths, proofs)) in applies {
             paths.sort();
-            actions.push((Action::Apply { machine: m, paths }, proofs));
+            actions.push((Action::Apply { node: node_of(&m), machine: m, paths, payload: None }, proofs));
         }
         let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
         for row @ [m] in r.act_done.rows(&db) {
@@ -479,20 +571,28 @@ impl Planner {
         }
         for row @ [v] in r.act_sync_manifests.rows(&db) {
             push(
-                Action::SyncManifests { via: text(v), field_manager: TALOS_FIELD_MANAGER },
+                Action::SyncManifests { via: text(v), node: node_of(db.sym(v)), field_manager: TALOS_FIELD_MANAGER },
                 proof(r.act_sync_manifests.id(), &row),
             );
         }
         // In the order the rules give (their first column), then by name.
         let mut deletes: Vec<[u32; 5]> = r.act_delete.rows(&db).collect();
         deletes.sort_by_key(|&[order, _, _, _, name]| (num(order), text(name)));
-        for row @ [_, via, kind, ns, name] in deletes {
+        for row @ [_, api_version, kind, ns, name] in deletes {
             let namespace = Some(text(ns)).filter(|n| !n.is_empty());
-            let object = ObjectRef { kind: text(kind), namespace, name: text(name) };
-            push(Action::Delete { via: text(via), object }, proof(r.act_delete.id(), &row));
+            let object = ObjectRef { api_version: text(api_version), kind: text(kind), namespace, name: text(name) };
+            push(Action::Delete { object }, proof(r.act_delete.id(), &row));
         }
-        for row @ [v] in r.act_restore_kube_proxy.rows(&db) {
-            push(Action::RestoreKubeProxy { via: text(v) }, proof(r.act_restore_kube_proxy.id(), &row));
+        for row @ [v, manifest] in r.act_restore_kube_proxy.rows(&db) {
+            push(
+                Action::RestoreKubeProxy {
+                    via: text(v),
+                    node: node_of(db.sym(v)),
+                    manifest: text(manifest),
+                    field_manager: TALOS_FIELD_MANAGER,
+                },
+                proof(r.act_restore_kube_proxy.id(), &row),
+            );
         }
         for row @ [m] in r.act_cilium_job.rows(&db) {
             let mode = mode(&db, "act_cilium_job", m)?;
@@ -567,6 +667,18 @@ impl Planner {
             proofs,
             cilium_job_mode,
         })
+    }
+
+    /// Plans one reconcile and completes its applies from `configs` (the controller's use):
+    /// every action then carries what executing it needs.
+    pub fn plan_complete(
+        &self,
+        s: &ObservedState,
+        configs: &BTreeMap<String, MachineConfigs>,
+    ) -> Result<Plan, PlanError> {
+        let mut plan = self.plan(s)?;
+        plan.complete(configs);
+        Ok(plan)
     }
 
     /// Actions that cannot all be performed: reported with both proofs, never executed.

@@ -164,8 +164,13 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, Rec
         };
         publish(&ctx, &op, ty, reason, a.kind(), a.to_string()).await;
     }
-    for (machine, why) in &r.outcome.failed {
+    for (machine, why) in &r.outcome.failed() {
         publish(&ctx, &op, EventType::Warning, "StepFailed", "Apply", format!("{machine}: {why}")).await;
+    }
+    for (a, p) in &r.outcome.actions {
+        if let crate::exec::Performed::Refused { why } = p {
+            publish(&ctx, &op, EventType::Warning, "PreconditionFailed", a.kind(), why.clone()).await;
+        }
     }
     let phase = r.status.operation.phase;
     ctx.metrics.operations.get_or_create(&PhaseLabel { phase: phase.name().to_string() }).set(1);

@@ -105,6 +105,10 @@ pub struct Machine {
     /// example `Ready: KubeProxySwitchPending`).
     #[serde(default)]
     pub conditions: BTreeMap<String, String>,
+    /// How the Talos API reaches the node (its address, the `node` header): actions that call
+    /// Talos carry it. Absent: reached by its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -104,7 +104,7 @@ async fn the_controller_upgrades_the_example_cluster_from_its_custom_resources()
         let r = w.controller.reconcile(NS, "upgrade-1-37", &now).await.unwrap();
         let shown: Vec<String> = r.plan.actions.iter().map(|(a, _)| a.to_string()).collect();
         assert!(r.plan.phase != Phase::Paused, "paused at reconcile {i}: {shown:#?}");
-        assert!(r.outcome.failed.is_empty() && r.outcome.interrupted.is_none(), "{:?}", r.outcome);
+        assert!(r.outcome.failed().is_empty() && r.outcome.stopped().is_none(), "{:?}", r.outcome);
         // What the controller decided is what `ichor plan` decides on its dumped snapshot.
         let dumped = runtime::state::ObservedState::parse(&serde_yaml::to_string(&r.snapshot).unwrap()).unwrap();
         let again = w.controller.planner.plan(&dumped).unwrap();
@@ -397,7 +397,8 @@ async fn an_aborted_operation_whose_render_starts_failing_stays_aborted() {
 /// One switch through the controller: the user sets spec.cni.kubeProxy and the consent
 /// annotation and creates the cni operation; reconciles (some killed at pseudo-random moments
 /// when `seed` is not 0) drive it to Completed.
-async fn switch_to(w: &World, mode: render::api::KubeProxyMode, name: &str, seed: u64) {
+async fn switch_to(w: &World, mode: render::api::KubeProxyMode, name: &str, seed: u64) -> Vec<runtime::plan::Plan> {
+    let mut plans = vec![];
     let client = w.api.client();
     let clusters: Api<render::api::TalosCluster> = Api::namespaced(client.clone(), NS);
     let patch = json!({"metadata": {"annotations": {"ichor.maesh.dev/confirm-kube-proxy-switch": mode.name()}}, "spec": {"cni": {"kubeProxy": mode.name(), "handover": "disabled"}}});
@@ -424,9 +425,11 @@ async fn switch_to(w: &World, mode: render::api::KubeProxyMode, name: &str, seed
             let r = task.await.unwrap().unwrap();
             let shown: Vec<String> = r.plan.actions.iter().map(|(a, _)| a.to_string()).collect();
             assert!(r.plan.phase != Phase::Paused, "{name} paused at reconcile {i}: {shown:#?}");
-            assert!(r.outcome.failed.is_empty() && r.outcome.interrupted.is_none(), "{:?}", r.outcome);
-            if r.plan.phase == Phase::Completed {
-                return;
+            assert!(r.outcome.failed().is_empty() && r.outcome.stopped().is_none(), "{:?}", r.outcome);
+            let done = r.plan.phase == Phase::Completed;
+            plans.push(r.plan);
+            if done {
+                return plans;
             }
         }
         runtime::sim::demo::run_cilium_jobs(&w.api);
@@ -443,7 +446,7 @@ async fn there_and_back(seed: u64) -> (BTreeMap<String, String>, bool, String) {
     w.api.put("apps", "daemonsets", json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "cilium", "namespace": "kube-system"},
         "spec": {"selector": {"matchLabels": {"k8s-app": "cilium"}}, "template": {"metadata": {"labels": {"k8s-app": "cilium"}}, "spec": {"containers": [{"name": "cilium", "image": "quay.io/cilium/cilium:v1.20.0"}]}}}}));
     kubelets(&w).await;
-    switch_to(&w, Replaced, "switch", seed).await;
+    let _ = switch_to(&w, Replaced, "switch", seed).await;
     let clusters: Api<render::api::TalosCluster> = Api::namespaced(w.api.client(), NS);
     let c = clusters.get("lab").await.unwrap();
     assert_eq!(c.status.and_then(|s| s.cni).and_then(|c| c.kube_proxy), Some(Replaced));
@@ -457,7 +460,7 @@ async fn there_and_back(seed: u64) -> (BTreeMap<String, String>, bool, String) {
             );
         }
     }
-    switch_to(&w, Enabled, "switch-back", seed.wrapping_mul(31)).await;
+    let _ = switch_to(&w, Enabled, "switch-back", seed.wrapping_mul(31)).await;
     let c = clusters.get("lab").await.unwrap();
     assert_eq!(c.status.and_then(|s| s.cni).and_then(|c| c.kube_proxy), Some(Enabled));
     let mut end = BTreeMap::new();
@@ -483,4 +486,138 @@ async fn the_controller_switches_kube_proxy_to_cilium_and_back_even_when_killed(
     for seed in 1..=runs {
         assert_eq!(there_and_back(seed).await, clean, "seed {seed}: a different end state");
     }
+}
+
+// ---- issue 21: the plan is the contract ----------------------------------------------------
+
+/// Each node's running config.
+async fn node_configs(w: &World) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (name, address) in MACHINES {
+        out.insert(name.to_string(), w.controller.talos.running_config(address).await.unwrap());
+    }
+    out
+}
+
+/// Replays recorded plans on a fresh world through an executor that has only the clients: no
+/// snapshot, no render, no addresses beside what the actions carry. The stand-ins (kubelets,
+/// Helm's Job) run between plans as they ran between the reconciles that made them.
+async fn replay(w: &World, plans: &[runtime::plan::Plan]) {
+    use runtime::exec::{Executor, Performed};
+    let mut kube = runtime::kube::KubeCluster {
+        client: w.api.client(),
+        talos: w.controller.talos.clone(),
+        drain_timeout: Duration::from_secs(5),
+    };
+    for (i, plan) in plans.iter().enumerate() {
+        let out = Executor { talos: &w.controller.talos, kube: &mut kube }.run(plan).await;
+        for (a, p) in &out.actions {
+            assert!(matches!(p, Performed::Done | Performed::Recorded), "plan {i}: {a}: {p:?}");
+        }
+        assert_eq!(out.actions.len(), plan.actions.len(), "plan {i} stopped early: {out:?}");
+        runtime::sim::demo::run_cilium_jobs(&w.api);
+        kubelets(w).await;
+    }
+}
+
+/// Every action of an upgrade and of a switch, as the controller planned them, replayed on a
+/// fresh cluster through the executor alone, leaves the nodes and objects the controller left:
+/// the plan suffices (each apply carries its config and the running config's hash).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plans_alone_replay_an_upgrade_and_a_switch() {
+    // The upgrade, through the controller; its plans recorded.
+    let w = cluster().await;
+    let client = w.api.client();
+    move_to_1_37(&client).await;
+    create_upgrade(&client, "upgrade").await;
+    let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
+    let mut plans = vec![];
+    for i in 0..200 {
+        let r = w.controller.reconcile(NS, "upgrade", &runtime::plan::rfc3339(t0 + 60 * i)).await.unwrap();
+        let done = r.plan.phase == Phase::Completed;
+        plans.push(r.plan);
+        if done {
+            break;
+        }
+        kubelets(&w).await;
+    }
+    assert_eq!(plans.last().map(|p| p.phase), Some(Phase::Completed));
+    let applies =
+        plans.iter().flat_map(|p| &p.actions).filter(|(a, _)| matches!(a, runtime::plan::Action::Apply { .. }));
+    assert!(applies.clone().count() >= 5, "an apply per machine at least");
+    for (a, _) in applies {
+        let runtime::plan::Action::Apply { payload, .. } = a else { unreachable!() };
+        assert!(payload.is_some(), "an apply without its config: {a}");
+    }
+    let fresh = cluster().await;
+    replay(&fresh, &plans).await;
+    assert_eq!(node_configs(&fresh).await, node_configs(&w).await, "the replayed upgrade ends elsewhere");
+    let image = |w: &World| {
+        w.api
+            .get("apps", "daemonsets", "kube-system", "kube-proxy")
+            .map(|d| d["spec"]["template"]["spec"]["containers"][0]["image"].clone())
+    };
+    assert_eq!(image(&fresh), image(&w));
+
+    // The switch to Cilium's replacement, the same way.
+    let with_cilium = || async {
+        let w = cluster_with(false).await;
+        w.api.put("apps", "daemonsets", json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "cilium", "namespace": "kube-system"},
+            "spec": {"selector": {"matchLabels": {"k8s-app": "cilium"}}, "template": {"metadata": {"labels": {"k8s-app": "cilium"}}, "spec": {"containers": [{"name": "cilium", "image": "quay.io/cilium/cilium:v1.20.0"}]}}}}));
+        kubelets(&w).await;
+        w
+    };
+    let w = with_cilium().await;
+    let plans = switch_to(&w, render::api::KubeProxyMode::Replaced, "switch", 0).await;
+    let fresh = with_cilium().await;
+    replay(&fresh, &plans).await;
+    assert_eq!(node_configs(&fresh).await, node_configs(&w).await, "the replayed switch ends elsewhere");
+    assert!(fresh.api.get("apps", "daemonsets", "kube-system", "kube-proxy").is_none(), "kube-proxy deleted");
+    let kpr = |w: &World| {
+        w.api.get("", "configmaps", "kube-system", "cilium-config").map(|c| c["data"]["kube-proxy-replacement"].clone())
+    };
+    assert_eq!(kpr(&fresh), kpr(&w));
+}
+
+/// An apply whose node changed since the plan was made is not sent: the precondition (the
+/// running config's hash) fails, nothing after it runs, and the next reconcile plans again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apply_whose_node_changed_since_planning_is_refused() {
+    use runtime::exec::{Executor, Performed};
+    let w = cluster().await;
+    let client = w.api.client();
+    move_to_1_37(&client).await;
+    let ops = create_upgrade(&client, "upgrade").await;
+    let read = w.controller.read(NS, "upgrade", "2026-11-30T10:00:00Z").await.unwrap();
+    let plan = w.controller.planner.plan_complete(&read.snapshot, &read.configs).unwrap();
+    let (machine, node) = plan
+        .actions
+        .iter()
+        .find_map(|(a, _)| match a {
+            runtime::plan::Action::Apply { machine, node, .. } => Some((machine.clone(), node.clone().unwrap())),
+            _ => None,
+        })
+        .expect("the first step applies");
+    // Someone changes the node in between (talosctl, another controller).
+    let running = w.controller.talos.running_config(&node).await.unwrap();
+    let changed = running.replacen("machine:\n", "machine:\n    sysctls:\n        net.core.somaxconn: \"1024\"\n", 1);
+    w.controller
+        .talos
+        .apply(&node, changed.as_bytes(), runtime::talos::client::ApplyMode::NoReboot, false)
+        .await
+        .unwrap();
+    let mut kube = runtime::kube::KubeCluster {
+        client: client.clone(),
+        talos: w.controller.talos.clone(),
+        drain_timeout: Duration::from_secs(5),
+    };
+    let out = Executor { talos: &w.controller.talos, kube: &mut kube }.run(&plan).await;
+    assert!(out.refused(), "{out:?}");
+    assert!(matches!(&out.actions.last().unwrap().1, Performed::Refused { why } if why.contains(&machine)), "{out:?}");
+    assert_eq!(w.controller.talos.running_config(&node).await.unwrap(), changed, "nothing applied over the change");
+    // Through the controller: nothing of the stale plan is recorded, and it plans again.
+    let before = ops.get("upgrade").await.unwrap().metadata.resource_version;
+    let r = w.controller.reconcile(NS, "upgrade", "2026-11-30T10:00:10Z").await.unwrap();
+    assert!(!r.outcome.refused(), "the new plan is made from the changed node: {:?}", r.outcome);
+    assert_ne!(ops.get("upgrade").await.unwrap().metadata.resource_version, before);
 }

@@ -65,10 +65,10 @@ impl KubePort for Twin {
         self.kube_proxy_image = format!("registry.k8s.io/kube-proxy:{tag}");
         Ok(())
     }
-    async fn delete(&mut self, _: &str, o: &ObjectRef) -> Result<(), TwinError> {
+    async fn delete(&mut self, o: &ObjectRef) -> Result<(), TwinError> {
         Err(TwinError(format!("an upgrade deletes nothing, yet {} {} was to be deleted", o.kind, o.name)))
     }
-    async fn restore_kube_proxy(&mut self, _: &str) -> Result<(), TwinError> {
+    async fn restore_manifest(&mut self, _: &str, _: &str, _: &str) -> Result<(), TwinError> {
         Err(TwinError("an upgrade restores nothing".into()))
     }
     async fn cilium_job(
@@ -117,6 +117,7 @@ fn machine_read(o: &NodeObservation, name: &str, role: Role, runs_controller: bo
             .map(|(k, v)| (k.clone(), StaticPod { image: v.clone(), ready: true }))
             .collect(),
         kube_proxy_manifest: (role == Role::Controlplane).then(|| o.manifests.iter().any(|m| m == "10-kube-proxy")),
+        address: None,
     }
 }
 
@@ -166,8 +167,12 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
     for i in 0..300 {
         // Observe.
         let mut machines = vec![];
+        let mut configs = BTreeMap::new();
         for (name, role) in names() {
             let o = observe_node(&client, &name).await.unwrap();
+            let running =
+                runtime::plan::MachineConfigs { running: o.running_config.clone(), desired: renders[&name].clone() };
+            configs.insert(name.clone(), running);
             let read = machine_read(&o, &name, role, name == "w2");
             machines.push(
                 runtime::assemble::machine(
@@ -219,7 +224,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         // The snapshot the controller would dump parses back to itself.
         let dumped = serde_yaml::to_string(&s).unwrap();
         assert_eq!(ObservedState::parse(&dumped).unwrap(), s);
-        let plan = planner.plan(&s).unwrap();
+        let plan = planner.plan_complete(&s, &configs).unwrap();
         assert!(plan.phase != render::api::Phase::Paused, "the upgrade paused at reconcile {i}: {:#?}", plan.actions);
         if plan.phase == render::api::Phase::Completed {
             let mut end = BTreeMap::new();
@@ -249,14 +254,14 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         if let Crash::MidPlan(k) = c {
             plan.actions.truncate(k % (plan.actions.len() + 1));
         }
-        let mut exec = Executor { talos: &client, kube: &mut twin, desired: &renders, nodes: &BTreeMap::new() };
+        let mut exec = Executor { talos: &client, kube: &mut twin };
         let outcome = exec.run(&plan).await;
-        assert!(outcome.failed.is_empty() && outcome.interrupted.is_none(), "{outcome:?}");
+        assert!(outcome.failed().is_empty() && outcome.stopped().is_none(), "{outcome:?}");
         if matches!(c, Crash::MidPlan(_)) {
             // Died before writing status: the next reconcile re-derives from what it sees.
             continue;
         }
-        status = runtime::status::record(&s, &plan, &outcome.failed).operation;
+        status = runtime::status::record(&s, &plan, &outcome.failed()).operation;
     }
     panic!("the upgrade did not complete in 300 reconciles");
 }

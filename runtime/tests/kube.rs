@@ -39,12 +39,7 @@ async fn setup() -> (Fleet, kubeapi::Api, KubeCluster) {
         runtime::talos::client::Client::new(ctx, &ctx.credentials(n, "tc", now).unwrap(), Duration::from_secs(5))
             .unwrap();
     let api = kubeapi::Api::new();
-    let cluster = KubeCluster {
-        client: api.client(),
-        talos,
-        drain_timeout: Duration::from_millis(600),
-        nodes: Default::default(),
-    };
+    let cluster = KubeCluster { client: api.client(), talos, drain_timeout: Duration::from_millis(600) };
     (fleet, api, cluster)
 }
 
@@ -124,18 +119,28 @@ async fn the_manifest_sync_server_side_applies_talos_rendering_under_field_manag
 async fn deletions_carry_the_uid_and_the_restore_brings_kube_proxy_back_from_talos() {
     let (_f, api, mut k) = setup().await;
     k.sync_manifests("cp1", "talos").await.unwrap();
-    for (kind, ns) in
-        [("DaemonSet", Some("kube-system")), ("ServiceAccount", Some("kube-system")), ("ClusterRoleBinding", None)]
-    {
-        let o = ObjectRef { kind: kind.into(), namespace: ns.map(str::to_string), name: "kube-proxy".into() };
-        k.delete("cp1", &o).await.unwrap();
+    for (api_version, kind, ns) in [
+        ("apps/v1", "DaemonSet", Some("kube-system")),
+        ("v1", "ServiceAccount", Some("kube-system")),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", None),
+    ] {
+        let o = ObjectRef {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            namespace: ns.map(str::to_string),
+            name: "kube-proxy".into(),
+        };
+        k.delete(&o).await.unwrap();
         // Deleting what is gone is a no-op.
-        k.delete("cp1", &o).await.unwrap();
+        k.delete(&o).await.unwrap();
     }
     assert!(api.get("apps", "daemonsets", "kube-system", "kube-proxy").is_none());
     let deletes: Vec<String> = api.log().into_iter().filter(|l| l.starts_with("DELETE")).collect();
     assert_eq!(deletes.len(), 3, "{deletes:?}");
-    k.restore_kube_proxy("cp1").await.unwrap();
+    // A manifest Talos has not rendered restores nothing; kube-proxy's own brings it back.
+    k.restore_manifest("cp1", "99-not-rendered", "talos").await.unwrap();
+    assert!(api.get("apps", "daemonsets", "kube-system", "kube-proxy").is_none());
+    k.restore_manifest("cp1", runtime::plan::KUBE_PROXY_MANIFEST, "talos").await.unwrap();
     assert!(api.get("apps", "daemonsets", "kube-system", "kube-proxy").is_some());
     assert!(api.get("", "serviceaccounts", "kube-system", "kube-proxy").is_some());
 }
@@ -283,20 +288,28 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
         actions: vec![
             (Action::Cordon { machine: "w1".into() }, vec![]),
             (Action::Drain { machine: "w1".into() }, vec![]),
-            (Action::Apply { machine: "w1".into(), paths: vec!["machine.kubelet.image".into()] }, vec![]),
+            (
+                Action::Apply {
+                    machine: "w1".into(),
+                    node: None,
+                    paths: vec!["machine.kubelet.image".into()],
+                    payload: None,
+                },
+                vec![],
+            ),
         ],
         proofs: Default::default(),
         cilium_job_mode: None,
     };
     let talos = k.talos.clone();
     let before = talos.running_config("w1").await.unwrap();
-    let desired = std::collections::BTreeMap::new();
-    let nodes = std::collections::BTreeMap::new();
-    let mut exec = runtime::exec::Executor { talos: &talos, kube: &mut k, desired: &desired, nodes: &nodes };
+    let mut exec = runtime::exec::Executor { talos: &talos, kube: &mut k };
     let out = exec.run(&plan).await;
-    assert_eq!(out.failed.len(), 1, "{out:?}");
-    assert!(out.failed[0].1.contains("default/db"), "{out:?}");
-    assert_eq!(out.done.len(), 1, "only the cordon: {out:?}");
+    let failed = out.failed();
+    assert_eq!(failed.len(), 1, "{out:?}");
+    assert!(failed[0].1.contains("default/db"), "{out:?}");
+    assert_eq!(out.done().len(), 1, "only the cordon: {out:?}");
+    assert_eq!(out.actions.len(), 2, "nothing after the failed drain: {out:?}");
     assert_eq!(talos.running_config("w1").await.unwrap(), before);
 }
 

@@ -151,15 +151,15 @@ fn every_action_kind_is_its_serialized_tag_and_ranked_by_the_rules() {
         Action::Fail { machine: m(), message: m() },
         Action::SetStatus { field: m(), value: m() },
         Action::Start { machine: m(), stage: m() },
-        Action::PullImage { machine: m(), namespace: ContainerdNamespace::K8s, image: m() },
+        Action::PullImage { machine: m(), node: None, namespace: ContainerdNamespace::K8s, image: m() },
         Action::Cordon { machine: m() },
         Action::Drain { machine: m() },
-        Action::Apply { machine: m(), paths: vec![] },
+        Action::Apply { machine: m(), node: None, paths: vec![], payload: None },
         Action::Done { machine: m() },
         Action::Uncordon { machine: m() },
-        Action::SyncManifests { via: m(), field_manager: TALOS_FIELD_MANAGER },
-        Action::Delete { via: m(), object: ObjectRef { kind: m(), namespace: None, name: m() } },
-        Action::RestoreKubeProxy { via: m() },
+        Action::SyncManifests { via: m(), node: None, field_manager: TALOS_FIELD_MANAGER },
+        Action::Delete { object: ObjectRef { api_version: m(), kind: m(), namespace: None, name: m() } },
+        Action::RestoreKubeProxy { via: m(), node: None, manifest: m(), field_manager: TALOS_FIELD_MANAGER },
         Action::CiliumJob {
             mode: render::api::KubeProxyMode::Replaced,
             name: m(),
@@ -557,7 +557,7 @@ fn every_switch_plan_keeps_the_operation_properties() {
                     );
                 }
                 Action::CiliumJob { mode, .. } => assert_eq!(*mode, target, "a Job for the other mode{}", ctx()),
-                Action::Delete { via, .. } | Action::RestoreKubeProxy { via } => {
+                Action::RestoreKubeProxy { via, .. } => {
                     assert!(!held_cp(via), "through {via}, not a control plane that is not held{}", ctx())
                 }
                 _ => {}

@@ -79,12 +79,7 @@ async fn world() -> World {
     api.put("", "configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cilium-config", "namespace": "kube-system"},
         "data": {"kube-proxy-replacement": "false", "k8s-service-host": "localhost", "k8s-service-port": "7445"}}));
     api.put("apps", "daemonsets", ds("cilium", "quay.io/cilium/cilium:v1.20.0"));
-    let mut kube = KubeCluster {
-        client: api.client(),
-        talos: talos.clone(),
-        drain_timeout: Duration::from_secs(2),
-        nodes: Default::default(),
-    };
+    let mut kube = KubeCluster { client: api.client(), talos: talos.clone(), drain_timeout: Duration::from_secs(2) };
     // The cluster as Talos bootstrapped it: kube-proxy from its rendered manifests.
     kube.sync_manifests("cp1", "talos").await.unwrap();
     settle(&api);
@@ -121,8 +116,12 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
     for i in 0..200 {
         settle(&w.api);
         let mut machines = vec![];
+        let mut configs = BTreeMap::new();
         for (name, role) in names() {
             let o = observe_node(&w.kube.talos, &name).await.unwrap();
+            let running =
+                runtime::plan::MachineConfigs { running: o.running_config.clone(), desired: renders[&name].clone() };
+            configs.insert(name.clone(), running);
             let read = runtime::assemble::MachineRead {
                 name: name.clone(),
                 role,
@@ -134,6 +133,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 static_pods: BTreeMap::new(),
                 kube_proxy_manifest: (role == Role::Controlplane)
                     .then(|| o.manifests.iter().any(|m| m == "10-kube-proxy")),
+                address: None,
             };
             machines.push(
                 runtime::assemble::machine(
@@ -172,17 +172,16 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
             other_operations: vec![],
             inputs_rejected: None,
         };
-        let plan = planner.plan(&s).unwrap();
+        let plan = planner.plan_complete(&s, &configs).unwrap();
         let shown: Vec<String> = plan.actions.iter().map(|(a, _)| a.to_string()).collect();
         assert!(plan.phase != render::api::Phase::Paused, "the switch to {target} paused at reconcile {i}: {shown:#?}");
         if plan.phase == render::api::Phase::Completed {
             return cluster_status;
         }
-        let mut exec =
-            Executor { talos: &w.kube.talos.clone(), kube: &mut w.kube, desired: &renders, nodes: &BTreeMap::new() };
+        let mut exec = Executor { talos: &w.kube.talos.clone(), kube: &mut w.kube };
         let outcome = exec.run(&plan).await;
-        assert!(outcome.failed.is_empty() && outcome.interrupted.is_none(), "{outcome:?}\n{shown:#?}");
-        let after = runtime::status::record(&s, &plan, &outcome.failed);
+        assert!(outcome.failed().is_empty() && outcome.stopped().is_none(), "{outcome:?}\n{shown:#?}");
+        let after = runtime::status::record(&s, &plan, &outcome.failed());
         op = after.operation;
         cluster_status = after.cluster.status_kube_proxy;
     }

@@ -133,7 +133,6 @@ impl Demo {
                 client: demo.api.client(),
                 talos: demo.talos.clone(),
                 drain_timeout: Duration::from_secs(2),
-                nodes: Default::default(),
             };
             k.sync_manifests(address, "talos").await.map_err(|e| DemoError::Seed(e.to_string()))?;
         }

@@ -49,12 +49,22 @@ impl ApplyMode {
     }
 }
 
+fn withheld_note(withheld: bool) -> &'static str {
+    if withheld {
+        " (Talos's diff left out: it may carry secrets; `ichor config diff --node` shows it redacted)"
+    } else {
+        ""
+    }
+}
+
 /// What went wrong with a call, as the planner needs it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TalosError {
-    /// InvalidArgument: Talos refused (the config, the request), with its message.
-    #[error("{node}: Talos refused {call}: {message}")]
-    Refused { node: String, call: &'static str, message: String },
+    /// InvalidArgument: Talos refused (the config, the request), with its message. The config
+    /// diff Talos 1.13 appends to a refused apply is withheld here, where the error is built,
+    /// since it can hold secrets; `diff_withheld` says it was.
+    #[error("{node}: Talos refused {call}: {message}{}", withheld_note(*.diff_withheld))]
+    Refused { node: String, call: &'static str, message: String, diff_withheld: bool },
     /// Unavailable or DeadlineExceeded (or no answer within the call's deadline): try later.
     #[error("{node}: {call} did not answer ({message}): try again later")]
     TryLater { node: String, call: &'static str, message: String },
@@ -193,7 +203,11 @@ impl Client {
     fn map(&self, node: &str, call: &'static str, endpoint: &str, s: Status) -> TalosError {
         let (node, message) = (node.to_string(), s.message().to_string());
         match s.code() {
-            Code::InvalidArgument => TalosError::Refused { node, call, message },
+            Code::InvalidArgument => {
+                let head = message.split("\ndiff:").next().unwrap_or(&message).to_string();
+                let diff_withheld = head.len() < message.len();
+                TalosError::Refused { node, call, message: head, diff_withheld }
+            }
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
                 TalosError::TryLater { node, call, message: format!("{message}, through endpoint {endpoint}") }
             }
