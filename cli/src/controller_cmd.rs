@@ -24,8 +24,13 @@ pub struct ControllerArgs {
     /// The talosconfig the controller reaches the nodes with (os:admin).
     #[arg(long)]
     pub talosconfig: PathBuf,
+    /// The talosconfig context (default: its current one).
     #[arg(long)]
     pub context: Option<String>,
+    /// The kubeconfig of the cluster holding Ichor's resources (default: $KUBECONFIG, else
+    /// ~/.kube/config, else the in-cluster service account).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
     /// The namespace of Ichor's custom resources and of the Lease.
     #[arg(long, default_value = "ichor-system")]
     pub namespace: String,
@@ -33,7 +38,7 @@ pub struct ControllerArgs {
     #[arg(long, default_value = render::embedded::RELEASE_SET_KUBERNETES)]
     pub release_set_kubernetes: String,
     /// Where /healthz, /readyz and /metrics are served.
-    #[arg(long, default_value = "0.0.0.0:8080")]
+    #[arg(long = "metrics-addr", visible_alias = "listen", default_value = "0.0.0.0:8080")]
     pub listen: String,
     #[arg(long, default_value = "ichor-controller")]
     pub lease_name: String,
@@ -48,9 +53,25 @@ pub struct ControllerArgs {
     pub dump_snapshots: Option<PathBuf>,
 }
 
+/// A Kubernetes client from `--kubeconfig`, else as kube-rs finds one ($KUBECONFIG,
+/// ~/.kube/config, the in-cluster service account).
+async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube_client::Client> {
+    let Some(path) = kubeconfig else {
+        return kube_client::Client::try_default()
+            .await
+            .context("connecting to Kubernetes (KUBECONFIG, or the in-cluster service account)");
+    };
+    let kc =
+        kube_client::config::Kubeconfig::read_from(path).with_context(|| format!("--kubeconfig {}", path.display()))?;
+    let config = kube_client::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .with_context(|| format!("--kubeconfig {}: no usable current context", path.display()))?;
+    kube_client::Client::try_from(config).context("connecting to Kubernetes")
+}
+
 pub fn run_real(a: &ControllerArgs) -> Result<Report> {
     logging();
-    let listen = a.listen.parse().with_context(|| format!("--listen {:?}: not host:port", a.listen))?;
+    let listen = a.listen.parse().with_context(|| format!("--metrics-addr {:?}: not host:port", a.listen))?;
     let rt = crate::talos_cmd::io_runtime()?;
     rt.block_on(async {
         let file = a.talosconfig.display().to_string();
@@ -61,9 +82,7 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
         let creds = ctx.credentials(name, &file, now)?;
         let talos = runtime::talos::client::Client::new(ctx, &creds, Duration::from_secs(15))?;
-        let kube = kube_client::Client::try_default()
-            .await
-            .context("connecting to Kubernetes (KUBECONFIG, or the in-cluster service account)")?;
+        let kube = kube_client(a.kubeconfig.as_deref()).await?;
         let controller = runtime::controller::Controller {
             kube,
             talos,
@@ -293,9 +312,7 @@ pub fn run_webhook(a: &WebhookArgs) -> Result<Report> {
     logging();
     let rt = crate::talos_cmd::io_runtime()?;
     rt.block_on(async {
-        let kube = kube_client::Client::try_default()
-            .await
-            .context("connecting to Kubernetes (KUBECONFIG, or the in-cluster service account)")?;
+        let kube = kube_client(None).await?;
         let (cert, key) = match (&a.tls_secret, &a.tls_cert, &a.tls_key) {
             (Some(name), _, _) => runtime::webhook::tls_from_secret(&kube, &a.namespace, name).await?,
             (None, Some(c), Some(k)) => (

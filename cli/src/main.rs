@@ -97,6 +97,8 @@ enum Command {
         contract: Option<String>,
         #[arg(long)]
         rules: Option<std::path::PathBuf>,
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// Simulated systems for tests and demos.
     #[command(subcommand)]
@@ -220,7 +222,7 @@ enum SimCommand {
         #[arg(long, default_value = "127.0.0.1:50000")]
         listen: String,
         /// Where to write a talosconfig (admin) for the fleet.
-        #[arg(long)]
+        #[arg(long = "talosconfig-out", visible_alias = "talosconfig")]
         talosconfig: std::path::PathBuf,
         /// Inject a fault: NODE=hang|unavailable|gone|latency:MS (repeatable).
         #[arg(long)]
@@ -308,8 +310,8 @@ fn main() -> ExitCode {
         Command::Crds => render_cmd::crds_cmd(),
         Command::Plan { state, output, explain, rules } => plan_cmd::run(&state, output, explain, rules.as_deref()),
         Command::Cni(cmd) => cni_cmd::run(cmd),
-        Command::Apply { node, desired, dry_run, contract, rules } => {
-            talos_cmd::apply(&node, &desired, dry_run, contract.as_deref(), rules.as_deref())
+        Command::Apply { node, desired, dry_run, contract, rules, output } => {
+            talos_cmd::apply(&node, &desired, dry_run, contract.as_deref(), rules.as_deref(), output)
         }
         Command::Sim(SimCommand::Talos { nodes, controlplanes, talos, listen, talosconfig, fault }) => {
             talos_cmd::sim(nodes, controlplanes, &talos, &listen, &talosconfig, &fault)

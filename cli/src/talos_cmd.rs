@@ -98,6 +98,7 @@ pub fn apply(
     dry_run: bool,
     contract: Option<&str>,
     rules: Option<&Path>,
+    output: Output,
 ) -> Result<Report> {
     let c = disk::classifier(rules)?;
     let desired = disk::read_config(desired_path)?;
@@ -107,7 +108,21 @@ pub fn apply(
     let old = running(&rt, &client, &a.node)?;
     let from = format!("{} (running)", a.node);
     let mut report =
-        diff_report(&c, (&old, &from), (&desired, &desired_path.to_string_lossy()), contract, Output::Text, None)?;
+        diff_report(&c, (&old, &from), (&desired, &desired_path.to_string_lossy()), contract, output, None)?;
+    // What was done, after the diff: text lines, or fields of the diff's JSON.
+    let finish = |mut report: Report, applied: bool, lines: String| -> Result<Report> {
+        if output == Output::Json {
+            let mut v: serde_json::Value = serde_json::from_str(&report.stdout)?;
+            v["node"] = serde_json::json!(a.node);
+            v["dryRun"] = serde_json::json!(dry_run);
+            v["applied"] = serde_json::json!(applied);
+            v["result"] = serde_json::json!(lines.trim());
+            report.stdout = serde_json::to_string_pretty(&v)? + "\n";
+        } else {
+            report.stdout += &lines;
+        }
+        Ok(report)
+    };
     let contract = match contract {
         Some(n) => c.contract(n)?,
         None => c.infer_contract(&[&old, &desired]).0,
@@ -115,9 +130,8 @@ pub fn apply(
     let changes = render::diff::changes(&old, &desired);
     let outcome = c.classify_machine(contract, &changes, Some(&desired), None, false)?;
     if outcome.verdict == Verdict::NoChanges && outcome.rejected.is_empty() {
-        report.stdout += &format!("\nNothing to apply: {} already runs this configuration.\n", a.node);
         report.findings = false;
-        return Ok(report);
+        return finish(report, false, format!("\nNothing to apply: {} already runs this configuration.\n", a.node));
     }
     let blocking: Vec<String> = changes
         .iter()
@@ -126,18 +140,18 @@ pub fn apply(
         .map(|(ch, k)| format!("{} ({})", ch.path, k.class))
         .collect();
     if !blocking.is_empty() || !outcome.rejected.is_empty() {
-        report.stdout += "\nRefused: nothing was applied.\n";
+        let mut lines = "\nRefused: nothing was applied.\n".to_string();
         if !blocking.is_empty() {
-            report.stdout += &format!(
+            lines += &format!(
                 "  Not live-applicable: {}. Apply them with a reboot (or the operation that owns them), not with `ichor apply`.\n",
                 blocking.join(", ")
             );
         }
         if !outcome.rejected.is_empty() {
-            report.stdout += "  Talos would refuse the configuration (above); fix it first.\n";
+            lines += "  Talos would refuse the configuration (above); fix it first.\n";
         }
         report.findings = true;
-        return Ok(report);
+        return finish(report, false, lines);
     }
     let applied = rt
         .block_on(client.apply(&a.node, desired_text.as_bytes(), ApplyMode::NoReboot, dry_run))
@@ -145,17 +159,17 @@ pub fn apply(
     if applied.mode != "NO_REBOOT" {
         bail!("{}: Talos answered mode {} to a NO_REBOOT apply: {}", a.node, applied.mode, applied.details);
     }
-    report.stdout += &format!(
+    let mut lines = format!(
         "\n{} {}: {}\n",
         if dry_run { "Dry run on" } else { "Applied to" },
         a.node,
         applied.details.replace('\n', " ")
     );
     for w in &applied.warnings {
-        report.stdout += &format!("  warning: {w}\n");
+        lines += &format!("  warning: {w}\n");
     }
     report.findings = false;
-    Ok(report)
+    finish(report, !dry_run, lines)
 }
 
 /// `ichor sim talos`: serves a simulated fleet until interrupted.
