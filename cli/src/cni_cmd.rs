@@ -166,14 +166,11 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
                 None if m.clusters.len() == 1 => &m.clusters[0],
                 None => bail!("--cluster: the manifests hold {} clusters; name one", m.clusters.len()),
             };
+            let in_force = render::render::kube_proxy_in_force(tc).name().to_string();
             let (mode, source) = match kube_proxy.as_deref() {
                 Some(k) => (k.to_string(), "--kube-proxy"),
-                None => match render::render::status_kube_proxy(tc) {
-                    Some(k) => (k.name().to_string(), "status.cni.kubeProxy"),
-                    None => {
-                        (tc.spec.cni.kube_proxy.name().to_string(), "spec.cni.kubeProxy (no switch has set the status)")
-                    }
-                },
+                None if render::render::status_kube_proxy(tc).is_some() => (in_force, "status.cni.kubeProxy"),
+                None => (in_force, "spec.cni.kubeProxy (no switch has set the status)"),
             };
             let replaced = mode == KubeProxyMode::Replaced.name();
             let spec = tc.spec.cni.cilium.clone().unwrap_or_default();

@@ -43,6 +43,8 @@ struct Rels {
     status_kube_proxy: Input<1>,
     inputs_unchanged: Input<0>,
     drift_policy: Input<1>,
+    render_failed: Input<1>,
+    node_unreachable: Input<1>,
     class_of: Output<3>,
     decided_by: Output<3>,
     verdict: Output<1>,
@@ -77,6 +79,8 @@ impl Rels {
             status_kube_proxy: b.input("status_kube_proxy", [("mode", S)]),
             inputs_unchanged: b.input("inputs_unchanged", []),
             drift_policy: b.input("drift_policy", [("policy", S)]),
+            render_failed: b.input("render_failed", [("problem", S)]),
+            node_unreachable: b.input("node_unreachable", [("why", S)]),
             class_of: b.output("class_of", [("path", S), ("class", S), ("reason", S)]),
             decided_by: b.output("decided_by", [("path", S), ("class", S), ("entry", N)]),
             verdict: b.output("verdict", [("verdict", S)]),
@@ -214,6 +218,11 @@ pub struct MachineContext {
     /// The desired-inputs hash equals the machine's recorded one.
     pub inputs_unchanged: bool,
     pub drift_policy: DriftPolicy,
+    /// The machine's render failed (or the custom resources do not load), with every problem:
+    /// the rules make it `ConfigRejected` (nothing else is judged).
+    pub render_failed: Option<String>,
+    /// The node could not be read, with why: the rules make it `Unknown` / `NodeUnreachable`.
+    pub node_unreachable: Option<String>,
 }
 
 /// Why a classification could not run.
@@ -496,6 +505,12 @@ impl Classifier {
             one(r.machine_role, m.role.name());
             one(r.spec_kube_proxy, m.spec_kube_proxy.name());
             one(r.drift_policy, m.drift_policy.name());
+            if let Some(p) = &m.render_failed {
+                one(r.render_failed, p);
+            }
+            if let Some(w) = &m.node_unreachable {
+                one(r.node_unreachable, w);
+            }
             if let Some(c) = &m.consent {
                 one(r.consent, c);
             }
@@ -535,7 +550,6 @@ impl Classifier {
             .map(|[m, a]| Rejection { message: db.sym(m).to_string(), at: db.sym(a).to_string() })
             .collect();
         rejected.sort();
-        let rejected = join_controlplane_only(rejected);
         let machine = machine.and_then(|_| {
             let [status, reason, message] = r.machine_ready.rows(&db).next()?;
             let mut reboot_paths: Vec<String> = r.reboot_path.rows(&db).map(|[p]| db.sym(p).to_string()).collect();
@@ -628,17 +642,4 @@ fn cidr_family(t: &str) -> Option<&'static str> {
         core::net::IpAddr::V6(_) if len <= 128 => Some("ipv6"),
         _ => None,
     }
-}
-
-/// Talos names every control-plane-only kind of a config in one message, sorted and printed
-/// as a Go slice (`[KubeFlannelCNIConfig KubeProxyConfig]`); the rules derive one row per kind.
-fn join_controlplane_only(rows: Vec<Rejection>) -> Vec<Rejection> {
-    const HEAD: &str = "the following document kinds are only allowed on control plane machines: [";
-    let (cp, mut rest): (Vec<Rejection>, Vec<Rejection>) = rows.into_iter().partition(|r| r.message.starts_with(HEAD));
-    if !cp.is_empty() {
-        let kinds: Vec<&str> = cp.iter().map(|r| r.at.as_str()).collect();
-        rest.push(Rejection { message: format!("{HEAD}{}]", kinds.join(" ")), at: kinds.join(" and ") });
-        rest.sort();
-    }
-    rest
 }

@@ -138,5 +138,23 @@ pub fn context(m: &Manifests, mch: &TalosMachine, rendered: &Rendered) -> Machin
         status_kube_proxy: status_kube_proxy(cluster),
         inputs_unchanged: recorded == Some(rendered.inputs_hash.as_str()),
         drift_policy: cluster.spec.drift_policy,
+        render_failed: None,
+        node_unreachable: None,
+    }
+}
+
+/// The context of a machine whose render failed: nothing but the failure is judged (the rules
+/// make it `ConfigRejected`, naming every problem).
+pub fn rejected_context(m: &Manifests, mch: &TalosMachine, problem: String) -> MachineContext {
+    let cluster = m.cluster_of(mch);
+    MachineContext {
+        role: mch.spec.role,
+        consent: None,
+        spec_kube_proxy: cluster.spec.cni.kube_proxy,
+        status_kube_proxy: status_kube_proxy(cluster),
+        inputs_unchanged: false,
+        drift_policy: cluster.spec.drift_policy,
+        render_failed: Some(problem),
+        node_unreachable: None,
     }
 }

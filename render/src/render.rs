@@ -85,8 +85,17 @@ pub fn handover_done(c: &TalosCluster) -> bool {
     c.status.as_ref().is_some_and(|s| s.conditions.iter().any(|k| k.type_ == "CNIHandover" && k.status == "True"))
 }
 
+/// `status.cni.kubeProxy`, once a switch has set it.
 pub fn status_kube_proxy(c: &TalosCluster) -> Option<KubeProxyMode> {
     c.status.as_ref().and_then(|s| s.cni.as_ref()).and_then(|n| n.kube_proxy)
+}
+
+/// The kube-proxy mode in force as the custom resources say it (ADR 0066): the status once a
+/// switch has set it, else the spec. The one function for the pure render, the webhook and
+/// `ichor cni values render`; the rules' `current_kube_proxy_mode` (rules/switch.rules) puts
+/// Cilium's live cilium-config above it and otherwise agrees with it (a test pins the two).
+pub fn kube_proxy_in_force(c: &TalosCluster) -> KubeProxyMode {
+    status_kube_proxy(c).unwrap_or(c.spec.cni.kube_proxy)
 }
 
 /// The Kubernetes version without its one leading `v` (`v1.36.4` -> `1.36.4`). Images are
@@ -648,7 +657,7 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
     }
     // kube-proxy (ADR 0066 Decision 2): status wins over spec; replaced renders disabled;
     // enabled renders an explicit flag only once a switch set the status.
-    let mode = status_mode.unwrap_or(spec_mode);
+    let mode = kube_proxy_in_force(i.cluster);
     let flag = match (mode, status_mode) {
         (KubeProxyMode::Replaced, _) => Some(false),
         (KubeProxyMode::Enabled, Some(_)) => Some(true),

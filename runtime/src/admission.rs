@@ -158,12 +158,7 @@ pub fn review(r: &Request, facts: &Facts, keys: &render::inventory::Inventory) -
             // The one validator, for the mode Cilium will run with.
             let user = values(&Some(new.clone()));
             if !user.is_null() {
-                let mode = new
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.cni.as_ref())
-                    .and_then(|c| c.kube_proxy)
-                    .unwrap_or(new.spec.cni.kube_proxy);
+                let mode = render::render::kube_proxy_in_force(&new);
                 for rf in render::cilium::validate(&user, keys, mode == KubeProxyMode::Replaced) {
                     refusals.push(format!("{name}: spec.cni.cilium.values.{rf}"));
                 }

@@ -362,61 +362,51 @@ impl Controller {
             .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
         let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
         let manifests = self.manifests(namespace, &cluster, &machines, &patches).await?;
-        let (condition, reboot_paths, hash) =
-            match render::machine::render_checked(&manifests, machine, None, &self.classifier) {
-                Err(e) => (
-                    render::api::Condition {
-                        type_: "Ready".into(),
-                        status: "False".into(),
-                        reason: "ConfigRejected".into(),
-                        message: render_problem(&e),
-                        last_transition_time: Some(now.into()),
-                    },
-                    vec![],
-                    None,
-                ),
-                Ok(rendered) => match self.talos.running_config(&mch.spec.address).await {
-                    Err(e) => (
-                        render::api::Condition {
-                            type_: "Ready".into(),
-                            status: "Unknown".into(),
-                            reason: "NodeUnreachable".into(),
-                            message: e.to_string(),
-                            last_transition_time: Some(now.into()),
-                        },
-                        vec![],
-                        Some(rendered.inputs_hash.clone()),
-                    ),
-                    Ok(text) => {
-                        let running = Config::parse(&text).unwrap_or_default();
-                        let mctx = render::machine::context(
-                            &manifests,
-                            manifests.machine(machine).map_err(|e| ControllerError::Render {
-                                machine: machine.into(),
-                                problem: e.to_string(),
-                            })?,
-                            &rendered,
-                        );
-                        let changes = render::diff::changes(&running, &rendered.config);
-                        let outcome = self
-                            .classifier
-                            .classify_machine(rendered.contract, &changes, Some(&rendered.config), Some(&mctx), false)
-                            .map_err(|e| ControllerError::Render { machine: machine.into(), problem: e.to_string() })?;
-                        let v = outcome.machine.unwrap_or_default();
-                        (
-                            render::api::Condition {
-                                type_: "Ready".into(),
-                                status: v.status,
-                                reason: v.reason,
-                                message: v.message,
-                                last_transition_time: Some(now.into()),
-                            },
-                            v.reboot_paths,
-                            Some(rendered.inputs_hash.clone()),
-                        )
-                    }
-                },
+        // What the rules judge: the render against the node's running config, or, when either
+        // cannot be had, the failure itself. The reason and message are the rules' alone
+        // (rules/machine.rules), as for `ichor config diff --manifests`.
+        let mch_in = manifests
+            .machine(machine)
+            .map_err(|e| ControllerError::Render { machine: machine.into(), problem: e.to_string() })?;
+        let classify =
+            |contract, changes: &[render::diff::Change], desired, mctx: &render::classify::MachineContext| {
+                self.classifier
+                    .classify_machine(contract, changes, desired, Some(mctx), false)
+                    .map_err(|e| ControllerError::Render { machine: machine.into(), problem: e.to_string() })
             };
+        let (outcome, hash) = match render::machine::render_checked(&manifests, machine, None, &self.classifier) {
+            Err(e) => {
+                let contract = self
+                    .classifier
+                    .contract(&manifests.cluster_of(mch_in).spec.version_contract)
+                    .map_err(|e| ControllerError::Render { machine: machine.into(), problem: e.to_string() })?;
+                let mctx = render::machine::rejected_context(&manifests, mch_in, render_problem(&e));
+                (classify(contract, &[], None, &mctx)?, None)
+            }
+            Ok(rendered) => {
+                let mut mctx = render::machine::context(&manifests, mch_in, &rendered);
+                let changes = match self.talos.running_config(&mch.spec.address).await {
+                    Err(e) => {
+                        mctx.node_unreachable = Some(e.to_string());
+                        vec![]
+                    }
+                    Ok(text) => render::diff::changes(&Config::parse(&text).unwrap_or_default(), &rendered.config),
+                };
+                (
+                    classify(rendered.contract, &changes, Some(&rendered.config), &mctx)?,
+                    Some(rendered.inputs_hash.clone()),
+                )
+            }
+        };
+        let v = outcome.machine.unwrap_or_default();
+        let condition = render::api::Condition {
+            type_: "Ready".into(),
+            status: v.status,
+            reason: v.reason,
+            message: v.message,
+            last_transition_time: Some(now.into()),
+        };
+        let reboot_paths = v.reboot_paths;
         // The transition time moves only when the status does.
         let previous = mch.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned());
         let mut condition = condition;

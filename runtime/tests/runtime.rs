@@ -198,6 +198,36 @@ fn the_phase_enum_is_pinned_to_the_rules() {
     }
 }
 
+/// The kube-proxy mode in force is one decision: without a live cilium-config, the rules'
+/// `current_kube_proxy_mode` (read back as the mode of Cilium Jobs outside a switch) is what
+/// `render::render::kube_proxy_in_force` says for every status and spec.
+#[test]
+fn the_kube_proxy_mode_in_force_is_pinned_to_the_rules() {
+    use render::api::KubeProxyMode;
+    let planner = Planner::embedded().unwrap();
+    let base = snapshot("plan-adr0057-upgrade-starts-first-control-plane");
+    for status in [None, Some(KubeProxyMode::Enabled), Some(KubeProxyMode::Replaced)] {
+        for spec in KubeProxyMode::ALL.iter().copied() {
+            let mut s = base.clone();
+            s.workload.cilium_kube_proxy_replacement = None;
+            s.cluster.status_kube_proxy = status;
+            s.cluster.cni.kube_proxy = spec;
+            let mut tc = render::api::TalosCluster::new("lab", Default::default());
+            tc.spec.cni.kube_proxy = spec;
+            tc.status = Some(render::api::TalosClusterStatus {
+                cni: Some(render::api::CniStatus { kube_proxy: status }),
+                ..Default::default()
+            });
+            let plan = planner.plan(&s).unwrap();
+            assert_eq!(
+                plan.cilium_job_mode,
+                Some(render::render::kube_proxy_in_force(&tc)),
+                "status {status:?}, spec {spec:?}"
+            );
+        }
+    }
+}
+
 // ---- issue 12: properties of every plan, over random upgrade snapshots -------------------
 
 /// A reproducible stream (splitmix64).
