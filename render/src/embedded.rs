@@ -15,6 +15,9 @@ pub const CONFIG_PROGRAM: &str = "rules/programs/config.rules";
 /// The root of the program the operations host evaluates (backbone, upgrade, switch).
 pub const OPERATIONS_PROGRAM: &str = "rules/programs/operations.rules";
 
+/// The root of the program the hand-over host evaluates (the CNIHandover condition).
+pub const HANDOVER_PROGRAM: &str = "rules/programs/handover.rules";
+
 /// The handlebars templates of every message an operation's rules can raise.
 pub const MESSAGES: (&str, &str) = ("rules/messages.yaml", include_str!("../../rules/messages.yaml"));
 

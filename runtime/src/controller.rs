@@ -35,6 +35,8 @@ pub enum ControllerError {
     Plan(#[from] crate::plan::PlanError),
     #[error(transparent)]
     Workload(#[from] crate::kube::KubeError),
+    #[error(transparent)]
+    Handover(#[from] crate::handover::HandoverError),
 }
 
 fn kube_err(what: impl Into<String>) -> impl FnOnce(kube_client::Error) -> ControllerError {

@@ -2,7 +2,8 @@
 //! the TalosCluster and the render drops the CNI's inline manifest from then on.
 //!
 //! Start at `decide` (pure: the cluster's hand-over mode, what Argo CD's Application says, the
-//! condition now) and, with the `io` feature, `reconcile` (reads the Application as a dynamic
+//! condition now, given to rules/handover.rules as facts; the rules decide, this file fills
+//! the facts and reads the condition) and, with the `io` feature, `reconcile` (reads the Application as a dynamic
 //! object, writes the condition only when it changes). Absent Argo CD is "not here yet": the
 //! condition says `WaitingForArgoCD` and the reconcile comes back later, never a hang or an error.
 
@@ -44,80 +45,126 @@ impl Application {
 /// The CNIHandover condition to hold, and when to look again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
-    pub status: &'static str,
-    pub reason: &'static str,
+    pub status: String,
+    pub reason: String,
     pub message: String,
     pub requeue: Option<Duration>,
 }
 
-/// ADR 0024: `automatic` waits for Argo CD to have the Application synced and healthy, owning
-/// the release; `manual` and `disabled` hold False and never poll. Once True it stays True: the
-/// render has dropped the inline manifest, and turning back would make Talos re-apply the
-/// bootstrap Cilium over what Argo CD runs.
-pub fn decide(mode: Handover, app: Option<&Application>, done: bool) -> Decision {
-    let d = |status, reason, message: String, requeue| Decision { status, reason, message, requeue };
-    if done {
-        return d(
-            "True",
-            "Synced",
-            "Argo CD owns the Cilium release; the render no longer carries its inline manifest".into(),
-            None,
-        );
+/// Why the hand-over rules could not decide.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    /// The shipped rules do not load or do not declare what this host reads.
+    #[error(
+        "the hand-over rules ({}) do not load; fix them and run `ichor rules check`",
+        render::embedded::HANDOVER_PROGRAM
+    )]
+    Load(#[from] engine::LoadError),
+    #[error("evaluating the hand-over rules")]
+    Eval(#[from] engine::EvalError),
+    /// The rules derived no condition, or a template the messages lack.
+    #[error("the hand-over rules derived {what}")]
+    Derived { what: String },
+    /// The shipped rules failed to load earlier (that error, as it was first reported).
+    #[error("the hand-over rules are unavailable: {why}")]
+    Unavailable { why: String },
+}
+
+/// The hand-over program's relations, as this host uses them (bound once at load).
+struct Rels {
+    mode: engine::Input<1>,
+    done: engine::Input<0>,
+    application: engine::Input<2>,
+    owns_release: engine::Input<0>,
+    condition: engine::Output<3>,
+    requeue: engine::Output<0>,
+}
+
+/// The hand-over host: rules/handover.rules compiled once, and the message templates.
+pub struct Rules {
+    engine: engine::Engine,
+    rels: Rels,
+    messages: std::collections::BTreeMap<String, String>,
+}
+
+impl Rules {
+    /// The shipped rules and messages.
+    pub fn embedded() -> Result<Rules, HandoverError> {
+        use engine::ast::Type::Symbol as S;
+        let files: std::collections::HashMap<String, String> =
+            render::embedded::RULE_FILES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        let (engine, _) =
+            engine::Engine::load(&[render::embedded::HANDOVER_PROGRAM.to_string()], &engine::MemSources(files))?;
+        let mut b = engine::Binder::new(&engine.program, "hand-over");
+        let rels = Rels {
+            mode: b.input("ho_mode", [("mode", S)]),
+            done: b.input("ho_done", []),
+            application: b.input("ho_application", [("sync", S), ("health", S)]),
+            owns_release: b.input("ho_owns_release", []),
+            condition: b.output("ho_condition", [("status", S), ("reason", S), ("template", S)]),
+            requeue: b.output("ho_requeue", []),
+        };
+        b.finish().map_err(engine::LoadError::from)?;
+        let (file, text) = render::embedded::MESSAGES;
+        let messages = serde_yaml::from_str(text)
+            .map_err(|e| HandoverError::Derived { what: format!("no messages: {file}: {e}") })?;
+        Ok(Rules { engine, rels, messages })
     }
-    match (mode, app) {
-        (Handover::Disabled, _) => d(
-            "False",
-            "HandoverDisabled",
-            "spec.cni.handover is disabled: Cilium stays Ichor's (inline manifest and Job)".into(),
-            None,
-        ),
-        (Handover::Manual, _) => {
-            d("False", "HandoverManual", "spec.cni.handover is manual: hand over when you choose".into(), None)
+
+    /// ADR 0024's decision, as rules/handover.rules takes it, from the cluster's hand-over
+    /// mode, what Argo CD's Application says, and whether the condition is True already.
+    pub fn decide(&self, mode: Handover, app: Option<&Application>, done: bool) -> Result<Decision, HandoverError> {
+        let r = &self.rels;
+        let mut b = self.engine.fact_builder();
+        let m = b.sym(mode.name());
+        r.mode.push(&mut b, [m]);
+        if done {
+            r.done.push(&mut b, []);
         }
-        (Handover::Automatic, None) => d(
-            "False",
-            "WaitingForArgoCD",
-            format!(
-                "no Argo CD Application {APPLICATION_NAMESPACE}/{APPLICATION_NAME} (or Argo CD is not installed): waiting; set spec.cni.handover: disabled if this cluster does not run Argo CD"
-            ),
-            Some(REQUEUE),
-        ),
-        (Handover::Automatic, Some(a)) if a.health == "Degraded" => d(
-            "False",
-            "ArgoCDDegraded",
-            format!(
-                "Argo CD's Application {APPLICATION_NAMESPACE}/{APPLICATION_NAME} is {}/Degraded: fix it in Argo CD; the hand-over waits",
-                a.sync
-            ),
-            Some(REQUEUE),
-        ),
-        (Handover::Automatic, Some(a)) if !a.owns_release => d(
-            "False",
-            "ApplicationDoesNotOwnRelease",
-            format!(
-                "Argo CD's Application {APPLICATION_NAMESPACE}/{APPLICATION_NAME} does not install the cilium release in kube-system: the hand-over waits for one that does"
-            ),
-            Some(REQUEUE),
-        ),
-        (Handover::Automatic, Some(a)) if a.sync == "Synced" && a.health == "Healthy" => d(
-            "True",
-            "Synced",
-            "Argo CD owns the Cilium release; the render no longer carries its inline manifest".into(),
-            None,
-        ),
-        (Handover::Automatic, Some(a)) => d(
-            "False",
-            "ArgoCDProgressing",
-            format!(
-                "Argo CD's Application {APPLICATION_NAMESPACE}/{APPLICATION_NAME} is {}/{}: waiting for Synced/Healthy",
-                or(&a.sync),
-                or(&a.health)
-            ),
-            Some(REQUEUE),
-        ),
+        if let Some(a) = app {
+            let row = [b.sym(or(&a.sync)), b.sym(or(&a.health))];
+            r.application.push(&mut b, row);
+            if a.owns_release {
+                r.owns_release.push(&mut b, []);
+            }
+        }
+        let db = self.engine.evaluate_built(b, engine::EvalOptions::default())?;
+        let [status, reason, template] = r
+            .condition
+            .rows(&db)
+            .next()
+            .ok_or_else(|| HandoverError::Derived { what: "no CNIHandover condition".into() })?;
+        let template = db.sym(template);
+        let text = self.messages.get(template).ok_or_else(|| HandoverError::Derived {
+            what: format!("template {template}, which rules/messages.yaml lacks"),
+        })?;
+        let (sync, health) = app.map(|a| (or(&a.sync), or(&a.health))).unwrap_or(("Unknown", "Unknown"));
+        let message = text.replace("{{sync}}", sync).replace("{{health}}", health);
+        Ok(Decision {
+            status: db.sym(status).to_string(),
+            reason: db.sym(reason).to_string(),
+            message,
+            requeue: r.requeue.any(&db).then_some(REQUEUE),
+        })
     }
 }
 
+/// The shipped rules, compiled on first use (they are part of the release: a failure to load
+/// them is reported by every decision, and caught by the tests).
+pub fn rules() -> Result<&'static Rules, &'static HandoverError> {
+    static RULES: std::sync::OnceLock<Result<Rules, HandoverError>> = std::sync::OnceLock::new();
+    RULES.get_or_init(Rules::embedded).as_ref()
+}
+
+/// `Rules::decide` on the shipped rules.
+pub fn decide(mode: Handover, app: Option<&Application>, done: bool) -> Result<Decision, HandoverError> {
+    match rules() {
+        Ok(r) => r.decide(mode, app, done),
+        Err(e) => Err(HandoverError::Unavailable { why: e.to_string() }),
+    }
+}
+
+/// A missing status field reads as Argo CD's own `Unknown`.
 fn or(s: &str) -> &str {
     if s.is_empty() { "Unknown" } else { s }
 }
@@ -134,7 +181,9 @@ mod io {
         client: &kube_client::Client,
         cluster: &TalosCluster,
         now: &str,
-    ) -> Result<Option<Duration>, kube_client::Error> {
+    ) -> Result<Option<Duration>, crate::controller::ControllerError> {
+        use crate::controller::ControllerError;
+        let kube = |source| ControllerError::Kube { what: "the CNI hand-over".into(), source };
         let done = render::render::handover_done(cluster);
         let ar = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
@@ -148,10 +197,10 @@ mod io {
                 Ok(a) => a.map(|o| Application::from_json(&serde_json::to_value(&o).unwrap_or_default())),
                 // Argo CD's CRDs not installed: the same as no Application.
                 Err(kube_client::Error::Api(e)) if e.code == 404 => None,
-                Err(e) => return Err(e),
+                Err(e) => return Err(kube(e)),
             }
         };
-        let d = decide(cluster.spec.cni.handover, app.as_ref(), done);
+        let d = decide(cluster.spec.cni.handover, app.as_ref(), done)?;
         let current = cluster.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "CNIHandover"));
         let same = current.is_some_and(|c| c.status == d.status && c.reason == d.reason && c.message == d.message);
         if !same {
@@ -162,8 +211,8 @@ mod io {
             conditions.retain(|c| c.type_ != "CNIHandover");
             conditions.push(render::api::Condition {
                 type_: "CNIHandover".into(),
-                status: d.status.into(),
-                reason: d.reason.into(),
+                status: d.status.clone(),
+                reason: d.reason.clone(),
                 message: d.message.clone(),
                 last_transition_time: Some(now.to_string()),
             });
@@ -173,7 +222,8 @@ mod io {
                 &PatchParams::default(),
                 &Patch::Merge(serde_json::json!({"status": {"conditions": conditions}})),
             )
-            .await?;
+            .await
+            .map_err(kube)?;
         }
         Ok(d.requeue)
     }
@@ -192,39 +242,43 @@ mod tests {
 
     #[test]
     fn absent_argo_cd_waits_and_comes_back() {
-        let d = decide(Handover::Automatic, None, false);
-        assert_eq!((d.status, d.reason, d.requeue), ("False", "WaitingForArgoCD", Some(REQUEUE)));
+        let d = decide(Handover::Automatic, None, false).unwrap();
+        assert_eq!((d.status.as_str(), d.reason.as_str(), d.requeue), ("False", "WaitingForArgoCD", Some(REQUEUE)));
     }
 
     #[test]
     fn progressing_waits() {
-        let d = decide(Handover::Automatic, Some(&app("OutOfSync", "Progressing")), false);
-        assert_eq!((d.status, d.reason), ("False", "ArgoCDProgressing"));
+        let d = decide(Handover::Automatic, Some(&app("OutOfSync", "Progressing")), false).unwrap();
+        assert_eq!((d.status.as_str(), d.reason.as_str()), ("False", "ArgoCDProgressing"));
         assert!(d.message.contains("OutOfSync/Progressing"));
         assert_eq!(d.requeue, Some(REQUEUE));
     }
 
     #[test]
     fn synced_and_healthy_owning_the_release_is_done() {
-        let d = decide(Handover::Automatic, Some(&app("Synced", "Healthy")), false);
-        assert_eq!((d.status, d.reason, d.requeue), ("True", "Synced", None));
+        let d = decide(Handover::Automatic, Some(&app("Synced", "Healthy")), false).unwrap();
+        assert_eq!((d.status.as_str(), d.reason.as_str(), d.requeue), ("True", "Synced", None));
         let not_ours = Application { owns_release: false, ..app("Synced", "Healthy") };
-        assert_eq!(decide(Handover::Automatic, Some(&not_ours), false).reason, "ApplicationDoesNotOwnRelease");
+        assert_eq!(decide(Handover::Automatic, Some(&not_ours), false).unwrap().reason, "ApplicationDoesNotOwnRelease");
     }
 
     #[test]
     fn degraded_waits_and_says_so() {
-        let d = decide(Handover::Automatic, Some(&app("Synced", "Degraded")), false);
-        assert_eq!((d.status, d.reason), ("False", "ArgoCDDegraded"));
+        let d = decide(Handover::Automatic, Some(&app("Synced", "Degraded")), false).unwrap();
+        assert_eq!((d.status.as_str(), d.reason.as_str()), ("False", "ArgoCDDegraded"));
+        assert_eq!(
+            d.message,
+            "Argo CD's Application argocd/cilium is Synced/Degraded: fix it in Argo CD; the hand-over waits"
+        );
         // Once done, a later degradation does not bring the inline manifest back.
-        assert_eq!(decide(Handover::Automatic, Some(&app("Synced", "Degraded")), true).status, "True");
+        assert_eq!(decide(Handover::Automatic, Some(&app("Synced", "Degraded")), true).unwrap().status, "True");
     }
 
     #[test]
     fn manual_and_disabled_never_poll() {
         for m in [Handover::Manual, Handover::Disabled] {
-            let d = decide(m, None, false);
-            assert_eq!((d.status, d.requeue), ("False", None));
+            let d = decide(m, None, false).unwrap();
+            assert_eq!((d.status.as_str(), d.requeue), ("False", None));
         }
     }
 

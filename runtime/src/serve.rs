@@ -229,10 +229,7 @@ async fn reconcile_handover(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx>) ->
         Ok(None) => Ok(Action::await_change()),
         Err(source) => {
             ctx.metrics.errors.inc();
-            Err(ReconcileError {
-                operation: format!("the hand-over of TalosCluster {name}"),
-                source: crate::controller::ControllerError::Kube { what: "the CNI hand-over".into(), source },
-            })
+            Err(ReconcileError { operation: format!("the hand-over of TalosCluster {name}"), source })
         }
     }
 }
