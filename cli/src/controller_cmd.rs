@@ -113,14 +113,16 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
 }
 
 /// The controller's probe of the kubernetes Service (ADR 0066's amendment): a TCP connect to
-/// KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT within 2 s.
-fn kubernetes_service_answers() -> bool {
-    let (Ok(host), Ok(port)) = (std::env::var("KUBERNETES_SERVICE_HOST"), std::env::var("KUBERNETES_SERVICE_PORT"))
-    else {
-        return false;
-    };
-    let Ok(addr) = format!("{host}:{port}").parse::<std::net::SocketAddr>() else { return false };
-    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok()
+/// KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT within 2 s, without blocking the runtime.
+fn kubernetes_service_answers() -> runtime::controller::ServiceProbe {
+    Box::pin(async {
+        let (Ok(host), Ok(port)) = (std::env::var("KUBERNETES_SERVICE_HOST"), std::env::var("KUBERNETES_SERVICE_PORT"))
+        else {
+            return false;
+        };
+        let connect = tokio::net::TcpStream::connect(format!("{host}:{port}"));
+        matches!(tokio::time::timeout(Duration::from_secs(2), connect).await, Ok(Ok(_)))
+    })
 }
 
 /// `ichor sim cluster`: a simulated installation served until interrupted. Writes a kubeconfig

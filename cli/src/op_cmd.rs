@@ -141,7 +141,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         classifier: disk::classifier(None)?,
         release_set_kubernetes: render::embedded::RELEASE_SET_KUBERNETES.to_string(),
         controller_node: None,
-        service_answers: Arc::new(|| true),
+        service_answers: Arc::new(|| Box::pin(async { true })),
         drain_timeout: Duration::from_secs(300),
         cache: Default::default(),
     };

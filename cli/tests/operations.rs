@@ -178,6 +178,10 @@ fn kube_proxy_switch_is_created_with_its_consent_then_aborted() {
     let (code, _, err) = sim.ichor(&["operation", "abort", "kube-proxy-replaced"]);
     assert_eq!(code, 2);
     golden("switch-abort-again.stderr", &err);
+    // Aborted is final: a resume is refused, naming the phase and the way forward (issue 21).
+    let (code, _, err) = sim.ichor(&["operation", "resume", "kube-proxy-replaced"]);
+    assert_eq!(code, 2);
+    golden("switch-resume-aborted.stderr", &err);
     // The controller reconciles it once more: it stays aborted, and its clock is cleared.
     for _ in 0..100 {
         if !sim.ichor(&["status", "--cluster", "lab"]).1.contains("waiting on") {

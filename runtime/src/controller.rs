@@ -44,6 +44,10 @@ fn kube_err(what: impl Into<String>) -> impl FnOnce(kube_client::Error) -> Contr
     move |source| ControllerError::Kube { what, source }
 }
 
+/// The controller's probe of the kubernetes Service: async, bounded by its own timeout, so a
+/// reconcile never blocks a runtime thread on a TCP connect.
+pub type ServiceProbe = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
+
 /// What one reconcile saw, decided and did.
 #[derive(Debug)]
 pub struct Reconciled {
@@ -74,7 +78,7 @@ pub struct Controller {
     /// The node the controller runs on (it goes last).
     pub controller_node: Option<String>,
     /// The controller's probe of the kubernetes Service.
-    pub service_answers: Arc<dyn Fn() -> bool + Send + Sync>,
+    pub service_answers: Arc<dyn Fn() -> ServiceProbe + Send + Sync>,
     pub drain_timeout: Duration,
     /// Classifications kept between reconciles (a machine is classified again only when its
     /// running config or its render's inputs change).
@@ -154,7 +158,19 @@ impl Controller {
             Err(e) => return Err(e),
         }
         let machines: Vec<TalosMachine> = if rejected.is_some() { vec![] } else { machines };
-        let nodes: Api<Node> = Api::all(self.kube.clone());
+        // The Nodes, listed once (not one GET per machine).
+        let nodes: BTreeMap<String, Node> = if machines.is_empty() {
+            BTreeMap::new()
+        } else {
+            Api::<Node>::all(self.kube.clone())
+                .list(&ListParams::default())
+                .await
+                .map_err(kube_err("listing Nodes"))?
+                .items
+                .into_iter()
+                .map(|n| (n.metadata.name.clone().unwrap_or_default(), n))
+                .collect()
+        };
         let pods: Api<Pod> = Api::namespaced(self.kube.clone(), "kube-system");
         let mirror = pods.list(&ListParams::default()).await.map_err(kube_err("listing kube-system pods"))?.items;
         // Every node at once (bounded), each call under its own deadline; an unreachable one is
@@ -165,8 +181,7 @@ impl Controller {
         let mut snap_machines = vec![];
         for ((m, observed), rendered) in machines.iter().zip(&observations).zip(rendered_all) {
             let name = m.metadata.name.clone().unwrap_or_default();
-            let node = nodes.get_opt(&name).await.map_err(kube_err(format!("reading Node {name}")))?;
-            let status = node.as_ref().and_then(|n| n.status.clone()).unwrap_or_default();
+            let status = nodes.get(&name).and_then(|n| n.status.clone()).unwrap_or_default();
             let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
             let kubelet = status.node_info.map(|i| i.kubelet_version).unwrap_or_default();
             let static_pods: BTreeMap<String, StaticPod> = mirror
@@ -228,7 +243,7 @@ impl Controller {
         let workload = if rejected.is_some() {
             crate::state::Workload::default()
         } else {
-            read_workload(&self.kube, (self.service_answers)()).await?
+            read_workload(&self.kube, (self.service_answers)().await).await?
         };
         let st = op.status.clone().unwrap_or_default();
         let handover_done = cluster

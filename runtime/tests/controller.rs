@@ -187,7 +187,7 @@ async fn two_replicas_only_the_lease_holder_acts() {
             classifier: render::classify::Classifier::new(&render::classify::RuleSet::embedded()).unwrap(),
             release_set_kubernetes: "v1.37.0".into(),
             controller_node: Some("w1".into()),
-            service_answers: Arc::new(|| true),
+            service_answers: Arc::new(|| Box::pin(async { true })),
             drain_timeout: Duration::from_secs(2),
             cache: Default::default(),
         };
@@ -354,6 +354,24 @@ async fn a_render_talos_would_refuse_pauses_the_operation_naming_the_patch() {
     assert_eq!(ops.get("upgrade").await.unwrap().metadata.resource_version, rv);
 }
 
+/// The example cluster moved to v1.37.0 with the upgrade `upgrade` asked for.
+async fn upgrade_asked() -> (World, Api<TalosOperation>) {
+    let w = cluster().await;
+    let client = w.api.client();
+    move_to_1_37(&client).await;
+    let ops = create_upgrade(&client, "upgrade").await;
+    (w, ops)
+}
+
+/// The executor's Kubernetes side on a world's API, with the world's Talos client.
+fn kube_port(w: &World) -> runtime::kube::KubeCluster {
+    runtime::kube::KubeCluster {
+        client: w.api.client(),
+        talos: w.controller.talos.clone(),
+        drain_timeout: Duration::from_secs(5),
+    }
+}
+
 /// The plan touches no node and no object: it only records (a pause, a cleared clock).
 fn assert_only_records(plan: &runtime::plan::Plan) {
     use runtime::plan::Action;
@@ -367,10 +385,7 @@ fn assert_only_records(plan: &runtime::plan::Plan) {
 /// the rules' alone: it stays Aborted, is not requeued, and the rules ignore a resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aborted_operation_whose_render_starts_failing_stays_aborted() {
-    let w = cluster().await;
-    let client = w.api.client();
-    move_to_1_37(&client).await;
-    let ops = create_upgrade(&client, "upgrade").await;
+    let (w, ops) = upgrade_asked().await;
     let r = w.controller.reconcile(NS, "upgrade", "2026-11-30T10:00:00Z").await.unwrap();
     assert_eq!(r.plan.phase, Phase::Running);
     // The user aborts (what `ichor operation abort` writes: the intent, not the phase).
@@ -513,11 +528,7 @@ async fn node_configs(w: &World) -> BTreeMap<String, String> {
 /// Helm's Job) run between plans as they ran between the reconciles that made them.
 async fn replay(w: &World, plans: &[runtime::plan::Plan]) {
     use runtime::exec::{Executor, Performed};
-    let mut kube = runtime::kube::KubeCluster {
-        client: w.api.client(),
-        talos: w.controller.talos.clone(),
-        drain_timeout: Duration::from_secs(5),
-    };
+    let mut kube = kube_port(w);
     for (i, plan) in plans.iter().enumerate() {
         let out = Executor { talos: &w.controller.talos, kube: &mut kube }.run(plan).await;
         for (a, p) in &out.actions {
@@ -535,10 +546,7 @@ async fn replay(w: &World, plans: &[runtime::plan::Plan]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plans_alone_replay_an_upgrade_and_a_switch() {
     // The upgrade, through the controller; its plans recorded.
-    let w = cluster().await;
-    let client = w.api.client();
-    move_to_1_37(&client).await;
-    create_upgrade(&client, "upgrade").await;
+    let (w, _) = upgrade_asked().await;
     let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
     let mut plans = vec![];
     for i in 0..200 {
@@ -593,10 +601,7 @@ async fn the_plans_alone_replay_an_upgrade_and_a_switch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_apply_whose_node_changed_since_planning_is_refused() {
     use runtime::exec::{Executor, Performed};
-    let w = cluster().await;
-    let client = w.api.client();
-    move_to_1_37(&client).await;
-    let ops = create_upgrade(&client, "upgrade").await;
+    let (w, ops) = upgrade_asked().await;
     let read = w.controller.read(NS, "upgrade", "2026-11-30T10:00:00Z").await.unwrap();
     let plan = w.controller.planner.plan_complete(&read.snapshot, &read.configs).unwrap();
     let (machine, node) = plan
@@ -615,11 +620,7 @@ async fn an_apply_whose_node_changed_since_planning_is_refused() {
         .apply(&node, changed.as_bytes(), runtime::talos::client::ApplyMode::NoReboot, false)
         .await
         .unwrap();
-    let mut kube = runtime::kube::KubeCluster {
-        client: client.clone(),
-        talos: w.controller.talos.clone(),
-        drain_timeout: Duration::from_secs(5),
-    };
+    let mut kube = kube_port(&w);
     let out = Executor { talos: &w.controller.talos, kube: &mut kube }.run(&plan).await;
     assert!(out.refused(), "{out:?}");
     assert!(matches!(&out.actions.last().unwrap().1, Performed::Refused { why } if why.contains(&machine)), "{out:?}");

@@ -38,7 +38,7 @@ async fn plans_every_operation_of_a_real_cluster_without_acting() {
         classifier: render::classify::Classifier::new(&render::classify::RuleSet::embedded()).unwrap(),
         release_set_kubernetes: render::embedded::RELEASE_SET_KUBERNETES.into(),
         controller_node: None,
-        service_answers: std::sync::Arc::new(|| true),
+        service_answers: std::sync::Arc::new(|| Box::pin(async { true })),
         drain_timeout: Duration::from_secs(300),
         cache: Default::default(),
     };

@@ -154,7 +154,7 @@ impl Demo {
                 .map_err(|e| DemoError::Manifests(e.to_string()))?,
             release_set_kubernetes: release_set_kubernetes.to_string(),
             controller_node,
-            service_answers: Arc::new(|| true),
+            service_answers: Arc::new(|| Box::pin(async { true })),
             drain_timeout: Duration::from_secs(2),
             cache: Default::default(),
         })
