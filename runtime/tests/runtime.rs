@@ -205,7 +205,7 @@ fn the_phase_enum_is_pinned_to_the_rules() {
 fn the_kube_proxy_mode_in_force_is_pinned_to_the_rules() {
     use render::api::KubeProxyMode;
     let planner = Planner::embedded().unwrap();
-    let base = snapshot("plan-adr0057-upgrade-starts-first-control-plane");
+    let base = snapshot("upgrade-start.yaml");
     for status in [None, Some(KubeProxyMode::Enabled), Some(KubeProxyMode::Replaced)] {
         for spec in KubeProxyMode::ALL.iter().copied() {
             let mut s = base.clone();
