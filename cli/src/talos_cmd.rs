@@ -11,7 +11,7 @@ use crate::config_cmd::diff_report;
 use crate::{Output, Report, disk};
 use anyhow::{Context, Result, bail};
 use render::vocab::{Class, Verdict};
-use runtime::talos::client::{ApplyMode, Client, TalosError};
+use runtime::talos::client::{ApplyMode, Client};
 use runtime::talos::config::TalosConfig;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -57,13 +57,8 @@ pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the I/O runtime")
 }
 
-/// Talos's words (the client already withheld the config diff Talos 1.13 appends).
-fn talos_error(e: TalosError) -> anyhow::Error {
-    e.into()
-}
-
 fn running(rt: &tokio::runtime::Runtime, c: &Client, node: &str) -> Result<render::config::Config> {
-    let text = rt.block_on(c.running_config(node)).map_err(talos_error)?;
+    let text = rt.block_on(c.running_config(node))?;
     render::config::Config::parse(&text).map_err(|errs| {
         anyhow::anyhow!(
             "{node}: the running config read through COSI does not parse: line {}: {}",
@@ -153,9 +148,7 @@ pub fn apply(
         report.findings = true;
         return finish(report, false, lines);
     }
-    let applied = rt
-        .block_on(client.apply(&a.node, desired_text.as_bytes(), ApplyMode::NoReboot, dry_run))
-        .map_err(talos_error)?;
+    let applied = rt.block_on(client.apply(&a.node, desired_text.as_bytes(), ApplyMode::NoReboot, dry_run))?;
     if applied.mode != "NO_REBOOT" {
         bail!("{}: Talos answered mode {} to a NO_REBOOT apply: {}", a.node, applied.mode, applied.details);
     }

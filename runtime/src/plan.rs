@@ -511,7 +511,9 @@ impl Planner {
             d
         };
         // How the Talos API reaches a machine: actions that call Talos carry it.
-        let node_of = |m: &str| s.machines.iter().find(|x| x.name == m).and_then(|x| x.address.clone());
+        let addresses: HashMap<&str, &str> =
+            s.machines.iter().filter_map(|x| Some((x.name.as_str(), x.address.as_deref()?))).collect();
+        let node_of = |m: &str| addresses.get(m).map(|a| a.to_string());
         let mut actions: Vec<(Action, Vec<usize>)> = vec![];
         let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
         for row @ [was] in r.act_abort.rows(&db) {
