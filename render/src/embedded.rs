@@ -18,6 +18,9 @@ pub const OPERATIONS_PROGRAM: &str = "rules/programs/operations.rules";
 /// The root of the program the hand-over host evaluates (the CNIHandover condition).
 pub const HANDOVER_PROGRAM: &str = "rules/programs/handover.rules";
 
+/// The root of the program the admission host evaluates (the validating webhook's refusals).
+pub const ADMISSION_PROGRAM: &str = "rules/programs/admission.rules";
+
 /// The handlebars templates of every message an operation's rules can raise.
 pub const MESSAGES: (&str, &str) = ("rules/messages.yaml", include_str!("../../rules/messages.yaml"));
 

@@ -1,5 +1,8 @@
 //! Admission (ADR 0013 and its amendments): what the validating webhook refuses, as a function on
-//! plain data. The CRDs' CEL rules (`render::api`) hold what is structural; this holds the rest.
+//! plain data. The CRDs' CEL rules (`render::api`) hold what is structural; rules/admission.rules
+//! decides the rest (the switch's consent, the values' validity and who may write them, the
+//! cluster lock, an operation's immutable spec), and its messages are rules/messages.yaml's.
+//! This host decodes the request into facts and fills the messages; it decides nothing.
 //!
 //! Start at `Request::parse` (an `AdmissionReview` v1 body), `needs` (what must be looked up
 //! first: a SubjectAccessReview, the cluster's operations) and `review` (the verdict, with a
@@ -121,85 +124,222 @@ pub fn needs(r: &Request) -> Needs {
     }
 }
 
-/// The webhook's decision for one request.
-pub fn review(r: &Request, facts: &Facts, keys: &render::inventory::Inventory) -> Verdict {
-    let mut refusals = vec![];
+/// Why the admission rules cannot decide (the webhook then refuses, naming this).
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    /// The shipped rules do not load or do not declare what this host reads.
+    #[error(
+        "the admission rules ({}) do not load; fix them and run `ichor rules check`",
+        render::embedded::ADMISSION_PROGRAM
+    )]
+    Load(#[from] engine::LoadError),
+    #[error("evaluating the admission rules")]
+    Eval(#[from] engine::EvalError),
+    /// The message templates do not load, or a refusal's does not fill.
+    #[error(transparent)]
+    Messages(#[from] crate::messages::MessageError),
+    /// The shipped rules failed to load earlier (that error, as it was first reported).
+    #[error("the admission rules are unavailable: {why}")]
+    Unavailable { why: String },
+}
+
+/// The admission program's relations, as this host uses them (bound once at load).
+struct Rels {
+    request: engine::Input<2>,
+    undecodable: engine::Input<0>,
+    kube_proxy_change: engine::Input<2>,
+    consent: engine::Input<1>,
+    values_problem: engine::Input<1>,
+    values_changed: engine::Input<0>,
+    values_set: engine::Input<0>,
+    may_write_values: engine::Input<0>,
+    other_operation: engine::Input<2>,
+    spec_changed: engine::Input<0>,
+    refusal: engine::Output<4>,
+}
+
+/// The admission host: rules/admission.rules compiled once, and the message templates.
+pub struct Rules {
+    engine: engine::Engine,
+    rels: Rels,
+    messages: crate::messages::Messages,
+}
+
+/// What one request says, decoded once: the facts the rules see and the values their messages
+/// name.
+struct Decoded {
+    kind: String,
+    undecodable: bool,
+    /// `Kind namespace/name`.
+    object: String,
+    cluster: String,
+    kube_proxy_change: Option<(KubeProxyMode, KubeProxyMode)>,
+    consent: Option<String>,
+    values_problems: Vec<String>,
+    values_changed: bool,
+    values_set: bool,
+    spec_changed: bool,
+}
+
+fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
+    let name = r.object.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default();
+    let mut d = Decoded {
+        kind: r.kind.clone(),
+        undecodable: false,
+        object: format!("{} {}/{name}", r.kind, r.namespace),
+        cluster: String::new(),
+        kube_proxy_change: None,
+        consent: None,
+        values_problems: vec![],
+        values_changed: false,
+        values_set: false,
+        spec_changed: r.object.get("spec") != r.old_object.get("spec"),
+    };
     match (r.kind.as_str(), r.operation.as_str()) {
         ("TalosCluster", "CREATE" | "UPDATE") => {
             let Some(new) = cluster(&r.object) else {
-                return Verdict {
-                    allowed: false,
-                    messages: vec![
-                        "the TalosCluster does not decode: fix its fields (kubectl explain taloscluster.spec)".into(),
-                    ],
-                };
+                d.undecodable = true;
+                return d;
             };
             let old = cluster(&r.old_object);
-            let name = format!("TalosCluster {}/{}", r.namespace, new.metadata.name.clone().unwrap_or_default());
-            // ADR 0066 amendment: a switch needs the annotation naming the target mode, in the
-            // same write.
-            if let Some(old) = &old
-                && old.spec.cni.kube_proxy != new.spec.cni.kube_proxy
-            {
-                let target = new.spec.cni.kube_proxy.name();
-                let consent = new.metadata.annotations.as_ref().and_then(|a| a.get(CONFIRM_KUBE_PROXY_SWITCH));
-                if consent.map(String::as_str) != Some(target) {
-                    refusals.push(format!(
-                        "{name}: spec.cni.kubeProxy changes from {} to {target}, which needs the annotation {CONFIRM_KUBE_PROXY_SWITCH}: {target} in the same write{}; run `ichor cni kube-proxy {target} --cluster {}` (it writes both and starts the switch), or commit both to Git",
-                        old.spec.cni.kube_proxy.name(),
-                        match consent {
-                            Some(other) => format!(" (it names {other:?})"),
-                            None => String::new(),
-                        },
-                        new.metadata.name.clone().unwrap_or_default()
-                    ));
-                }
-            }
-            // The one validator, for the mode Cilium will run with.
+            d.cluster = new.metadata.name.clone().unwrap_or_default();
+            d.kube_proxy_change = old
+                .as_ref()
+                .filter(|o| o.spec.cni.kube_proxy != new.spec.cni.kube_proxy)
+                .map(|o| (o.spec.cni.kube_proxy, new.spec.cni.kube_proxy));
+            d.consent = new.metadata.annotations.as_ref().and_then(|a| a.get(CONFIRM_KUBE_PROXY_SWITCH)).cloned();
             let user = values(&Some(new.clone()));
-            if !user.is_null() {
+            d.values_set = !user.is_null();
+            d.values_changed = user != values(&old);
+            if d.values_set {
+                // The one validator, for the mode Cilium will run with.
                 let mode = render::render::kube_proxy_in_force(&new);
-                for rf in render::cilium::validate(&user, keys, mode == KubeProxyMode::Replaced) {
-                    refusals.push(format!("{name}: spec.cni.cilium.values.{rf}"));
-                }
-            }
-            // Admin-only values.
-            if values(&Some(new.clone())) != values(&old) && !user.is_null() && !facts.may_write_values {
-                refusals.push(format!(
-                    "{name}: spec.cni.cilium.values is admin-only: {} may not {VALUES_VERB} {VALUES_RESOURCE}/{VALUES_SUBRESOURCE} in {} (ichor-admin holds it); ask an admin to change the values, or change the rest of the cluster without them",
-                    r.user, r.namespace
-                ));
+                d.values_problems = render::cilium::validate(&user, keys, mode == KubeProxyMode::Replaced)
+                    .iter()
+                    .map(|rf| rf.to_string())
+                    .collect();
             }
         }
-        ("TalosOperation", "CREATE") => {
-            let op: Option<TalosOperation> = serde_json::from_value(r.object.clone()).ok();
-            let Some(op) = op else {
-                return Verdict {
-                    allowed: false,
-                    messages: vec![
-                        "the TalosOperation does not decode: fix its fields (kubectl explain talosoperation.spec)"
-                            .into(),
-                    ],
-                };
-            };
-            let own = op.metadata.name.clone().unwrap_or_default();
-            if let Some((held, phase)) = facts.operations.iter().find(|(n, p)| n != &own && p.holds_lock()) {
-                refusals.push(format!(
-                    "TalosOperation {}/{own}: cluster {} is locked by TalosOperation {}/{held} ({phase}); wait for it (`ichor status --cluster {} --watch`) or abort it (`ichor operation abort {held}`)",
-                    r.namespace, op.spec.cluster_ref.name, r.namespace, op.spec.cluster_ref.name
-                ));
-            }
-        }
-        ("TalosOperation", "UPDATE") if r.object.get("spec") != r.old_object.get("spec") => {
-            refusals.push(format!(
-                "TalosOperation {}/{}: spec is immutable once created; abort it and create another",
-                r.namespace,
-                r.object.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default()
-            ));
-        }
+        ("TalosOperation", "CREATE") => match serde_json::from_value::<TalosOperation>(r.object.clone()) {
+            Ok(op) => d.cluster = op.spec.cluster_ref.name,
+            Err(_) => d.undecodable = true,
+        },
         _ => {}
     }
-    Verdict { allowed: refusals.is_empty(), messages: refusals }
+    d
+}
+
+impl Rules {
+    /// The shipped rules and messages.
+    pub fn embedded() -> Result<Rules, AdmissionError> {
+        use engine::ast::Type::{Number as N, Symbol as S};
+        let files: std::collections::HashMap<String, String> =
+            render::embedded::RULE_FILES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        let (engine, _) =
+            engine::Engine::load(&[render::embedded::ADMISSION_PROGRAM.to_string()], &engine::MemSources(files))?;
+        let mut b = engine::Binder::new(&engine.program, "admission");
+        let rels = Rels {
+            request: b.input("ad_request", [("kind", S), ("operation", S)]),
+            undecodable: b.input("ad_undecodable", []),
+            kube_proxy_change: b.input("ad_kube_proxy_change", [("from", S), ("to", S)]),
+            consent: b.input("ad_consent", [("mode", S)]),
+            values_problem: b.input("ad_values_problem", [("problem", S)]),
+            values_changed: b.input("ad_values_changed", []),
+            values_set: b.input("ad_values_set", []),
+            may_write_values: b.input("ad_may_write_values", []),
+            other_operation: b.input("ad_other_operation", [("name", S), ("phase", S)]),
+            spec_changed: b.input("ad_spec_changed", []),
+            refusal: b.output("ad_refusal", [("rank", N), ("template", S), ("a", S), ("b", S)]),
+        };
+        b.finish().map_err(engine::LoadError::from)?;
+        Ok(Rules { engine, rels, messages: crate::messages::Messages::embedded()? })
+    }
+
+    /// The webhook's decision for one request, as rules/admission.rules takes it.
+    pub fn review(
+        &self,
+        r: &Request,
+        facts: &Facts,
+        keys: &render::inventory::Inventory,
+    ) -> Result<Verdict, AdmissionError> {
+        let d = decode(r, keys);
+        let rels = &self.rels;
+        let mut b = self.engine.fact_builder();
+        let row = [b.sym(&r.kind), b.sym(&r.operation)];
+        rels.request.push(&mut b, row);
+        let flag = |b: &mut engine::FactBuilder, rel: engine::Input<0>, on: bool| {
+            if on {
+                rel.push(b, []);
+            }
+        };
+        flag(&mut b, rels.undecodable, d.undecodable);
+        flag(&mut b, rels.values_changed, d.values_changed);
+        flag(&mut b, rels.values_set, d.values_set);
+        flag(&mut b, rels.may_write_values, facts.may_write_values);
+        flag(&mut b, rels.spec_changed, d.spec_changed);
+        if let Some((from, to)) = d.kube_proxy_change {
+            let row = [b.sym(from.name()), b.sym(to.name())];
+            rels.kube_proxy_change.push(&mut b, row);
+        }
+        if let Some(c) = &d.consent {
+            let row = [b.sym(c)];
+            rels.consent.push(&mut b, row);
+        }
+        for p in &d.values_problems {
+            let row = [b.sym(p)];
+            rels.values_problem.push(&mut b, row);
+        }
+        let own = r.object.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default();
+        for (name, phase) in facts.operations.iter().filter(|(n, _)| n != own) {
+            let row = [b.sym(name), b.sym(phase.name())];
+            rels.other_operation.push(&mut b, row);
+        }
+        let db = self.engine.evaluate_built(b, engine::EvalOptions::default())?;
+        let mut rows: Vec<(i64, String, String, String)> = rels
+            .refusal
+            .rows(&db)
+            .map(|[rank, t, a, b]| (db.num(rank), db.sym(t).to_string(), db.sym(a).to_string(), db.sym(b).to_string()))
+            .collect();
+        rows.sort();
+        let context = |a: &str, b: &str| {
+            serde_json::json!({
+                "object": d.object, "kind": d.kind, "resource": d.kind.to_lowercase(),
+                "cluster": d.cluster, "namespace": r.namespace, "user": r.user,
+                "consent": d.consent.clone().unwrap_or_default(), "annotation": CONFIRM_KUBE_PROXY_SWITCH,
+                "verb": VALUES_VERB, "values_resource": VALUES_RESOURCE, "values_subresource": VALUES_SUBRESOURCE,
+                "a": a, "b": b,
+            })
+        };
+        let messages = rows
+            .iter()
+            .map(|(_, t, a, b)| self.messages.render(t, &context(a, b)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Verdict { allowed: messages.is_empty(), messages })
+    }
+}
+
+/// The shipped rules, compiled on first use.
+pub fn rules() -> Result<&'static Rules, &'static AdmissionError> {
+    static RULES: std::sync::OnceLock<Result<Rules, AdmissionError>> = std::sync::OnceLock::new();
+    RULES.get_or_init(Rules::embedded).as_ref()
+}
+
+/// The webhook's decision for one request, on the shipped rules. When the rules cannot decide,
+/// the request is refused (fail closed), naming why.
+pub fn review(r: &Request, facts: &Facts, keys: &render::inventory::Inventory) -> Verdict {
+    let decided = match rules() {
+        Ok(rules) => rules.review(r, facts, keys),
+        Err(e) => Err(AdmissionError::Unavailable { why: e.to_string() }),
+    };
+    decided.unwrap_or_else(|e| {
+        let mut why = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            why += &format!(": {s}");
+            source = s.source();
+        }
+        Verdict { allowed: false, messages: vec![format!("{why}; nothing was admitted")] }
+    })
 }
 
 #[cfg(test)]
@@ -247,6 +387,33 @@ mod tests {
         assert!(review(&r, &Facts::default(), &keys()).messages[0].contains("(it names \"enabled\")"));
         let r = req("TalosCluster", "UPDATE", tc("replaced", Some("replaced"), Json::Null), old);
         assert!(review(&r, &Facts::default(), &keys()).allowed);
+    }
+
+    #[test]
+    fn the_refusals_read_as_before_the_rules_took_them() {
+        let old = tc("enabled", None, Json::Null);
+        let r = req("TalosCluster", "UPDATE", tc("replaced", None, Json::Null), old);
+        assert_eq!(
+            review(&r, &Facts::default(), &keys()).messages,
+            vec!["TalosCluster ichor-system/lab: spec.cni.kubeProxy changes from enabled to replaced, which needs the annotation ichor.maesh.dev/confirm-kube-proxy-switch: replaced in the same write; run `ichor cni kube-proxy replaced --cluster lab` (it writes both and starts the switch), or commit both to Git"]
+        );
+        let bad = req("TalosOperation", "CREATE", json!({"metadata": {"name": "x"}, "spec": 3}), Json::Null);
+        assert_eq!(
+            review(&bad, &Facts::default(), &keys()).messages,
+            vec!["the TalosOperation does not decode: fix its fields (kubectl explain talosoperation.spec)"]
+        );
+        let op = json!({"metadata": {"name": "b"}, "spec": {"clusterRef": {"name": "lab"}, "kind": "kubernetes", "target": {}}});
+        let mut changed = op.clone();
+        changed["spec"]["target"] = json!({"kubernetesVersion": "v1.37.0"});
+        let v = review(&req("TalosOperation", "UPDATE", changed, op.clone()), &Facts::default(), &keys());
+        assert_eq!(
+            v.messages,
+            vec!["TalosOperation ichor-system/b: spec is immutable once created; abort it and create another"]
+        );
+        // Its status may change.
+        let mut status = op.clone();
+        status["status"] = json!({"phase": "Running"});
+        assert!(review(&req("TalosOperation", "UPDATE", status, op), &Facts::default(), &keys()).allowed);
     }
 
     #[test]

@@ -62,9 +62,12 @@ pub enum HandoverError {
     Load(#[from] engine::LoadError),
     #[error("evaluating the hand-over rules")]
     Eval(#[from] engine::EvalError),
-    /// The rules derived no condition, or a template the messages lack.
+    /// The rules derived no condition.
     #[error("the hand-over rules derived {what}")]
     Derived { what: String },
+    /// The message templates do not load, or the condition's does not fill.
+    #[error(transparent)]
+    Messages(#[from] crate::messages::MessageError),
     /// The shipped rules failed to load earlier (that error, as it was first reported).
     #[error("the hand-over rules are unavailable: {why}")]
     Unavailable { why: String },
@@ -84,7 +87,7 @@ struct Rels {
 pub struct Rules {
     engine: engine::Engine,
     rels: Rels,
-    messages: std::collections::BTreeMap<String, String>,
+    messages: crate::messages::Messages,
 }
 
 impl Rules {
@@ -105,9 +108,7 @@ impl Rules {
             requeue: b.output("ho_requeue", []),
         };
         b.finish().map_err(engine::LoadError::from)?;
-        let (file, text) = render::embedded::MESSAGES;
-        let messages = serde_yaml::from_str(text)
-            .map_err(|e| HandoverError::Derived { what: format!("no messages: {file}: {e}") })?;
+        let messages = crate::messages::Messages::embedded()?;
         Ok(Rules { engine, rels, messages })
     }
 
@@ -134,12 +135,9 @@ impl Rules {
             .rows(&db)
             .next()
             .ok_or_else(|| HandoverError::Derived { what: "no CNIHandover condition".into() })?;
-        let template = db.sym(template);
-        let text = self.messages.get(template).ok_or_else(|| HandoverError::Derived {
-            what: format!("template {template}, which rules/messages.yaml lacks"),
-        })?;
         let (sync, health) = app.map(|a| (or(&a.sync), or(&a.health))).unwrap_or(("Unknown", "Unknown"));
-        let message = text.replace("{{sync}}", sync).replace("{{health}}", health);
+        let message =
+            self.messages.render(db.sym(template), &serde_json::json!({"sync": sync, "health": health}))?;
         Ok(Decision {
             status: db.sym(status).to_string(),
             reason: db.sym(reason).to_string(),

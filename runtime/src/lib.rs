@@ -15,6 +15,7 @@ pub mod controller;
 pub mod exec;
 pub mod facts;
 pub mod handover;
+pub mod messages;
 #[cfg(feature = "io")]
 pub mod kube;
 pub mod plan;

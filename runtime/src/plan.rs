@@ -10,7 +10,6 @@ use crate::facts::Rels;
 use crate::state::ObservedState;
 use engine::explain::ProofGraph;
 use engine::{Database, Engine, EvalOptions, MemSources};
-use handlebars::Handlebars;
 use render::api::{KubeProxyMode, OperationKind, Phase, Role};
 use serde::Serialize;
 use serde_json::{Value as Json, json};
@@ -349,9 +348,16 @@ pub enum PlanError {
     /// The rules do not load, or do not declare what this host needs.
     #[error("the operation rules do not load; fix them and run `ichor rules check`")]
     Load(#[from] engine::LoadError),
-    /// A file the planner reads beside the rules (the message templates, the Cilium keys) does not load.
-    #[error("{file}: {problem}")]
-    File { file: String, problem: String },
+    /// The message templates do not load.
+    #[error(transparent)]
+    Messages(#[from] crate::messages::MessageError),
+    /// The Cilium chart's value keys do not load.
+    #[error("{file} does not load")]
+    CiliumKeys {
+        file: String,
+        #[source]
+        source: render::inventory::InventoryError,
+    },
     #[error("evaluating the operation rules")]
     Eval(#[from] engine::EvalError),
     /// The rules derived a value this host cannot decode (a column the binding cannot type).
@@ -365,7 +371,7 @@ pub enum PlanError {
 pub struct Planner {
     pub engine: Engine,
     rels: Rels,
-    hb: Handlebars<'static>,
+    messages: crate::messages::Messages,
     /// The pinned Cilium chart's value keys, parsed once: every Job's values are validated.
     cilium_keys: render::inventory::Inventory,
 }
@@ -409,20 +415,11 @@ impl Planner {
         let sources = MemSources(files.iter().cloned().collect::<HashMap<_, _>>());
         let (engine, _) = Engine::load(&[root.to_string()], &sources)?;
         let rels = Rels::bind(&engine.program).map_err(engine::LoadError::from)?;
-        let (file, text) = messages;
-        let templates: BTreeMap<String, String> = serde_yaml::from_str(text)
-            .map_err(|e| PlanError::File { file: file.to_string(), problem: e.to_string() })?;
-        let mut hb = Handlebars::new();
-        hb.set_strict_mode(true);
-        hb.register_escape_fn(handlebars::no_escape);
-        for (name, t) in &templates {
-            hb.register_template_string(name, t)
-                .map_err(|e| PlanError::File { file: file.to_string(), problem: format!("template {name}: {e}") })?;
-        }
+        let messages = crate::messages::Messages::load(messages)?;
         let (file, keys) = render::embedded::CILIUM_KEYS;
         let cilium_keys = render::inventory::Inventory::parse(keys)
-            .map_err(|e| PlanError::File { file: file.to_string(), problem: e.to_string() })?;
-        Ok(Planner { engine, rels, hb, cilium_keys })
+            .map_err(|source| PlanError::CiliumKeys { file: file.to_string(), source })?;
+        Ok(Planner { engine, rels, messages, cilium_keys })
     }
 
     /// The shipped rules and templates.
@@ -446,7 +443,7 @@ impl Planner {
     }
 
     fn message(&self, template: &str, data: &Json) -> String {
-        self.hb.render(template, data).unwrap_or_else(|e| format!("{template} (message template failed: {e})"))
+        self.messages.render(template, data).unwrap_or_else(|e| format!("{template} ({e})"))
     }
 
     /// Plans one reconcile of the snapshot's operation; with `explain`, every action carries

@@ -123,6 +123,12 @@ fn regex_lite_templates() -> Vec<&'static str> {
         "refusal(\"",
         "upgrade_warning(\"",
         "sw_refusal(\"",
+        "ad_refusal(0, \"",
+        "ad_refusal(1, \"",
+        "ad_refusal(2, \"",
+        "ad_refusal(3, \"",
+        "ad_refusal(4, \"",
+        "ad_refusal(5, \"",
     ]
 }
 
