@@ -2,7 +2,7 @@
 //!
 //! The validation is `render::cilium::validate`, the one function every caller uses.
 
-use crate::{Diagnosed, Output, Report, disk};
+use crate::{Diagnosed, KubeProxy, Output, Report, disk};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Subcommand;
 use render::api::KubeProxyMode;
@@ -24,8 +24,8 @@ pub enum CniCommand {
         after_help = "Example:\n  ichor cni kube-proxy replaced --cluster lab --talosconfig talosconfig\n\nExit: 0 started (or previewed), 1 not started (blocked, declined, or a Git change to commit), 2 error."
     )]
     KubeProxy {
-        #[arg(value_parser = ["enabled", "replaced"])]
-        mode: String,
+        #[arg(value_enum)]
+        mode: KubeProxy,
         #[command(flatten)]
         start: crate::op_cmd::StartArgs,
     },
@@ -45,8 +45,8 @@ pub enum HelmCommand {
     Apply {
         /// The mode to apply (only the switch passes the target; every other Job the mode
         /// Cilium runs now). Read from this flag, never from the cluster's spec.
-        #[arg(long, value_parser = ["enabled", "replaced"])]
-        kube_proxy: String,
+        #[arg(long, value_enum)]
+        kube_proxy: KubeProxy,
         /// The user's layer (YAML or JSON).
         #[arg(long, conflicts_with = "values_env", required_unless_present = "values_env")]
         values: Option<PathBuf>,
@@ -70,8 +70,8 @@ pub enum ValuesCommand {
     Validate {
         file: PathBuf,
         /// The kube-proxy mode the values will run with.
-        #[arg(long, value_parser = ["enabled", "replaced"], default_value = "enabled")]
-        kube_proxy: String,
+        #[arg(long, value_enum, default_value_t = KubeProxy::Enabled)]
+        kube_proxy: KubeProxy,
     },
     /// Print the values a cluster's Cilium runs with: Ichor's defaults, the user's layer,
     /// then the keys Ichor owns.
@@ -85,8 +85,8 @@ pub enum ValuesCommand {
         /// The mode to render for (only the kube-proxy switch passes one); without it, the
         /// mode Cilium runs now: status.cni.kubeProxy, else the spec (the live cilium-config is
         /// not read offline).
-        #[arg(long, value_parser = ["enabled", "replaced"])]
-        kube_proxy: Option<String>,
+        #[arg(long, value_enum)]
+        kube_proxy: Option<KubeProxy>,
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
@@ -116,11 +116,10 @@ fn refusals(rs: &[cilium::Refusal]) -> String {
 pub fn run(cmd: CniCommand) -> Result<Report> {
     match cmd {
         CniCommand::Helm(HelmCommand::Apply { kube_proxy, values, values_env, tunnel, chart, namespace }) => {
-            helm_apply(&kube_proxy, values.as_deref(), values_env.as_deref(), &tunnel, &chart, &namespace)
+            helm_apply(kube_proxy.into(), values.as_deref(), values_env.as_deref(), &tunnel, &chart, &namespace)
         }
         CniCommand::KubeProxy { mode, start } => {
-            let mode = if mode == "replaced" { KubeProxyMode::Replaced } else { KubeProxyMode::Enabled };
-            crate::op_cmd::start(crate::op_cmd::Start::KubeProxy { mode }, &start)
+            crate::op_cmd::start(crate::op_cmd::Start::KubeProxy { mode: mode.into() }, &start)
         }
         CniCommand::Schema(SchemaCommand::Derive { schema, chart, out }) => {
             let text = disk::read_text(&schema, disk::caps::FACTS, "a chart's values schema")?;
@@ -144,7 +143,8 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
             let text = disk::read_text(&file, disk::caps::TEXT, "a Cilium values file")?;
             let user: serde_json::Value =
                 serde_yaml::from_str(&text).with_context(|| format!("{}: not valid YAML", file.display()))?;
-            let rs = cilium::validate(&user, &keys()?, kube_proxy == "replaced");
+            let kube_proxy = KubeProxyMode::from(kube_proxy);
+            let rs = cilium::validate(&user, &keys()?, kube_proxy == KubeProxyMode::Replaced);
             if rs.is_empty() {
                 Ok(Report {
                     stdout: format!("ok: {} is valid for kube-proxy {kube_proxy}\n", file.display()),
@@ -166,13 +166,13 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
                 None if m.clusters.len() == 1 => &m.clusters[0],
                 None => bail!("--cluster: the manifests hold {} clusters; name one", m.clusters.len()),
             };
-            let in_force = render::render::kube_proxy_in_force(tc).name().to_string();
-            let (mode, source) = match kube_proxy.as_deref() {
-                Some(k) => (k.to_string(), "--kube-proxy"),
+            let in_force = render::render::kube_proxy_in_force(tc);
+            let (mode, source) = match kube_proxy {
+                Some(k) => (KubeProxyMode::from(k), "--kube-proxy"),
                 None if render::render::status_kube_proxy(tc).is_some() => (in_force, "status.cni.kubeProxy"),
                 None => (in_force, "spec.cni.kubeProxy (no switch has set the status)"),
             };
-            let replaced = mode == KubeProxyMode::Replaced.name();
+            let replaced = mode == KubeProxyMode::Replaced;
             let spec = tc.spec.cni.cilium.clone().unwrap_or_default();
             let user = spec.values.clone().unwrap_or(serde_json::Value::Null);
             let rs = cilium::validate(&user, &keys()?, replaced);
@@ -196,7 +196,7 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
 
 /// `ichor cni helm apply`: the one validation, the layers, then Helm with the pinned chart.
 fn helm_apply(
-    mode: &str,
+    mode: KubeProxyMode,
     file: Option<&std::path::Path>,
     env: Option<&str>,
     tunnel: &str,
@@ -216,7 +216,7 @@ fn helm_apply(
     } else {
         serde_yaml::from_str(&text).with_context(|| format!("{source}: not valid YAML or JSON"))?
     };
-    let replaced = mode == KubeProxyMode::Replaced.name();
+    let replaced = mode == KubeProxyMode::Replaced;
     let rs = cilium::validate(&user, &keys()?, replaced);
     if !rs.is_empty() {
         // A refusal starts no Helm (CNIValuesApplied=False).

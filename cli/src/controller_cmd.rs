@@ -72,7 +72,7 @@ async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube_client::Client> {
 pub fn run_real(a: &ControllerArgs) -> Result<Report> {
     logging();
     let listen = a.listen.parse().with_context(|| format!("--metrics-addr {:?}: not host:port", a.listen))?;
-    let rt = crate::talos_cmd::io_runtime()?;
+    let rt = crate::io::io_runtime()?;
     rt.block_on(async {
         let file = a.talosconfig.display().to_string();
         let text = disk::read_text(&a.talosconfig, disk::caps::TEXT, "a talosconfig")?;
@@ -83,17 +83,15 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
         let creds = ctx.credentials(name, &file, now)?;
         let talos = runtime::talos::client::Client::new(ctx, &creds, Duration::from_secs(15))?;
         let kube = kube_client(a.kubeconfig.as_deref()).await?;
-        let controller = runtime::controller::Controller {
+        let controller = runtime::controller::Controller::new(
             kube,
             talos,
-            planner: runtime::plan::Planner::embedded()?,
-            classifier: disk::classifier(None)?,
-            release_set_kubernetes: a.release_set_kubernetes.clone(),
-            controller_node: a.node.clone(),
-            service_answers: Arc::new(kubernetes_service_answers),
-            drain_timeout: Duration::from_secs(300),
-            cache: Default::default(),
-        };
+            runtime::plan::Planner::embedded()?,
+            disk::classifier(None)?,
+        )
+        .with_release_set(&a.release_set_kubernetes)
+        .with_controller_node(a.node.clone())
+        .with_service_probe(Arc::new(kubernetes_service_answers));
         let identity =
             a.identity.clone().unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "ichor".into()));
         let config = RunConfig {
@@ -104,7 +102,7 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
             requeue: Duration::from_secs(10),
             dump_snapshots: a.dump_snapshots.clone(),
         };
-        run(Arc::new(controller), config, Arc::new(Metrics::new()), crate::talos_cmd::shutdown_signal())
+        run(Arc::new(controller), config, Arc::new(Metrics::new()), crate::io::shutdown_signal())
             .await
             .context("the Lease")?;
         Ok::<(), anyhow::Error>(())
@@ -138,7 +136,7 @@ pub fn sim_cluster(
 ) -> Result<Report> {
     logging();
     let files = disk::manifest_files(manifests)?;
-    let rt = crate::talos_cmd::io_runtime()?;
+    let rt = crate::io::io_runtime()?;
     rt.block_on(async {
         let demo = Arc::new(runtime::sim::demo::Demo::start(&files, handover_done).await?);
         if !handover_done {
@@ -173,7 +171,7 @@ pub fn sim_cluster(
             requeue: Duration::from_millis(300),
             dump_snapshots: None,
         };
-        let shutdown = crate::talos_cmd::shutdown_signal();
+        let shutdown = crate::io::shutdown_signal();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(run(Arc::new(controller), config, Arc::new(Metrics::new()), async move {
             let _ = stopped.await;
@@ -210,7 +208,7 @@ pub fn sim_cluster(
 /// `ichor sim controller`: the example installation upgraded by the controller's loop.
 pub fn run_demo(manifests: &Path, to: &str, dump: Option<PathBuf>) -> Result<Report> {
     let files = disk::manifest_files(manifests)?;
-    let rt = crate::talos_cmd::io_runtime()?;
+    let rt = crate::io::io_runtime()?;
     let out = rt.block_on(async {
         let demo = Arc::new(runtime::sim::demo::Demo::start(&files, true).await?);
         let client = demo.api.client();
@@ -312,7 +310,7 @@ pub struct WebhookArgs {
 /// `ichor webhook`: the validating webhook until interrupted.
 pub fn run_webhook(a: &WebhookArgs) -> Result<Report> {
     logging();
-    let rt = crate::talos_cmd::io_runtime()?;
+    let rt = crate::io::io_runtime()?;
     rt.block_on(async {
         let kube = kube_client(None).await?;
         let (cert, key) = match (&a.tls_secret, &a.tls_cert, &a.tls_key) {
@@ -330,7 +328,7 @@ pub fn run_webhook(a: &WebhookArgs) -> Result<Report> {
         let listener =
             tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("--listen {}", a.listen))?;
         eprintln!("serving the validating webhook at https://{}/validate", a.listen);
-        runtime::webhook::serve_tls(hook, listener, config, crate::talos_cmd::shutdown_signal()).await?;
+        runtime::webhook::serve_tls(hook, listener, config, crate::io::shutdown_signal()).await?;
         Ok::<(), anyhow::Error>(())
     })?;
     Ok(Report::default())

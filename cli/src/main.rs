@@ -10,7 +10,9 @@ mod config_cmd;
 mod contract_cmd;
 mod controller_cmd;
 mod disk;
+mod io;
 mod op_cmd;
+mod output;
 mod plan_cmd;
 mod render_cmd;
 mod rules_cmd;
@@ -244,6 +246,25 @@ enum SimCommand {
     },
 }
 
+/// A kube-proxy mode on the command line (`render::api::KubeProxyMode`'s closed set, as clap
+/// lists and checks it; a test pins the two together).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KubeProxy {
+    /// Talos's kube-proxy runs.
+    Enabled,
+    /// Cilium replaces kube-proxy.
+    Replaced,
+}
+
+impl From<KubeProxy> for render::api::KubeProxyMode {
+    fn from(k: KubeProxy) -> Self {
+        match k {
+            KubeProxy::Enabled => render::api::KubeProxyMode::Enabled,
+            KubeProxy::Replaced => render::api::KubeProxyMode::Replaced,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     #[default]
@@ -358,6 +379,23 @@ fn main() -> ExitCode {
             text.push_str(&format!("ichor: error: {err:#}\n"));
             let _ = write_all(std::io::stderr().lock(), &text);
             ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kube_proxy_flag_is_the_modes_closed_set() {
+        let names: Vec<String> =
+            KubeProxy::value_variants().iter().map(|k| k.to_possible_value().unwrap().get_name().to_string()).collect();
+        let modes: Vec<&str> = render::api::KubeProxyMode::ALL.iter().map(|m| m.name()).collect();
+        assert_eq!(names, modes);
+        for k in KubeProxy::value_variants() {
+            let m: render::api::KubeProxyMode = (*k).into();
+            assert_eq!(m.name(), k.to_possible_value().unwrap().get_name());
         }
     }
 }

@@ -18,7 +18,6 @@ use runtime::plan::Action;
 use serde_json::json;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Which Kubernetes cluster, as `kubectl` chooses it.
@@ -81,7 +80,7 @@ fn talos_client(path: &std::path::Path) -> Result<runtime::talos::client::Client
     let text = disk::read_text(path, disk::caps::TEXT, "a talosconfig")?;
     let cfg = runtime::talos::config::TalosConfig::parse(&text, &file)?;
     let (name, ctx) = cfg.context(None, &file)?;
-    let creds = ctx.credentials(name, &file, crate::talos_cmd::now())?;
+    let creds = ctx.credentials(name, &file, crate::io::now())?;
     Ok(runtime::talos::client::Client::new(ctx, &creds, Duration::from_secs(15))?)
 }
 
@@ -94,7 +93,7 @@ pub enum Start {
 /// `ichor upgrade kubernetes` and `ichor cni kube-proxy`: preview, consent, then the spec
 /// write and the TalosOperation.
 pub fn start(what: Start, a: &StartArgs) -> Result<Report> {
-    let rt = crate::talos_cmd::io_runtime()?;
+    let rt = crate::io::io_runtime()?;
     rt.block_on(start_async(what, a))
 }
 
@@ -134,19 +133,14 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     op.metadata.namespace = Some(ns.clone());
     // The preview: the controller's own read and the rules' plan for the operation's first
     // reconcile.
-    let controller = runtime::controller::Controller {
-        kube: client.clone(),
-        talos: talos_client(&a.talosconfig)?,
-        planner: runtime::plan::Planner::embedded()?,
-        classifier: disk::classifier(None)?,
-        release_set_kubernetes: render::embedded::RELEASE_SET_KUBERNETES.to_string(),
-        controller_node: None,
-        service_answers: Arc::new(|| Box::pin(async { true })),
-        drain_timeout: Duration::from_secs(300),
-        cache: Default::default(),
-    };
+    let controller = runtime::controller::Controller::new(
+        client.clone(),
+        talos_client(&a.talosconfig)?,
+        runtime::plan::Planner::embedded()?,
+        disk::classifier(None)?,
+    );
     let read = controller
-        .read_operation(&ns, &op, &target, &runtime::plan::rfc3339(crate::talos_cmd::now()))
+        .read_operation(&ns, &op, &target, &runtime::plan::rfc3339(crate::io::now()))
         .await
         .context("reading what the operation's rules need (the preview)")?;
     let plan = controller.planner.plan_with(&read.snapshot, false)?;
@@ -334,7 +328,7 @@ fn settled(phase: Phase) -> bool {
 
 /// `ichor status [--cluster NAME] [--watch]`.
 pub fn status(cluster: Option<&str>, watch: bool, output: Output, kube: &KubeArgs) -> Result<Report> {
-    let rt = crate::talos_cmd::io_runtime()?;
+    let rt = crate::io::io_runtime()?;
     rt.block_on(async {
         let (client, ns) = connect(kube).await?;
         let ops: Api<TalosOperation> = Api::namespaced(client.clone(), &ns);
@@ -420,7 +414,7 @@ async fn machine_count(client: &kube_client::Client, ns: &str, cluster: &str) ->
 /// then waits a few seconds for the controller to act and says what it saw.
 pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs) -> Result<Report> {
     use render::api::{ABORT, RESUME};
-    let rt = crate::talos_cmd::io_runtime()?;
+    let rt = crate::io::io_runtime()?;
     rt.block_on(async {
         let (client, ns) = connect(kube).await?;
         let ops: Api<TalosOperation> = Api::namespaced(client, &ns);

@@ -3,11 +3,12 @@
 //!
 //! Start at `node_diff` and `apply`: both read the talosconfig (`disk`), read the node's
 //! running config through COSI (`runtime::talos::client`), and classify the change with the
-//! same `config_cmd::diff_report` as `ichor config diff`; `apply` then applies with no reboot
+//! same `output::diff_report` as `ichor config diff`; `apply` then applies with no reboot
 //! only when every changed path is live-applicable. Errors name the file and field, or the
 //! node and the call; key material is never printed.
 
-use crate::config_cmd::diff_report;
+use crate::io::{io_runtime, now, shutdown_signal};
+use crate::output::diff_report;
 use crate::{Output, Report, disk};
 use anyhow::{Context, Result, bail};
 use render::vocab::{Class, Verdict};
@@ -32,11 +33,6 @@ pub struct NodeArgs {
     pub timeout: u64,
 }
 
-/// Seconds since 1970 (certificate checks, clocks).
-pub(crate) fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
-}
-
 /// The client, made inside the I/O runtime (its channels belong to it).
 fn client(a: &NodeArgs, rt: &tokio::runtime::Runtime) -> Result<Client> {
     let _inside = rt.enter();
@@ -46,15 +42,6 @@ fn client(a: &NodeArgs, rt: &tokio::runtime::Runtime) -> Result<Client> {
     let (name, ctx) = cfg.context(a.context.as_deref(), &file)?;
     let creds = ctx.credentials(name, &file, now())?;
     Ok(Client::new(ctx, &creds, Duration::from_secs(a.timeout.max(1)))?)
-}
-
-/// The I/O runtime of the commands that talk to nodes and clusters.
-pub(crate) fn io_runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the I/O runtime")
 }
 
 fn running(rt: &tokio::runtime::Runtime, c: &Client, node: &str) -> Result<render::config::Config> {
@@ -218,22 +205,6 @@ pub fn sim(
         Ok::<(), anyhow::Error>(())
     })?;
     Ok(Report::default())
-}
-
-/// Ctrl-C or SIGTERM.
-pub(crate) async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// Writes a file only its owner can read (it holds a private key).

@@ -56,6 +56,39 @@ impl Manifests {
             .map_err(|problems| problems.into_iter().map(|message| ManifestError { message }).collect())
     }
 
+    /// The manifests from objects already decoded (as the controller reads them from the API,
+    /// which validated their fields): no YAML between, and the same checks as `load` after it.
+    pub fn from_objects(
+        clusters: Vec<TalosCluster>,
+        machines: Vec<TalosMachine>,
+        patches: Vec<TalosConfigPatch>,
+        secrets: &[k8s_openapi::api::core::v1::Secret],
+        contracts: &[String],
+    ) -> Result<Manifests, Vec<ManifestError>> {
+        let mut m = Manifests { clusters, machines, patches, ..Manifests::default() };
+        let mut errors = vec![];
+        for s in secrets {
+            let key = ns_name(&s.metadata);
+            let rv = s.metadata.resource_version.clone().unwrap_or_else(|| "0".into());
+            let mut data: BTreeMap<String, String> = s.string_data.clone().unwrap_or_default();
+            for (k, v) in s.data.iter().flatten() {
+                match String::from_utf8(v.0.clone()) {
+                    Ok(text) => {
+                        data.insert(k.clone(), text);
+                    }
+                    Err(_) => errors.push(format!("Secret {key}: data.{k} is not UTF-8")),
+                }
+            }
+            m.secrets.insert(key, (rv, data));
+        }
+        m.validate(contracts, &mut errors);
+        if errors.is_empty() {
+            Ok(m)
+        } else {
+            Err(errors.into_iter().map(|message| ManifestError { message }).collect())
+        }
+    }
+
     fn load_texts(files: &[(String, String)], contracts: &[String]) -> Result<Manifests, Vec<String>> {
         let mut m = Manifests::default();
         let mut errors = vec![];

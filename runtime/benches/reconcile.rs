@@ -40,12 +40,21 @@ fn main() {
         assert!(!running.docs.is_empty());
         let desired = Config::parse(&desired_text).unwrap();
         drop(running);
-        machines.push((format!("w{i:05}"), running_text, desired, format!("inputs-{i}")));
+        let rendered = render::render::Rendered {
+            contract,
+            text: String::new(),
+            config: desired,
+            inputs_hash: format!("inputs-{i}"),
+            patches: vec![],
+            set_by: BTreeMap::new(),
+            warnings: vec![],
+        };
+        machines.push((format!("w{i:05}"), running_text, rendered));
     }
     let cache = PendingCache::default();
     let reconcile = |cache: &PendingCache| {
         let mut snap = vec![];
-        for (name, text, desired, inputs) in &machines {
+        for (name, text, rendered) in &machines {
             let read = MachineRead {
                 name: name.clone(),
                 role: render::api::Role::Worker,
@@ -58,7 +67,7 @@ fn main() {
                 kube_proxy_manifest: None,
                 address: None,
             };
-            snap.push(cache.machine(&classifier, contract, &read, Some(text), desired, inputs).unwrap());
+            snap.push(cache.machine(&classifier, &read, Some(text), rendered).unwrap());
         }
         let s = ObservedState {
             now: "2026-11-30T10:00:00Z".into(),

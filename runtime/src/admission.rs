@@ -310,10 +310,8 @@ impl Rules {
                 "a": a, "b": b,
             })
         };
-        let messages = rows
-            .iter()
-            .map(|(_, t, a, b)| self.messages.render(t, &context(a, b)))
-            .collect::<Result<Vec<_>, _>>()?;
+        let messages =
+            rows.iter().map(|(_, t, a, b)| self.messages.render(t, &context(a, b))).collect::<Result<Vec<_>, _>>()?;
         Ok(Verdict { allowed: messages.is_empty(), messages })
     }
 }
@@ -332,12 +330,7 @@ pub fn review(r: &Request, facts: &Facts, keys: &render::inventory::Inventory) -
         Err(e) => Err(AdmissionError::Unavailable { why: e.to_string() }),
     };
     decided.unwrap_or_else(|e| {
-        let mut why = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            why += &format!(": {s}");
-            source = s.source();
-        }
+        let why = crate::error_chain(&e);
         Verdict { allowed: false, messages: vec![format!("{why}; nothing was admitted")] }
     })
 }
@@ -395,7 +388,9 @@ mod tests {
         let r = req("TalosCluster", "UPDATE", tc("replaced", None, Json::Null), old);
         assert_eq!(
             review(&r, &Facts::default(), &keys()).messages,
-            vec!["TalosCluster ichor-system/lab: spec.cni.kubeProxy changes from enabled to replaced, which needs the annotation ichor.maesh.dev/confirm-kube-proxy-switch: replaced in the same write; run `ichor cni kube-proxy replaced --cluster lab` (it writes both and starts the switch), or commit both to Git"]
+            vec![
+                "TalosCluster ichor-system/lab: spec.cni.kubeProxy changes from enabled to replaced, which needs the annotation ichor.maesh.dev/confirm-kube-proxy-switch: replaced in the same write; run `ichor cni kube-proxy replaced --cluster lab` (it writes both and starts the switch), or commit both to Git"
+            ]
         );
         let bad = req("TalosOperation", "CREATE", json!({"metadata": {"name": "x"}, "spec": 3}), Json::Null);
         assert_eq!(

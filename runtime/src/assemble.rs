@@ -1,16 +1,30 @@
-//! The observed-state snapshot assembled from what was read: one pure function per part, so
-//! that `ichor plan` on a dumped snapshot decides exactly what the controller decided.
+//! The assembly: what one reconcile observed (plain data, `Observation`, read by
+//! `controller::Controller::observe`) turned into the observed-state snapshot the rules decide
+//! on, without I/O. `ichor plan` on a dumped snapshot decides exactly what the controller decided.
 //!
-//! Start at `pending` (a node's running config against its render, classified: the paths the
-//! rules see, with class, owner, restarts and new value) and `machine` (one machine's entry,
-//! `Unknown` nodes included: not Ready, nothing pending).
+//! Start at `assemble` (the whole step: the render of every machine, each node's running config
+//! against it, the cluster, the operation and its neighbours, checked as `ichor plan --state`
+//! checks a snapshot), then `pending` (a node's running config against its render, classified:
+//! the paths the rules see) and `machine` (one machine's entry, `Unknown` nodes included: not
+//! Ready, nothing pending). The caches (`RenderCache`, `PendingCache`) keep a machine's render
+//! and classification while their inputs stay the same; the operation and machine controllers
+//! share them.
 
-use crate::state::{Machine, PendingPath, StaticPod};
-use render::api::{OperationKind, Role};
+use crate::plan::MachineConfigs;
+use crate::state::{
+    Cluster, Cni, Intent, Machine, MachineProgress, ObservedState, Operation, OtherOperation, PendingPath, StateError,
+    StaticPod, Workload,
+};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use render::api::{OperationKind, Role, TalosCluster, TalosConfigPatch, TalosMachine, TalosOperation};
 use render::classify::{Classifier, ClassifyError};
 use render::config::Config;
+use render::machine::MachineError;
+use render::manifests::{ManifestError, Manifests};
+use render::render::Rendered;
 use render::vocab::Contract;
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 /// Every path where `running` differs from `desired`, as the snapshot lists it.
 pub fn pending(
@@ -86,15 +100,7 @@ fn entry(m: &MachineRead, contract: Contract, pending: Option<Vec<PendingPath>>)
     }
 }
 
-/// Pending paths kept by what they were computed from (the contract, a hash of the node's
-/// running config text, the render's desired-inputs hash): between most reconciles neither
-/// changes, and classifying thousands of machines again each time would dominate a reconcile.
-#[derive(Debug, Default)]
-pub struct PendingCache {
-    map: std::sync::Mutex<std::collections::HashMap<(Contract, u64, String), Vec<PendingPath>>>,
-}
-
-/// A hash of a config's text as read (cheap: no parse, no serialization).
+/// A hash of a text as read (cheap: no parse, no serialization).
 pub fn text_hash(text: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -102,52 +108,504 @@ pub fn text_hash(text: &str) -> u64 {
     h.finish()
 }
 
+/// A hash of objects as the API returned them (everything a render reads of them).
+fn objects_hash<T: serde::Serialize>(objects: &[&T]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for o in objects {
+        serde_json::to_vec(o).unwrap_or_default().hash(&mut h);
+    }
+    h.finish()
+}
+
+/// One entry per machine: what it was computed from, and the result. A machine's entry is
+/// replaced when its inputs change, so the cache holds one entry per machine, never more.
+#[derive(Debug)]
+struct PerMachine<K, V> {
+    map: Mutex<std::collections::HashMap<String, (K, V)>>,
+}
+
+impl<K, V> Default for PerMachine<K, V> {
+    fn default() -> Self {
+        PerMachine { map: Mutex::new(std::collections::HashMap::new()) }
+    }
+}
+
+impl<K: PartialEq, V: Clone> PerMachine<K, V> {
+    fn get_or<E>(&self, machine: &str, key: K, compute: impl FnOnce() -> Result<V, E>) -> Result<V, E> {
+        if let Some((k, v)) = self.map.lock().ok().as_ref().and_then(|m| m.get(machine).map(|(k, v)| (k == &key, v)))
+            && k
+        {
+            return Ok(v.clone());
+        }
+        let v = compute()?;
+        if let Ok(mut m) = self.map.lock() {
+            m.insert(machine.to_string(), (key, v.clone()));
+        }
+        Ok(v)
+    }
+
+    fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+/// Pending paths kept by what they were computed from (the contract, a hash of the node's
+/// running config text, the render's desired-inputs hash): between most reconciles neither
+/// changes, and classifying thousands of machines again each time would dominate a reconcile.
+#[derive(Debug, Default)]
+pub struct PendingCache {
+    entries: PerMachine<(Contract, u64, String), Option<Vec<PendingPath>>>,
+}
+
 impl PendingCache {
     /// The machine's snapshot entry, classifying only when its running config or its render's
     /// inputs changed since the last time: `running` is the node's config text as read (parsed
-    /// only on a miss; `None` when the node was not reached), `inputs_hash` the render's.
+    /// only on a miss; `None` when the node was not reached).
     pub fn machine(
         &self,
         c: &Classifier,
-        contract: Contract,
         m: &MachineRead,
         running: Option<&str>,
-        desired: &Config,
-        inputs_hash: &str,
+        rendered: &Rendered,
     ) -> Result<Machine, ClassifyError> {
+        let contract = rendered.contract;
         let pending = match running {
             None => None,
             Some(text) => {
-                let key = (contract, text_hash(text), inputs_hash.to_string());
-                let cached = self.map.lock().ok().and_then(|map| map.get(&key).cloned());
-                match cached {
-                    Some(p) => Some(p),
-                    None => {
-                        // A running config that does not parse has nothing the rules can judge:
-                        // the machine is as unreachable.
-                        match Config::parse(text) {
-                            Ok(cfg) => {
-                                let p = pending(c, contract, &cfg, desired)?;
-                                if let Ok(mut map) = self.map.lock() {
-                                    map.insert(key, p.clone());
-                                }
-                                Some(p)
-                            }
-                            Err(_) => None,
-                        }
+                let key = (contract, text_hash(text), rendered.inputs_hash.clone());
+                self.entries.get_or(&m.name, key, || {
+                    // A running config that does not parse has nothing the rules can judge: the
+                    // machine is as unreachable.
+                    match Config::parse(text) {
+                        Ok(cfg) => pending(c, contract, &cfg, &rendered.config).map(Some),
+                        Err(_) => Ok(None),
                     }
-                }
+                })?
             }
         };
         Ok(entry(m, contract, pending))
     }
 
-    /// How many classifications are kept.
+    /// How many machines' classifications are kept.
     pub fn len(&self) -> usize {
-        self.map.lock().map(|m| m.len()).unwrap_or(0)
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Renders kept by everything they read (the cluster, the machine, the cluster's patches, the
+/// secrets' version, the contract): shared by the operation and machine controllers, so a
+/// machine is rendered once per change of its inputs, not once per reconcile of each.
+#[derive(Default)]
+pub struct RenderCache {
+    entries: PerMachine<(u64, u64), Arc<Rendered>>,
+}
+
+impl std::fmt::Debug for RenderCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RenderCache").field("machines", &self.len()).finish()
+    }
+}
+
+impl RenderCache {
+    /// `render::machine::render_checked` of `machine`, or the render kept for the same inputs.
+    pub fn render(&self, c: &Classifier, manifests: &Manifests, machine: &str) -> Result<Arc<Rendered>, MachineError> {
+        let mch = manifests.machine(machine)?;
+        let cluster = manifests.cluster_of(mch);
+        let (_, secrets_version) = manifests.bundle(cluster);
+        let patches: Vec<&TalosConfigPatch> = manifests
+            .patches
+            .iter()
+            .filter(|p| {
+                p.metadata.namespace == cluster.metadata.namespace
+                    && Some(p.spec.cluster_ref.name.as_str()) == cluster.metadata.name.as_deref()
+            })
+            .collect();
+        let key = (objects_hash(&[cluster]) ^ text_hash(&secrets_version).rotate_left(1), objects_hash(&patches));
+        let key = (key.0, key.1 ^ objects_hash(&[mch]).rotate_left(7));
+        self.entries.get_or(machine, key, || render::machine::render_checked(manifests, machine, None, c).map(Arc::new))
+    }
+
+    /// How many machines' renders are kept.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What Talos said of one machine this reconcile.
+#[derive(Clone, Debug)]
+pub struct TalosRead {
+    pub talos_version: String,
+    /// The config the node runs, as read.
+    pub running_config: String,
+    /// The bootstrap manifests Talos rendered there (ids, e.g. `10-kube-proxy`).
+    pub manifests: Vec<String>,
+}
+
+/// What one reconcile read from Kubernetes and Talos, as plain data: the objects as the API
+/// returned them and what each node's Talos said. `assemble` turns it into the snapshot.
+#[derive(Clone, Debug)]
+pub struct Observation {
+    pub operation: TalosOperation,
+    pub cluster: TalosCluster,
+    /// The namespace's TalosOperations (this one may be among them: `assemble` keeps the
+    /// cluster's others).
+    pub operations: Vec<TalosOperation>,
+    /// The cluster's TalosMachines and TalosConfigPatches.
+    pub machines: Vec<TalosMachine>,
+    pub patches: Vec<TalosConfigPatch>,
+    /// The Secret holding the cluster's Talos secrets bundle.
+    pub secret: Secret,
+    pub nodes: Vec<Node>,
+    /// kube-system's pods: the static control plane's mirror pods are among them.
+    pub kube_system_pods: Vec<Pod>,
+    /// What each machine's Talos said, by machine name; a machine absent here was not reached.
+    pub talos: BTreeMap<String, TalosRead>,
+    pub workload: Workload,
+}
+
+/// What a reconcile assembled: the snapshot, and what completes the plan's applies.
+#[derive(Debug)]
+pub struct Read {
+    pub snapshot: ObservedState,
+    /// Each machine's running config (as read) and render: what completes the plan's applies.
+    pub configs: BTreeMap<String, MachineConfigs>,
+    /// The operation's resourceVersion, for the status write.
+    pub resource_version: Option<String>,
+}
+
+/// What the assembly needs besides the observation: the controller's own settings and caches.
+#[derive(Clone, Copy)]
+pub struct Settings<'a> {
+    pub classifier: &'a Classifier,
+    pub renders: &'a RenderCache,
+    pub pending: &'a PendingCache,
+    /// The release set's Kubernetes this Ichor ships (ADR 0113).
+    pub release_set_kubernetes: &'a str,
+    /// The node the controller runs on (it goes last).
+    pub controller_node: Option<&'a str>,
+}
+
+/// Why an observation does not assemble into a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum AssembleError {
+    #[error("classifying the pending changes of machine {machine}")]
+    Classify {
+        machine: String,
+        #[source]
+        source: ClassifyError,
+    },
+    /// The snapshot fails the checks `ichor plan --state` makes (a bug of the assembly).
+    #[error("the assembled snapshot does not hold: {}", problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("; "))]
+    Snapshot { problems: Vec<StateError> },
+}
+
+/// The custom resources' problems, when they do not load or a machine does not render: what the
+/// rules see as `inputs_rejected` (nothing is done; the operation pauses naming every problem).
+fn rejection(e: RenderProblem) -> String {
+    match e {
+        RenderProblem::Load(problems) => format!(
+            "the custom resources do not load: {}",
+            problems.iter().map(|p| p.message.clone()).collect::<Vec<_>>().join("; ")
+        ),
+        RenderProblem::Machine(machine, e) => {
+            let problems = e.problems();
+            let problem = if problems.is_empty() { e.to_string() } else { format!("{e}: {}", problems.join("; ")) };
+            format!("rendering machine {machine}: {problem}")
+        }
+    }
+}
+
+enum RenderProblem {
+    Load(Vec<ManifestError>),
+    Machine(String, MachineError),
+}
+
+/// The render's inputs, from the objects as read.
+pub fn manifests(o: &Observation, c: &Classifier) -> Result<Manifests, Vec<ManifestError>> {
+    let contracts: Vec<String> = c.known().iter().map(|c| c.to_string()).collect();
+    Manifests::from_objects(
+        vec![o.cluster.clone()],
+        o.machines.clone(),
+        o.patches.clone(),
+        std::slice::from_ref(&o.secret),
+        &contracts,
+    )
+}
+
+/// Every machine's render, in the observation's order, or the first problem.
+fn render_all(o: &Observation, s: &Settings) -> Result<Vec<Arc<Rendered>>, RenderProblem> {
+    let m = manifests(o, s.classifier).map_err(RenderProblem::Load)?;
+    o.machines
+        .iter()
+        .map(|mch| {
+            let name = mch.metadata.name.clone().unwrap_or_default();
+            s.renders.render(s.classifier, &m, &name).map_err(|e| RenderProblem::Machine(name, e))
+        })
+        .collect()
+}
+
+/// Whether a Node or a pod reports the condition `Ready` as True.
+fn ready(conditions: Option<&Vec<impl HasCondition>>) -> bool {
+    conditions.is_some_and(|cs| cs.iter().any(|c| c.is_ready()))
+}
+
+trait HasCondition {
+    fn is_ready(&self) -> bool;
+}
+impl HasCondition for k8s_openapi::api::core::v1::NodeCondition {
+    fn is_ready(&self) -> bool {
+        self.type_ == "Ready" && self.status == "True"
+    }
+}
+impl HasCondition for k8s_openapi::api::core::v1::PodCondition {
+    fn is_ready(&self) -> bool {
+        self.type_ == "Ready" && self.status == "True"
+    }
+}
+
+/// The static control plane's mirror pods, by node and then component (`k8s-app`).
+fn static_pods(pods: &[Pod]) -> BTreeMap<String, BTreeMap<String, StaticPod>> {
+    let mut out: BTreeMap<String, BTreeMap<String, StaticPod>> = BTreeMap::new();
+    for p in pods {
+        if !p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror")) {
+            continue;
+        }
+        let Some(spec) = p.spec.as_ref() else { continue };
+        let (Some(node), Some(component), Some(image)) = (
+            spec.node_name.as_ref(),
+            p.metadata.labels.as_ref().and_then(|l| l.get("k8s-app")),
+            spec.containers.first().and_then(|c| c.image.clone()),
+        ) else {
+            continue;
+        };
+        let ready = ready(p.status.as_ref().and_then(|s| s.conditions.as_ref()));
+        out.entry(node.clone()).or_default().insert(component.clone(), StaticPod { image, ready });
+    }
+    out
+}
+
+/// The snapshot from what one reconcile observed, at `now`. A render that fails is a fact of the
+/// snapshot (`inputsRejected`), with no machine in it: the rules pause the operation, unless it
+/// has ended, and nothing else is done.
+pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, AssembleError> {
+    let op = &o.operation;
+    let cluster = &o.cluster;
+    let operation = op.metadata.name.as_deref().unwrap_or_default();
+    let cluster_name = op.spec.cluster_ref.name.clone();
+    let others: Vec<OtherOperation> = o
+        .operations
+        .iter()
+        .filter(|x| x.spec.cluster_ref.name == cluster_name && x.metadata.name.as_deref() != Some(operation))
+        .map(|x| OtherOperation {
+            name: x.metadata.name.clone().unwrap_or_default(),
+            kind: x.spec.kind,
+            phase: x.status.as_ref().map(|s| s.phase()).unwrap_or_default(),
+        })
+        .collect();
+    let (rendered, rejected) = match render_all(o, s) {
+        Ok(r) => (r, None),
+        Err(e) => (vec![], Some(rejection(e))),
+    };
+    let nodes: BTreeMap<&str, &Node> =
+        o.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or_default(), n)).collect();
+    let mut mirror = static_pods(&o.kube_system_pods);
+    let mut configs = BTreeMap::new();
+    let mut machines = vec![];
+    // No render, no machine: nothing observed of the fleet enters the snapshot.
+    for (m, rendered) in o.machines.iter().zip(&rendered) {
+        let name = m.metadata.name.clone().unwrap_or_default();
+        let status = nodes.get(name.as_str()).and_then(|n| n.status.as_ref());
+        let kubelet = status.and_then(|s| s.node_info.as_ref()).map(|i| i.kubelet_version.clone()).unwrap_or_default();
+        let talos = o.talos.get(&name);
+        let read = MachineRead {
+            name: name.clone(),
+            role: m.spec.role,
+            talos_version: talos.map_or_else(|| cluster.spec.talos_version.clone(), |t| t.talos_version.clone()),
+            kubelet_version: if kubelet.is_empty() { cluster.spec.kubernetes_version.clone() } else { kubelet },
+            node_ready: ready(status.and_then(|s| s.conditions.as_ref())),
+            hold: m.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::HOLD)),
+            runs_controller: s.controller_node == Some(name.as_str()),
+            static_pods: mirror.remove(&name).unwrap_or_default(),
+            kube_proxy_manifest: talos
+                .filter(|_| m.spec.role == Role::Controlplane)
+                .map(|t| t.manifests.iter().any(|x| x == crate::plan::KUBE_PROXY_MANIFEST)),
+            address: Some(m.spec.address.clone()),
+        };
+        let running = talos.map(|t| t.running_config.as_str());
+        machines.push(
+            s.pending
+                .machine(s.classifier, &read, running, rendered)
+                .map_err(|source| AssembleError::Classify { machine: name.clone(), source })?,
+        );
+        if let Some(running) = running {
+            configs.insert(name, MachineConfigs { running: running.to_string(), desired: rendered.config.clone() });
+        }
+    }
+    let st = op.status.clone().unwrap_or_default();
+    let snapshot = ObservedState {
+        now: now.to_string(),
+        cluster: Cluster {
+            name: cluster_name,
+            kubernetes_version: cluster.spec.kubernetes_version.clone(),
+            release_set_kubernetes: s.release_set_kubernetes.to_string(),
+            cni: Cni {
+                preset: cluster.spec.cni.preset,
+                kube_proxy: cluster.spec.cni.kube_proxy,
+                handover: cluster.spec.cni.handover,
+                handover_done: render::render::handover_done(cluster),
+                bootstrap_patch: None,
+                home_kube_proxy_replacement: None,
+            },
+            status_kube_proxy: render::render::status_kube_proxy(cluster),
+            annotations: cluster.metadata.annotations.clone().unwrap_or_default(),
+            cilium_values: cluster.spec.cni.cilium.as_ref().and_then(|c| c.values.clone()),
+            cilium_tunnel: None,
+        },
+        machines,
+        workload: if rejected.is_some() { Workload::default() } else { o.workload.clone() },
+        operation: Operation {
+            name: operation.to_string(),
+            kind: op.spec.kind,
+            target_kubernetes: op.spec.target.kubernetes_version.clone(),
+            target_kube_proxy: op.spec.target.kube_proxy,
+            max_unavailable: op.spec.max_unavailable.into(),
+            phase: st.phase(),
+            intent: Intent::of(op.metadata.annotations.as_ref(), st.resumed),
+            paused_reason: st.paused_reason.clone(),
+            machines: st
+                .machines
+                .iter()
+                .map(|(k, v)| {
+                    let started_at = v.started_at.clone().unwrap_or_else(|| now.to_string());
+                    (k.clone(), MachineProgress { phase: v.phase, stage: v.stage.clone(), started_at })
+                })
+                .collect(),
+            waiting_since: st.waiting_since.clone(),
+            done: st.done.clone(),
+        },
+        other_operations: others,
+        inputs_rejected: rejected,
+    };
+    // Checked as `ichor plan --state` checks a snapshot (typed, no YAML between).
+    snapshot.check().map_err(|problems| AssembleError::Snapshot { problems })?;
+    Ok(Read { snapshot, configs, resource_version: op.metadata.resource_version.clone() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use render::api::{OperationKind, TalosOperationSpec};
+
+    const FILES: [(&str, &str); 4] = [
+        ("cluster.yaml", include_str!("../../examples/clusters/lab-v1.14/cluster.yaml")),
+        ("machines.yaml", include_str!("../../examples/clusters/lab-v1.14/machines.yaml")),
+        ("patches.yaml", include_str!("../../examples/clusters/lab-v1.14/patches.yaml")),
+        ("secrets.yaml", include_str!("../../examples/clusters/lab-v1.14/secrets.yaml")),
+    ];
+
+    fn classifier() -> Classifier {
+        Classifier::new(&render::classify::RuleSet::embedded()).unwrap()
+    }
+
+    /// The example cluster as the API would return it, with every node's Talos running its
+    /// render except `down`, which was not reached, and an upgrade asked for.
+    fn observation(c: &Classifier, down: &str) -> Observation {
+        let files: Vec<(String, String)> = FILES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        let contracts: Vec<String> = c.known().iter().map(|c| c.to_string()).collect();
+        let m = Manifests::load(&files, &contracts).unwrap();
+        let secret_text = FILES[3].1;
+        let secret: Secret = serde_yaml::from_str(secret_text).unwrap();
+        let talos = m
+            .machines
+            .iter()
+            .filter_map(|mch| {
+                let name = mch.metadata.name.clone().unwrap();
+                let r = render::machine::render_checked(&m, &name, None, c).unwrap();
+                (name != down).then(|| {
+                    (name, TalosRead { talos_version: "v1.14.3".into(), running_config: r.text, manifests: vec![] })
+                })
+            })
+            .collect();
+        let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
+        spec.cluster_ref.name = "lab".into();
+        spec.kind = OperationKind::Kubernetes;
+        spec.target.kubernetes_version = Some("v1.37.0".into());
+        let mut operation = TalosOperation::new("up", spec);
+        operation.metadata.namespace = Some("ichor-system".into());
+        Observation {
+            operation,
+            cluster: m.clusters[0].clone(),
+            operations: vec![],
+            machines: m.machines.clone(),
+            patches: m.patches.clone(),
+            secret,
+            nodes: vec![],
+            kube_system_pods: vec![],
+            talos,
+            workload: Workload::default(),
+        }
+    }
+
+    fn settings<'a>(c: &'a Classifier, renders: &'a RenderCache, pending: &'a PendingCache) -> Settings<'a> {
+        Settings { classifier: c, renders, pending, release_set_kubernetes: "v1.37.0", controller_node: Some("w1") }
+    }
+
+    #[test]
+    fn an_observation_assembles_into_the_snapshot_without_io() {
+        let c = classifier();
+        let (renders, pending) = (RenderCache::default(), PendingCache::default());
+        let o = observation(&c, "cp2");
+        let read = assemble(&o, "2026-12-01T10:00:00Z", &settings(&c, &renders, &pending)).unwrap();
+        let s = &read.snapshot;
+        assert_eq!(s.machines.len(), 4);
+        assert!(s.inputs_rejected.is_none());
+        let by = |n: &str| s.machines.iter().find(|m| m.name == n).unwrap();
+        // Reached and running its render: nothing pending; not reached: not Ready, nothing known.
+        assert!(by("cp1").pending.is_empty() && by("cp1").talos_version == "v1.14.3");
+        assert!(!by("cp2").ready && by("cp2").pending.is_empty());
+        assert!(by("w1").runs_controller);
+        // The applies are completed from what was read of the reached nodes only.
+        assert!(read.configs.contains_key("cp1") && !read.configs.contains_key("cp2"));
+        // No Node reported: nobody is Ready, and the kubelet's version is the cluster's.
+        assert!(s.machines.iter().all(|m| !m.ready && m.kubelet_version == "v1.36.4"));
+    }
+
+    #[test]
+    fn renders_are_kept_while_their_inputs_stay_and_redone_when_they_change() {
+        let c = classifier();
+        let (renders, pending) = (RenderCache::default(), PendingCache::default());
+        let mut o = observation(&c, "");
+        let m = manifests(&o, &c).unwrap();
+        let first = renders.render(&c, &m, "cp1").unwrap();
+        assert!(Arc::ptr_eq(&first, &renders.render(&c, &m, "cp1").unwrap()));
+        assemble(&o, "2026-12-01T10:00:00Z", &settings(&c, &renders, &pending)).unwrap();
+        assert_eq!((renders.len(), pending.len()), (4, 4), "one entry per machine");
+        // A change of the cluster's spec renders again.
+        o.cluster.spec.kubernetes_version = "v1.36.5".into();
+        let m = manifests(&o, &c).unwrap();
+        let again = renders.render(&c, &m, "cp1").unwrap();
+        assert!(!Arc::ptr_eq(&first, &again));
+        assert_eq!(renders.len(), 4, "replaced, not added");
+    }
+
+    #[test]
+    fn inputs_that_do_not_render_are_a_fact_with_no_machine() {
+        let c = classifier();
+        let (renders, pending) = (RenderCache::default(), PendingCache::default());
+        let mut o = observation(&c, "");
+        o.cluster.spec.version_contract = "v0.1".into();
+        let read = assemble(&o, "2026-12-01T10:00:00Z", &settings(&c, &renders, &pending)).unwrap();
+        let why = read.snapshot.inputs_rejected.unwrap();
+        assert!(why.starts_with("the custom resources do not load: ") && why.contains("v0.1"), "{why}");
+        assert!(read.snapshot.machines.is_empty() && read.configs.is_empty());
     }
 }

@@ -1,15 +1,18 @@
-//! The controller's reconcile of one TalosOperation (feature `io`): read what it needs from
+//! The controller's reconcile of one TalosOperation (feature `io`): observe what it needs from
 //! Kubernetes and Talos, assemble the snapshot, plan with the rules, execute, write status.
 //! Each reconcile re-derives everything from what it reads, so a crash anywhere resumes.
 //!
-//! Start at `Controller::reconcile`. `Controller::read` is the observation alone: the snapshot
-//! it returns is what `ichor plan --state` decides on (dump it to reproduce a decision). Status
-//! writes carry the resourceVersion read; a conflict re-reads and re-plans.
+//! Start at `Controller::reconcile`. `Controller::observe` is the I/O alone (plain data out);
+//! `assemble::assemble` the pure step from it to the snapshot `ichor plan --state` decides on
+//! (dump it to reproduce a decision); `Controller::read` is the two. Status writes carry the
+//! resourceVersion read; a conflict re-reads and re-plans.
 
+pub use crate::assemble::Read;
+use crate::assemble::{AssembleError, Observation, PendingCache, RenderCache, Settings, TalosRead};
 use crate::exec::{Executor, Outcome};
 use crate::kube::{KubeCluster, read_workload};
 use crate::plan::{Plan, Planner};
-use crate::state::{Cluster, Cni, MachineProgress, ObservedState, Operation, OtherOperation, StaticPod};
+use crate::state::ObservedState;
 use crate::talos::client::Client as Talos;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube_client::api::{Api, ListParams, Patch, PatchParams};
@@ -17,20 +20,33 @@ use render::api::{TalosCluster, TalosConfigPatch, TalosMachine, TalosOperation};
 use render::classify::Classifier;
 use render::config::Config;
 use serde_json::json;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
-    #[error("{what}: {source}")]
-    Kube { what: String, source: kube_client::Error },
-    #[error("rendering machine {machine}: {problem}")]
-    Render { machine: String, problem: String },
-    #[error("the custom resources do not load: {0}")]
-    Manifests(String),
-    #[error("the snapshot: {0}")]
-    Snapshot(String),
+    #[error("{what}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube_client::Error,
+    },
+    #[error("rendering machine {machine}")]
+    Render {
+        machine: String,
+        #[source]
+        source: render::machine::MachineError,
+    },
+    #[error("classifying machine {machine}")]
+    Classify {
+        machine: String,
+        #[source]
+        source: render::classify::ClassifyError,
+    },
+    #[error("the custom resources do not load: {}", problems.iter().map(|p| p.message.clone()).collect::<Vec<_>>().join("; "))]
+    Manifests { problems: Vec<render::manifests::ManifestError> },
+    #[error(transparent)]
+    Assemble(#[from] AssembleError),
     #[error(transparent)]
     Plan(#[from] crate::plan::PlanError),
     #[error(transparent)]
@@ -58,16 +74,6 @@ pub struct Reconciled {
     pub status: ObservedState,
 }
 
-/// What a reconcile reads besides the snapshot: each machine's render and Talos address.
-#[derive(Debug)]
-pub struct Read {
-    pub snapshot: ObservedState,
-    /// Each machine's running config (as read) and render: what completes the plan's applies.
-    pub configs: BTreeMap<String, crate::plan::MachineConfigs>,
-    /// The operation's resourceVersion, for the status write.
-    pub resource_version: Option<String>,
-}
-
 pub struct Controller {
     pub kube: kube_client::Client,
     pub talos: Talos,
@@ -82,7 +88,9 @@ pub struct Controller {
     pub drain_timeout: Duration,
     /// Classifications kept between reconciles (a machine is classified again only when its
     /// running config or its render's inputs change).
-    pub cache: crate::assemble::PendingCache,
+    pub cache: PendingCache,
+    /// Renders kept between reconciles, shared by the operation and machine controllers.
+    pub renders: RenderCache,
 }
 
 /// A render's refusal with every problem it names (the patch and field at fault).
@@ -91,11 +99,50 @@ fn render_problem(e: &render::machine::MachineError) -> String {
     if problems.is_empty() { e.to_string() } else { format!("{e}: {}", problems.join("; ")) }
 }
 
-fn yaml<T: serde::Serialize>(what: &str, v: &T) -> (String, String) {
-    (what.to_string(), serde_yaml::to_string(v).unwrap_or_default())
-}
-
 impl Controller {
+    /// A controller of these clients, planner and classifier, with the defaults of a real
+    /// installation: this Ichor's release set, not told which node it runs on, the kubernetes
+    /// Service taken as answering (give a probe with `with_service_probe`), a 300 s drain, and
+    /// empty caches.
+    pub fn new(kube: kube_client::Client, talos: Talos, planner: Planner, classifier: Classifier) -> Controller {
+        Controller {
+            kube,
+            talos,
+            planner,
+            classifier,
+            release_set_kubernetes: render::embedded::RELEASE_SET_KUBERNETES.to_string(),
+            controller_node: None,
+            service_answers: Arc::new(|| Box::pin(async { true })),
+            drain_timeout: Duration::from_secs(300),
+            cache: PendingCache::default(),
+            renders: RenderCache::default(),
+        }
+    }
+
+    /// The release set's Kubernetes (ADR 0113), when not this Ichor's.
+    pub fn with_release_set(mut self, kubernetes: &str) -> Controller {
+        self.release_set_kubernetes = kubernetes.to_string();
+        self
+    }
+
+    /// The node the controller runs on (it goes last).
+    pub fn with_controller_node(mut self, node: Option<String>) -> Controller {
+        self.controller_node = node;
+        self
+    }
+
+    /// The probe of the kubernetes Service.
+    pub fn with_service_probe(mut self, probe: Arc<dyn Fn() -> ServiceProbe + Send + Sync>) -> Controller {
+        self.service_answers = probe;
+        self
+    }
+
+    /// How long a drain waits for each eviction.
+    pub fn with_drain_timeout(mut self, timeout: Duration) -> Controller {
+        self.drain_timeout = timeout;
+        self
+    }
+
     /// Reads everything the operation's rules need, and each machine's render.
     pub async fn read(&self, namespace: &str, operation: &str, now: &str) -> Result<Read, ControllerError> {
         let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);
@@ -119,192 +166,79 @@ impl Controller {
         cluster: &TalosCluster,
         now: &str,
     ) -> Result<Read, ControllerError> {
-        let operation = op.metadata.name.as_deref().unwrap_or_default();
+        let observation = self.observe(namespace, op, cluster).await?;
+        Ok(crate::assemble::assemble(&observation, now, &self.settings())?)
+    }
+
+    /// What the assembly needs of this controller.
+    pub fn settings(&self) -> Settings<'_> {
+        Settings {
+            classifier: &self.classifier,
+            renders: &self.renders,
+            pending: &self.cache,
+            release_set_kubernetes: &self.release_set_kubernetes,
+            controller_node: self.controller_node.as_deref(),
+        }
+    }
+
+    /// The I/O of one reconcile, as plain data: the operation's neighbours, the cluster's
+    /// machines, patches and secrets, the Nodes (listed once), kube-system's pods, every node's
+    /// Talos at once (bounded, each under its own deadline: an unreachable one is absent and
+    /// the others are observed), and the workload.
+    pub async fn observe(
+        &self,
+        namespace: &str,
+        op: &TalosOperation,
+        cluster: &TalosCluster,
+    ) -> Result<Observation, ControllerError> {
         let cluster_name = op.spec.cluster_ref.name.clone();
-        let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);
-        let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
-        let others: Vec<OtherOperation> = ops
+        let operations = Api::<TalosOperation>::namespaced(self.kube.clone(), namespace)
             .list(&ListParams::default())
             .await
             .map_err(kube_err("listing TalosOperations"))?
-            .items
-            .into_iter()
-            .filter(|o| o.spec.cluster_ref.name == cluster_name && o.metadata.name.as_deref() != Some(operation))
-            .map(|o| OtherOperation {
-                name: o.metadata.name.clone().unwrap_or_default(),
-                kind: o.spec.kind,
-                phase: o.status.map(|s| s.phase()).unwrap_or_default(),
+            .items;
+        let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
+        let secret = self.secret(namespace, cluster).await?;
+        let nodes = Api::<Node>::all(self.kube.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing Nodes"))?
+            .items;
+        let kube_system_pods = Api::<Pod>::namespaced(self.kube.clone(), "kube-system")
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("listing kube-system pods"))?
+            .items;
+        let addresses: Vec<String> = machines.iter().map(|m| m.spec.address.clone()).collect();
+        let observed = crate::talos::observe::observe_fleet(&self.talos, &addresses, 16).await;
+        let talos = machines
+            .iter()
+            .zip(observed)
+            .filter_map(|(m, o)| match o {
+                crate::talos::observe::Observed::Known(o) => Some((
+                    m.metadata.name.clone().unwrap_or_default(),
+                    TalosRead {
+                        talos_version: o.talos_version,
+                        running_config: o.running_config,
+                        manifests: o.manifests,
+                    },
+                )),
+                crate::talos::observe::Observed::Unknown { .. } => None,
             })
             .collect();
-        // What the user wrote may not render: then nothing is observed or done, and the rules
-        // pause the operation naming every problem (unless it has ended).
-        let mut rejected = None;
-        let mut rendered_all = vec![];
-        match self.manifests(namespace, cluster, &machines, &patches).await {
-            Ok(manifests) => {
-                for m in &machines {
-                    let name = m.metadata.name.clone().unwrap_or_default();
-                    match render::machine::render_checked(&manifests, &name, None, &self.classifier) {
-                        Ok(r) => rendered_all.push(r),
-                        Err(e) => {
-                            let e = ControllerError::Render { machine: name, problem: render_problem(&e) };
-                            rejected = Some(e.to_string());
-                            break;
-                        }
-                    }
-                }
-            }
-            Err(e @ ControllerError::Manifests(_)) => rejected = Some(e.to_string()),
-            Err(e) => return Err(e),
-        }
-        let machines: Vec<TalosMachine> = if rejected.is_some() { vec![] } else { machines };
-        // The Nodes, listed once (not one GET per machine).
-        let nodes: BTreeMap<String, Node> = if machines.is_empty() {
-            BTreeMap::new()
-        } else {
-            Api::<Node>::all(self.kube.clone())
-                .list(&ListParams::default())
-                .await
-                .map_err(kube_err("listing Nodes"))?
-                .items
-                .into_iter()
-                .map(|n| (n.metadata.name.clone().unwrap_or_default(), n))
-                .collect()
-        };
-        let pods: Api<Pod> = Api::namespaced(self.kube.clone(), "kube-system");
-        let mirror = pods.list(&ListParams::default()).await.map_err(kube_err("listing kube-system pods"))?.items;
-        // Every node at once (bounded), each call under its own deadline; an unreachable one is
-        // Unknown and the others are observed.
-        let addresses: Vec<String> = machines.iter().map(|m| m.spec.address.clone()).collect();
-        let observations = crate::talos::observe::observe_fleet(&self.talos, &addresses, 16).await;
-        let mut configs = BTreeMap::new();
-        let mut snap_machines = vec![];
-        for ((m, observed), rendered) in machines.iter().zip(&observations).zip(rendered_all) {
-            let name = m.metadata.name.clone().unwrap_or_default();
-            let status = nodes.get(&name).and_then(|n| n.status.clone()).unwrap_or_default();
-            let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
-            let kubelet = status.node_info.map(|i| i.kubelet_version).unwrap_or_default();
-            let static_pods: BTreeMap<String, StaticPod> = mirror
-                .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
-                .filter(|p| {
-                    p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
-                })
-                .filter_map(|p| {
-                    let component = p.metadata.labels.as_ref()?.get("k8s-app")?.clone();
-                    let image = p.spec.as_ref()?.containers.first()?.image.clone()?;
-                    let ready = p
-                        .status
-                        .as_ref()?
-                        .conditions
-                        .as_ref()?
-                        .iter()
-                        .any(|c| c.type_ == "Ready" && c.status == "True");
-                    Some((component, StaticPod { image, ready }))
-                })
-                .collect();
-            let (talos_version, running, manifest) = match observed {
-                crate::talos::observe::Observed::Known(o) => (
-                    o.talos_version.clone(),
-                    Some(o.running_config.clone()),
-                    (m.spec.role == render::api::Role::Controlplane)
-                        .then(|| o.manifests.iter().any(|x| x == "10-kube-proxy")),
-                ),
-                crate::talos::observe::Observed::Unknown { .. } => (cluster.spec.talos_version.clone(), None, None),
-            };
-            let mr = crate::assemble::MachineRead {
-                name: name.clone(),
-                role: m.spec.role,
-                talos_version,
-                kubelet_version: if kubelet.is_empty() { cluster.spec.kubernetes_version.clone() } else { kubelet },
-                node_ready: ready,
-                hold: m.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::HOLD)),
-                runs_controller: self.controller_node.as_deref() == Some(name.as_str()),
-                static_pods,
-                kube_proxy_manifest: manifest,
-                address: Some(m.spec.address.clone()),
-            };
-            snap_machines.push(
-                self.cache
-                    .machine(
-                        &self.classifier,
-                        rendered.contract,
-                        &mr,
-                        running.as_deref(),
-                        &rendered.config,
-                        &rendered.inputs_hash,
-                    )
-                    .map_err(|e| ControllerError::Render { machine: name.clone(), problem: e.to_string() })?,
-            );
-            if let Some(running) = running {
-                configs.insert(name, crate::plan::MachineConfigs { running, desired: rendered.config });
-            }
-        }
-        let workload = if rejected.is_some() {
-            crate::state::Workload::default()
-        } else {
-            read_workload(&self.kube, (self.service_answers)().await).await?
-        };
-        let st = op.status.clone().unwrap_or_default();
-        let handover_done = cluster
-            .status
-            .as_ref()
-            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "CNIHandover" && c.status == "True"));
-        let snapshot = ObservedState {
-            now: now.to_string(),
-            cluster: Cluster {
-                name: cluster_name.clone(),
-                kubernetes_version: cluster.spec.kubernetes_version.clone(),
-                release_set_kubernetes: self.release_set_kubernetes.clone(),
-                cni: Cni {
-                    preset: cluster.spec.cni.preset,
-                    kube_proxy: cluster.spec.cni.kube_proxy,
-                    handover: cluster.spec.cni.handover,
-                    handover_done,
-                    bootstrap_patch: None,
-                    home_kube_proxy_replacement: None,
-                },
-                status_kube_proxy: cluster.status.as_ref().and_then(|s| s.cni.as_ref()).and_then(|c| c.kube_proxy),
-                annotations: cluster.metadata.annotations.clone().unwrap_or_default(),
-                cilium_values: cluster.spec.cni.cilium.as_ref().and_then(|c| c.values.clone()),
-                cilium_tunnel: None,
-            },
-            machines: snap_machines,
+        let workload = read_workload(&self.kube, (self.service_answers)().await).await?;
+        Ok(Observation {
+            operation: op.clone(),
+            cluster: cluster.clone(),
+            operations,
+            machines,
+            patches,
+            secret,
+            nodes,
+            kube_system_pods,
+            talos,
             workload,
-            operation: Operation {
-                name: operation.to_string(),
-                kind: op.spec.kind,
-                target_kubernetes: op.spec.target.kubernetes_version.clone(),
-                target_kube_proxy: op.spec.target.kube_proxy,
-                max_unavailable: op.spec.max_unavailable.into(),
-                phase: st.phase(),
-                intent: crate::state::Intent::of(op.metadata.annotations.as_ref(), st.resumed),
-                paused_reason: st.paused_reason.clone(),
-                machines: st
-                    .machines
-                    .iter()
-                    .map(|(k, v)| {
-                        (
-                            k.clone(),
-                            MachineProgress {
-                                phase: v.phase,
-                                stage: v.stage.clone(),
-                                started_at: v.started_at.clone().unwrap_or_else(|| now.to_string()),
-                            },
-                        )
-                    })
-                    .collect(),
-                waiting_since: st.waiting_since.clone(),
-                done: st.done.clone(),
-            },
-            other_operations: others,
-            inputs_rejected: rejected,
-        };
-        // The snapshot is checked as `ichor plan --state` checks it (typed, no YAML between).
-        snapshot
-            .check()
-            .map_err(|e| ControllerError::Snapshot(e.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; ")))?;
-        Ok(Read { snapshot, configs, resource_version: op.metadata.resource_version.clone() })
+        })
     }
 
     /// A cluster's TalosMachines and TalosConfigPatches.
@@ -332,32 +266,13 @@ impl Controller {
         Ok((machines, patches))
     }
 
-    /// The render's inputs, from the same resources `ichor render` reads from files.
-    async fn manifests(
-        &self,
-        namespace: &str,
-        cluster: &TalosCluster,
-        machines: &[TalosMachine],
-        patches: &[TalosConfigPatch],
-    ) -> Result<render::manifests::Manifests, ControllerError> {
-        let secret_name = cluster.spec.secrets_ref.name.clone();
-        let secret = Api::<Secret>::namespaced(self.kube.clone(), namespace)
-            .get(&secret_name)
+    /// The Secret with the cluster's Talos secrets bundle.
+    async fn secret(&self, namespace: &str, cluster: &TalosCluster) -> Result<Secret, ControllerError> {
+        let name = &cluster.spec.secrets_ref.name;
+        Api::<Secret>::namespaced(self.kube.clone(), namespace)
+            .get(name)
             .await
-            .map_err(kube_err(format!("reading Secret {namespace}/{secret_name}")))?;
-        // Each object under its own name: errors name it, and no two read as one file.
-        let named = |kind: &str, m: &kube_client::core::ObjectMeta| {
-            format!("{kind} {}/{}", m.namespace.as_deref().unwrap_or(namespace), m.name.as_deref().unwrap_or(""))
-        };
-        let mut files = vec![
-            yaml(&named("TalosCluster", &cluster.metadata), cluster),
-            yaml(&named("Secret", &secret.metadata), &secret),
-        ];
-        files.extend(machines.iter().map(|m| yaml(&named("TalosMachine", &m.metadata), m)));
-        files.extend(patches.iter().map(|p| yaml(&named("TalosConfigPatch", &p.metadata), p)));
-        let contracts: Vec<String> = self.classifier.known().iter().map(|c| c.to_string()).collect();
-        render::manifests::Manifests::load(&files, &contracts)
-            .map_err(|e| ControllerError::Manifests(e.iter().map(|x| x.message.clone()).collect::<Vec<_>>().join("; ")))
+            .map_err(kube_err(format!("reading Secret {namespace}/{name}")))
     }
 
     /// The Machine controller's reconcile: the machine's `Ready` condition and hashes, from the
@@ -378,25 +293,34 @@ impl Controller {
             .await
             .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
         let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
-        let manifests = self.manifests(namespace, &cluster, &machines, &patches).await?;
+        let secret = self.secret(namespace, &cluster).await?;
+        let contracts: Vec<String> = self.classifier.known().iter().map(|c| c.to_string()).collect();
+        let manifests = render::manifests::Manifests::from_objects(
+            vec![cluster.clone()],
+            machines,
+            patches,
+            std::slice::from_ref(&secret),
+            &contracts,
+        )
+        .map_err(|problems| ControllerError::Manifests { problems })?;
         // What the rules judge: the render against the node's running config, or, when either
         // cannot be had, the failure itself. The reason and message are the rules' alone
         // (rules/machine.rules), as for `ichor config diff --manifests`.
         let mch_in = manifests
             .machine(machine)
-            .map_err(|e| ControllerError::Render { machine: machine.into(), problem: e.to_string() })?;
+            .map_err(|e| ControllerError::Render { machine: machine.into(), source: e.into() })?;
         let classify =
             |contract, changes: &[render::diff::Change], desired, mctx: &render::classify::MachineContext| {
                 self.classifier
                     .classify_machine(contract, changes, desired, Some(mctx), false)
-                    .map_err(|e| ControllerError::Render { machine: machine.into(), problem: e.to_string() })
+                    .map_err(|source| ControllerError::Classify { machine: machine.into(), source })
             };
-        let (outcome, hash) = match render::machine::render_checked(&manifests, machine, None, &self.classifier) {
+        let (outcome, hash) = match self.renders.render(&self.classifier, &manifests, machine) {
             Err(e) => {
                 let contract = self
                     .classifier
                     .contract(&manifests.cluster_of(mch_in).spec.version_contract)
-                    .map_err(|e| ControllerError::Render { machine: machine.into(), problem: e.to_string() })?;
+                    .map_err(|e| ControllerError::Render { machine: machine.into(), source: e.into() })?;
                 let mctx = render::machine::rejected_context(&manifests, mch_in, render_problem(&e));
                 (classify(contract, &[], None, &mctx)?, None)
             }

@@ -16,7 +16,7 @@ use crate::talos::client::{ApplyMode, Client, TalosError};
 /// What the executor needs of Kubernetes.
 #[allow(async_fn_in_trait)]
 pub trait KubePort {
-    type Error: std::fmt::Display;
+    type Error: std::error::Error + 'static;
     /// Whether an error fails the machine's step (the operation pauses, naming it) rather than
     /// interrupting the run until the next reconcile: a drain past its deadline does.
     fn fails_step(_e: &Self::Error) -> bool {
@@ -130,7 +130,7 @@ impl<K: KubePort> Executor<'_, K> {
     async fn perform(&mut self, a: &Action) -> Performed {
         let kube = |r: Result<(), K::Error>| match r {
             Ok(()) => Performed::Done,
-            Err(e) => Performed::Interrupted { why: e.to_string() },
+            Err(e) => Performed::Interrupted { why: crate::error_chain(&e) },
         };
         match a {
             Action::PullImage { machine, node, namespace, image } => {
@@ -166,8 +166,10 @@ impl<K: KubePort> Executor<'_, K> {
             Action::Drain { machine } => match self.kube.drain(machine).await {
                 Ok(()) => Performed::Done,
                 // Nothing more on this machine: its apply must not run undrained.
-                Err(e) if K::fails_step(&e) => Performed::Failed { machine: machine.clone(), message: e.to_string() },
-                Err(e) => Performed::Interrupted { why: e.to_string() },
+                Err(e) if K::fails_step(&e) => {
+                    Performed::Failed { machine: machine.clone(), message: crate::error_chain(&e) }
+                }
+                Err(e) => Performed::Interrupted { why: crate::error_chain(&e) },
             },
             Action::Uncordon { machine } => kube(self.kube.uncordon(machine).await),
             Action::SyncManifests { via, node, field_manager } => {
@@ -205,6 +207,6 @@ fn talos_failed(machine: &str, e: TalosError) -> Performed {
             machine: machine.to_string(),
             message: format!("Talos refused the change on {machine}: {message}"),
         },
-        e => Performed::Interrupted { why: e.to_string() },
+        e => Performed::Interrupted { why: crate::error_chain(&e) },
     }
 }

@@ -136,8 +136,7 @@ impl Rules {
             .next()
             .ok_or_else(|| HandoverError::Derived { what: "no CNIHandover condition".into() })?;
         let (sync, health) = app.map(|a| (or(&a.sync), or(&a.health))).unwrap_or(("Unknown", "Unknown"));
-        let message =
-            self.messages.render(db.sym(template), &serde_json::json!({"sync": sync, "health": health}))?;
+        let message = self.messages.render(db.sym(template), &serde_json::json!({"sync": sync, "health": health}))?;
         Ok(Decision {
             status: db.sym(status).to_string(),
             reason: db.sym(reason).to_string(),

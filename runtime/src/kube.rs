@@ -44,14 +44,33 @@ pub const JOB_IMAGE: &str = "ghcr.io/maesh/ichor:v0.1.0";
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
-    #[error("{what}: {source}")]
-    Api { what: String, source: kube_client::Error },
+    #[error("{what}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube_client::Error,
+    },
     #[error("draining {node}: pod {pod} could not be evicted within {secs} s ({why}); the operation pauses")]
     DrainTimedOut { node: String, pod: String, secs: u64, why: String },
-    #[error("{0}")]
+    #[error(transparent)]
     Talos(#[from] crate::talos::client::TalosError),
-    #[error("{0}")]
-    Manifest(String),
+    /// A Manifest resource Talos returned does not decode.
+    #[error("{via}: a Manifest resource does not decode")]
+    ManifestDecode {
+        via: String,
+        #[source]
+        source: prost::DecodeError,
+    },
+    /// An object of a rendered manifest lacks what names it.
+    #[error("a rendered object without apiVersion, kind or name: {object}")]
+    Unnamed { object: String },
+    /// The Cilium Job's object does not build (a bug of this build).
+    #[error("the Cilium Job {name} does not build")]
+    Job {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 fn api_err(what: impl Into<String>) -> impl FnOnce(kube_client::Error) -> KubeError {
@@ -116,7 +135,7 @@ impl KubeCluster {
             }
             let spec = r.spec.map(|s| s.proto_spec).unwrap_or_default();
             let m = crate::talos::proto::talos::resource::definitions::k8s::ManifestSpec::decode(spec.as_slice())
-                .map_err(|e| KubeError::Manifest(format!("{via}: a Manifest resource does not decode: {e}")))?;
+                .map_err(|source| KubeError::ManifestDecode { via: via.to_string(), source })?;
             out.extend(m.items.into_iter().filter_map(|i| i.object.map(|o| struct_json(&o))));
         }
         Ok(out)
@@ -130,7 +149,7 @@ impl KubeCluster {
                 o.get("kind").and_then(|v| v.as_str()),
                 o.pointer("/metadata/name").and_then(|v| v.as_str()),
             ) else {
-                return Err(KubeError::Manifest(format!("a rendered object without apiVersion, kind or name: {o}")));
+                return Err(KubeError::Unnamed { object: o.to_string() });
             };
             let ns = o.pointer("/metadata/namespace").and_then(|v| v.as_str());
             let api = self.dynamic(av, kind, ns);
@@ -297,7 +316,7 @@ impl KubePort for KubeCluster {
                 }},
             },
         }))
-        .map_err(|e| KubeError::Manifest(format!("the Cilium Job {name}: {e}")))?;
+        .map_err(|source| KubeError::Job { name: name.to_string(), source })?;
         match jobs.create(&PostParams::default(), &job).await {
             Ok(_) => Ok(()),
             // Named by its values' hash: the same Job again is already there.

@@ -15,9 +15,9 @@ pub mod controller;
 pub mod exec;
 pub mod facts;
 pub mod handover;
-pub mod messages;
 #[cfg(feature = "io")]
 pub mod kube;
+pub mod messages;
 pub mod plan;
 pub mod rbac;
 #[cfg(feature = "io")]
@@ -32,3 +32,21 @@ pub mod status;
 pub mod talos;
 #[cfg(feature = "io")]
 pub mod webhook;
+
+/// An error and its sources as one line (`a: b: c`): how logs, Events and status messages print
+/// an error, since each error's own text names only its layer (the chain is printed once, here
+/// and by the CLI's `main`).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        // A layer that repeats its source's text adds nothing.
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
+}

@@ -73,7 +73,9 @@ impl Messages {
 
     /// Template `name` filled from `data`.
     pub fn render(&self, name: &str, data: &Json) -> Result<String, MessageError> {
-        self.hb.render(name, data).map_err(|source| MessageError::Render { name: name.to_string(), source: Box::new(source) })
+        self.hb
+            .render(name, data)
+            .map_err(|source| MessageError::Render { name: name.to_string(), source: Box::new(source) })
     }
 }
 

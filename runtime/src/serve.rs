@@ -106,7 +106,7 @@ struct Ctx {
 
 /// Why a reconcile of the loop failed.
 #[derive(Debug, thiserror::Error)]
-#[error("{operation}: {source}")]
+#[error("reconciling {operation}")]
 pub struct ReconcileError {
     operation: String,
     #[source]
@@ -133,7 +133,7 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, Rec
     let _entered = span.enter();
     match &r {
         Ok(r) => tracing::info!(phase = %r.status.operation.phase, actions = r.plan.actions.len(), "reconciled"),
-        Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+        Err(e) => tracing::warn!(error = %crate::error_chain(e), "reconcile failed"),
     }
     drop(_entered);
     ctx.metrics.plan_seconds.observe(started.elapsed().as_secs_f64());
@@ -141,7 +141,7 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, Rec
         Ok(r) => r,
         Err(source) => {
             ctx.metrics.errors.inc();
-            let note = format!("{source}");
+            let note = crate::error_chain(&source);
             publish(&ctx, &op, EventType::Warning, "ReconcileFailed", "Reconcile", note).await;
             return Err(ReconcileError { operation: name, source });
         }
@@ -235,17 +235,17 @@ async fn reconcile_handover(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx>) ->
 }
 
 fn handover_error_policy(_: Arc<render::api::TalosCluster>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
-    tracing::warn!(error = %e, "hand-over reconcile failed; retrying in 15 s");
+    tracing::warn!(error = %crate::error_chain(e), "hand-over reconcile failed; retrying in 15 s");
     Action::requeue(Duration::from_secs(15))
 }
 
 fn machine_error_policy(_: Arc<render::api::TalosMachine>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
-    tracing::warn!(error = %e, "machine reconcile failed; retrying in 15 s");
+    tracing::warn!(error = %crate::error_chain(e), "machine reconcile failed; retrying in 15 s");
     Action::requeue(Duration::from_secs(15))
 }
 
 fn error_policy(_: Arc<TalosOperation>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
-    tracing::warn!(error = %e, "reconcile failed; retrying in 15 s");
+    tracing::warn!(error = %crate::error_chain(e), "reconcile failed; retrying in 15 s");
     Action::requeue(Duration::from_secs(15))
 }
 
@@ -353,7 +353,7 @@ pub async fn run(
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|r| async move {
             if let Err(e) = r {
-                tracing::debug!(error = %e, "reconcile");
+                tracing::debug!(error = %crate::error_chain(&e), "reconcile");
             }
         });
     let handovers = kube_runtime::Controller::new(
@@ -364,7 +364,7 @@ pub async fn run(
     .run(reconcile_handover, handover_error_policy, ctx.clone())
     .for_each(|r| async move {
         if let Err(e) = r {
-            tracing::debug!(error = %e, "hand-over reconcile");
+            tracing::debug!(error = %crate::error_chain(&e), "hand-over reconcile");
         }
     });
     let machine_conditions = kube_runtime::Controller::new(machines, watcher::Config::default())
@@ -372,7 +372,7 @@ pub async fn run(
         .run(reconcile_machine, machine_error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
-                tracing::debug!(error = %e, "machine reconcile");
+                tracing::debug!(error = %crate::error_chain(&e), "machine reconcile");
             }
         });
     futures::join!(operations, machine_conditions, handovers);

@@ -180,17 +180,15 @@ async fn two_replicas_only_the_lease_holder_acts() {
     let from = w.api.log().len();
     let metrics = Arc::new(Metrics::new());
     for id in ["replica-a", "replica-b"] {
-        let c = Controller {
-            kube: w.api.client(),
-            talos: w.controller.talos.clone(),
-            planner: Planner::embedded().unwrap(),
-            classifier: render::classify::Classifier::new(&render::classify::RuleSet::embedded()).unwrap(),
-            release_set_kubernetes: "v1.37.0".into(),
-            controller_node: Some("w1".into()),
-            service_answers: Arc::new(|| Box::pin(async { true })),
-            drain_timeout: Duration::from_secs(2),
-            cache: Default::default(),
-        };
+        let c = Controller::new(
+            w.api.client(),
+            w.controller.talos.clone(),
+            Planner::embedded().unwrap(),
+            render::classify::Classifier::new(&render::classify::RuleSet::embedded()).unwrap(),
+        )
+        .with_release_set("v1.37.0")
+        .with_controller_node(Some("w1".into()))
+        .with_drain_timeout(Duration::from_secs(2));
         let cfg = RunConfig {
             namespace: NS.into(),
             lease_name: "ichor-controller".into(),

@@ -38,6 +38,7 @@ impl std::fmt::Display for TwinError {
         f.write_str(&self.0)
     }
 }
+impl std::error::Error for TwinError {}
 
 impl KubePort for Twin {
     type Error = TwinError;

@@ -31,17 +31,12 @@ async fn plans_every_operation_of_a_real_cluster_without_acting() {
     .unwrap();
     let workload = runtime::kube::read_workload(&kube, true).await.expect("the workload reads");
     eprintln!("workload: {workload:?}");
-    let controller = runtime::controller::Controller {
-        kube: kube.clone(),
+    let controller = runtime::controller::Controller::new(
+        kube.clone(),
         talos,
-        planner: runtime::plan::Planner::embedded().unwrap(),
-        classifier: render::classify::Classifier::new(&render::classify::RuleSet::embedded()).unwrap(),
-        release_set_kubernetes: render::embedded::RELEASE_SET_KUBERNETES.into(),
-        controller_node: None,
-        service_answers: std::sync::Arc::new(|| Box::pin(async { true })),
-        drain_timeout: Duration::from_secs(300),
-        cache: Default::default(),
-    };
+        runtime::plan::Planner::embedded().unwrap(),
+        render::classify::Classifier::new(&render::classify::RuleSet::embedded()).unwrap(),
+    );
     let ops: kube_client::Api<render::api::TalosOperation> = kube_client::Api::namespaced(kube, &namespace);
     for op in ops.list(&Default::default()).await.unwrap().items {
         let name = op.metadata.name.unwrap_or_default();

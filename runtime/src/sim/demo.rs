@@ -146,18 +146,16 @@ impl Demo {
         release_set_kubernetes: &str,
         controller_node: Option<String>,
     ) -> Result<Controller, DemoError> {
-        Ok(Controller {
-            kube: self.api.client(),
-            talos: self.talos.clone(),
-            planner: crate::plan::Planner::embedded().map_err(|e| DemoError::Manifests(e.to_string()))?,
-            classifier: render::classify::Classifier::new(&render::classify::RuleSet::embedded())
+        Ok(Controller::new(
+            self.api.client(),
+            self.talos.clone(),
+            crate::plan::Planner::embedded().map_err(|e| DemoError::Manifests(e.to_string()))?,
+            render::classify::Classifier::new(&render::classify::RuleSet::embedded())
                 .map_err(|e| DemoError::Manifests(e.to_string()))?,
-            release_set_kubernetes: release_set_kubernetes.to_string(),
-            controller_node,
-            service_answers: Arc::new(|| Box::pin(async { true })),
-            drain_timeout: Duration::from_secs(2),
-            cache: Default::default(),
-        })
+        )
+        .with_release_set(release_set_kubernetes)
+        .with_controller_node(controller_node)
+        .with_drain_timeout(Duration::from_secs(2)))
     }
 
     /// What the kubelets report, from what the fleet runs: Node Ready and kubelet version, the

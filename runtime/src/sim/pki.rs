@@ -14,7 +14,7 @@ use rcgen::{
 
 /// Why a certificate could not be made.
 #[derive(Debug, thiserror::Error)]
-#[error("generating {what}: {source}")]
+#[error("generating {what}")]
 pub struct PkiError {
     what: &'static str,
     source: rcgen::Error,

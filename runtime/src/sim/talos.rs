@@ -76,7 +76,7 @@ pub enum Fault {
 pub enum SimError {
     #[error(transparent)]
     Pki(#[from] PkiError),
-    #[error("listening on {addr}: {source}")]
+    #[error("listening on {addr}")]
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("the TLS configuration: {0}")]
     Tls(String),
