@@ -4,10 +4,77 @@
 //! output in `*.stdout` / `*.stderr`; the command runs in the case's folder. Rewrite the
 //! expected files with `TRYCMD=overwrite cargo test -p cli --test golden` and read the change
 //! as a diff.
+//!
+//! A case that runs on a shared folder (an example cluster, the shipped rules) does not copy
+//! it: its `fixture.yaml` names the base per folder (`manifests: examples/clusters/lab-v1.14`),
+//! the case holds only what differs, under `<folder>.overlay/`, and `materialize` writes the
+//! base with the overlay over it to `<folder>/` before the cases run (git ignores it).
 
 #[test]
 fn golden() {
+    materialize();
     trycmd::TestCases::new().case("../tests/golden/*/*.toml");
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap_or_else(|e| panic!("{}: {e}", from.display())).flatten() {
+        let (p, ft) = (e.path(), e.file_type().unwrap());
+        let target = to.join(e.file_name());
+        if ft.is_dir() {
+            copy_tree(&p, &target);
+        } else {
+            std::fs::copy(&p, &target).unwrap_or_else(|e| panic!("{} -> {}: {e}", p.display(), target.display()));
+        }
+    }
+}
+
+/// The cases' `fixture.yaml`s: (case folder, folder written, base from the root).
+fn fixtures() -> Vec<(std::path::PathBuf, String, String)> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(root().join("tests/golden")).unwrap().flatten() {
+        let file = e.path().join("fixture.yaml");
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        let map: std::collections::BTreeMap<String, String> =
+            serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        out.extend(map.into_iter().map(|(into, base)| (e.path(), into, base)));
+    }
+    out.sort();
+    out
+}
+
+/// Writes each fixture's folder: its base, then the case's overlay over it.
+fn materialize() {
+    for (case, into, base) in fixtures() {
+        let target = case.join(&into);
+        let _ = std::fs::remove_dir_all(&target);
+        copy_tree(&root().join(&base), &target);
+        let overlay = case.join(format!("{into}.overlay"));
+        if overlay.is_dir() {
+            copy_tree(&overlay, &target);
+        }
+    }
+}
+
+/// Every folder a fixture writes is ignored by git, and every ignored folder is a fixture's.
+#[test]
+fn tidy_fixture_folders_are_ignored_and_only_they() {
+    let ignore = std::fs::read_to_string(root().join("tests/golden/.gitignore")).unwrap();
+    let listed: std::collections::BTreeSet<String> =
+        ignore.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).map(str::to_string).collect();
+    let written: std::collections::BTreeSet<String> = fixtures()
+        .iter()
+        .map(|(case, into, _)| format!("/{}/{into}/", case.file_name().unwrap().to_string_lossy()))
+        .collect();
+    assert_eq!(listed, written, "tests/golden/.gitignore must list exactly the folders the fixtures write");
+    for (case, into, base) in fixtures() {
+        assert!(root().join(&base).is_dir(), "{}: base {base} is not a folder", case.display());
+        assert!(
+            !case.join(format!("{into}.overlay")).exists() || case.join(format!("{into}.overlay")).is_dir(),
+            "{}: {into}.overlay must be a folder",
+            case.display()
+        );
+    }
 }
 
 use std::process::Command;

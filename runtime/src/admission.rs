@@ -407,7 +407,7 @@ mod tests {
         );
         // Its status may change.
         let mut status = op.clone();
-        status["status"] = json!({"phase": "Running"});
+        status["status"] = json!({"phase": render::api::Phase::Running});
         assert!(review(&req("TalosOperation", "UPDATE", status, op), &Facts::default(), &keys()).allowed);
     }
 
