@@ -11,24 +11,25 @@
 //! `plan` (join chains) -> `eval` (datafrog) -> `db` (results) -> `explain`. The `reference`
 //! module is a slow, obviously correct evaluator kept to check `eval` on random programs.
 
-pub mod ast;
-pub mod check;
-pub mod db;
+pub(crate) mod ast;
+pub(crate) mod check;
+pub(crate) mod db;
 pub mod diag;
-pub mod eval;
+pub(crate) mod eval;
 pub mod explain;
 pub mod facts;
-pub mod host;
-pub mod lexer;
-pub mod loader;
-pub mod parser;
-pub mod plan;
-pub mod program;
+pub(crate) mod host;
+pub(crate) mod lexer;
+pub(crate) mod loader;
+pub(crate) mod parser;
+pub(crate) mod plan;
+pub(crate) mod program;
 pub mod reference;
 pub mod ruletest;
-pub mod sort;
-pub mod value;
+pub(crate) mod sort;
+pub(crate) mod value;
 
+pub use ast::Type;
 pub use db::Database;
 pub use diag::{Diagnostic, Location, Severity, SourceMap, Span};
 pub use eval::{Demand, EvalError, EvalOptions, FactBuilder, Facts};
@@ -36,6 +37,7 @@ pub use host::{BindError, Binder, Input, Output};
 pub use loader::{Loaded, MemSources, Sources, load, load_str};
 pub use plan::QueryPlan;
 pub use program::{Const, Program, RelId};
+pub use value::{FxHashMap, parse_version, version_cmp};
 
 /// A checked program compiled for evaluation; build once, evaluate many times.
 #[derive(Debug)]

@@ -55,7 +55,7 @@ struct Rels {
 
 impl Rels {
     fn bind(program: &engine::Program) -> Result<Rels, engine::BindError> {
-        use engine::ast::Type::{Number as N, Symbol as S};
+        use engine::Type::{Number as N, Symbol as S};
         let mut b = Binder::new(program, "config");
         let rels = Rels {
             change: b.input("change", [("path", S)]),

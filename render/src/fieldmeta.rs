@@ -10,7 +10,7 @@
 use crate::inventory::Inventory;
 use crate::path::{PatSeg, Path, Pattern, Seg, canonical_index};
 use crate::vocab::{Class, Contract};
-use engine::value::FxHashMap;
+use engine::FxHashMap;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;

@@ -9,7 +9,7 @@
 //! into a segment trie; `Inventory::contains` answers for a concrete path.
 
 use crate::path::{Path, Seg};
-use engine::value::FxHashMap;
+use engine::FxHashMap;
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
 

@@ -232,7 +232,7 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
 impl Rules {
     /// The shipped rules and messages.
     pub fn embedded() -> Result<Rules, AdmissionError> {
-        use engine::ast::Type::{Number as N, Symbol as S};
+        use engine::Type::{Number as N, Symbol as S};
         let files: std::collections::HashMap<String, String> =
             render::embedded::RULE_FILES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
         let (engine, _) =

@@ -7,7 +7,7 @@
 //! `rules/programs/operations.rules`. Times become seconds since 1970.
 
 use crate::state::{ObservedState, epoch};
-use engine::ast::Type::{Number as N, Symbol as S};
+use engine::Type::{Number as N, Symbol as S};
 use engine::{BindError, Binder, Engine, FactBuilder, Input, Output, Program};
 
 /// The operations program's relations, as this host uses them.

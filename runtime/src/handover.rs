@@ -93,7 +93,7 @@ pub struct Rules {
 impl Rules {
     /// The shipped rules and messages.
     pub fn embedded() -> Result<Rules, HandoverError> {
-        use engine::ast::Type::Symbol as S;
+        use engine::Type::Symbol as S;
         let files: std::collections::HashMap<String, String> =
             render::embedded::RULE_FILES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
         let (engine, _) =

@@ -481,8 +481,8 @@ impl Planner {
                 .machines
                 .iter()
                 .map(|m| m.kubelet_version.clone())
-                .min_by(|a, b| match (engine::value::parse_version(a), engine::value::parse_version(b)) {
-                    (Some(x), Some(y)) => engine::value::version_cmp(&x, &y),
+                .min_by(|a, b| match (engine::parse_version(a), engine::parse_version(b)) {
+                    (Some(x), Some(y)) => engine::version_cmp(&x, &y),
                     _ => a.cmp(b),
                 })
                 .unwrap_or_else(|| s.cluster.kubernetes_version.clone()),

@@ -338,7 +338,7 @@ pub fn epoch(s: &str) -> Option<i64> {
 pub const KINDS: [OperationKind; 2] = [OperationKind::Kubernetes, OperationKind::Cni];
 
 fn version_ok(v: &str) -> bool {
-    engine::value::parse_version(v).is_some()
+    engine::parse_version(v).is_some()
 }
 
 impl ObservedState {

@@ -172,7 +172,7 @@ fn initial_config(minor: u32, role: Role) -> &'static str {
 }
 
 fn talos_minor(v: &str) -> Option<u32> {
-    let p = engine::value::parse_version(v)?;
+    let p = engine::parse_version(v)?;
     (p.major == 1).then_some(p.minor as u32)
 }
 
