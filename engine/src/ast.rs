@@ -7,12 +7,16 @@
 use crate::diag::Span;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The type of a column: every value the engine holds is one of these.
 pub enum Type {
+    /// Text, interned (`"controlplane"`).
     Symbol,
+    /// A 64-bit signed integer (`42`, seconds since 1970).
     Number,
 }
 
 impl Type {
+    /// The type's name as the dialect writes it (`symbol`, `number`).
     pub fn name(self) -> &'static str {
         match self {
             Type::Symbol => "symbol",

@@ -76,14 +76,18 @@ impl RelData {
 /// Every relation's contents after an evaluation.
 #[derive(Clone, Debug)]
 pub struct Database {
-    pub interner: Interner,
+    /// Every value the evaluation met, by the id its rows hold.
+    pub(crate) interner: Interner,
+    /// Each relation's rows, by `RelId`.
     pub rels: Vec<RelData>,
-    pub provenance: bool,
+    /// Whether each row records the rule and round that derived it (for explanations).
+    pub(crate) provenance: bool,
     /// Evaluation rounds in total (an upper bound on any height).
     pub rounds: u32,
 }
 
 impl Database {
+    /// The value an id stands for.
     pub fn value(&self, id: u32) -> &Const {
         self.interner.value(id)
     }
@@ -105,6 +109,7 @@ impl Database {
         }
     }
 
+    /// A row's values, decoded from their ids.
     pub fn decode_row(&self, row: &[u32]) -> Vec<Const> {
         row.iter().map(|&v| self.interner.value(v).clone()).collect()
     }
@@ -142,6 +147,7 @@ impl Database {
         values.iter().map(|c| self.interner.get(c)).collect()
     }
 
+    /// Whether relation `rel` holds exactly these values.
     pub fn contains(&self, rel: RelId, values: &[Const]) -> bool {
         self.encode(values).is_some_and(|row| self.rels[rel].find(&row).is_some())
     }

@@ -9,18 +9,23 @@ use std::fmt;
 /// A position in a loaded file: file index, 1-based line and column (in characters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Span {
+    /// The file, as an index into `SourceMap::files`.
     pub file: u32,
+    /// The line, 1-based.
     pub line: u32,
+    /// The column, 1-based (in characters).
     pub col: u32,
 }
 
 /// The names of the files a program was loaded from, indexed by `Span::file`.
 #[derive(Clone, Debug, Default)]
 pub struct SourceMap {
+    /// The file names, in the order they were loaded.
     pub files: Vec<String>,
 }
 
 impl SourceMap {
+    /// The name of the file a span is in.
     pub fn name(&self, span: Span) -> &str {
         self.files.get(span.file as usize).map(String::as_str).unwrap_or("<unknown>")
     }
@@ -39,8 +44,11 @@ impl SourceMap {
 /// A place in a named file, for errors that leave the program behind (`path:line:col`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Location {
+    /// The file's name, as it was loaded.
     pub file: String,
+    /// The line, 1-based.
     pub line: u32,
+    /// The column, 1-based.
     pub col: u32,
 }
 
@@ -51,28 +59,37 @@ impl fmt::Display for Location {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// How bad a diagnostic is.
 pub enum Severity {
+    /// The program does not load.
     Error,
+    /// The program loads, but something is likely wrong (a relation derived and never read).
     Warning,
 }
 
 /// One problem, at one place.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Diagnostic {
+    /// How bad it is.
     pub severity: Severity,
+    /// Where it is.
     pub span: Span,
+    /// What is wrong and what to do, as one sentence.
     pub message: String,
 }
 
 impl Diagnostic {
+    /// An error at `span`.
     pub fn error(span: Span, message: impl Into<String>) -> Self {
         Diagnostic { severity: Severity::Error, span, message: message.into() }
     }
 
+    /// A warning at `span`.
     pub fn warning(span: Span, message: impl Into<String>) -> Self {
         Diagnostic { severity: Severity::Warning, span, message: message.into() }
     }
 
+    /// Whether this stops the program from loading.
     pub fn is_error(&self) -> bool {
         self.severity == Severity::Error
     }

@@ -106,17 +106,34 @@ pub enum EvalError {
     /// A rule met a value it cannot compute with (an unparseable version, a regex from a fact
     /// that does not compile, an arithmetic overflow).
     #[error("{at}: in the rule for `{relation}`: {message}")]
-    Rule { at: crate::diag::Location, relation: String, message: String },
+    Rule {
+        /// The rule's position.
+        at: crate::diag::Location,
+        /// The relation the rule derives.
+        relation: String,
+        /// What could not be computed.
+        message: String,
+    },
     /// The evaluation made more tuples than its budget (`EvalOptions::max_tuples`).
     #[error(
         "evaluation: stopped after {tuples} tuples (limit {limit}): does a rule make new values without bound, such as `p(N + 1) :- p(N).`?"
     )]
-    TupleBudget { tuples: usize, limit: usize },
+    TupleBudget {
+        /// The tuples made when it stopped.
+        tuples: usize,
+        /// The budget.
+        limit: usize,
+    },
     /// A recursive stratum ran more rounds than its budget (`EvalOptions::max_rounds`).
     #[error(
         "evaluation: stopped after {limit} rounds of recursion through `{relation}`: does a rule make new values without bound, such as `p(N + 1) :- p(N).`?"
     )]
-    RoundBudget { relation: String, limit: usize },
+    RoundBudget {
+        /// A relation of the stratum.
+        relation: String,
+        /// The budget.
+        limit: usize,
+    },
 }
 
 /// Input facts, already interned against the evaluation's interner.
@@ -144,6 +161,7 @@ impl FactBuilder {
         }
     }
 
+    /// The id of a symbol, interned on first use.
     pub fn sym(&mut self, s: &str) -> u32 {
         self.interner.intern_sym(s)
     }
@@ -163,10 +181,12 @@ impl FactBuilder {
         self.interner.reserve_syms(n);
     }
 
+    /// The id of a number.
     pub fn num(&mut self, n: i64) -> u32 {
         self.interner.intern_num(n)
     }
 
+    /// The id of a constant of either type.
     pub fn value(&mut self, c: &Const) -> u32 {
         self.interner.intern_ref(c)
     }
@@ -212,6 +232,7 @@ pub struct Demand {
 }
 
 impl Demand {
+    /// What must be evaluated to answer `wanted`: those relations and every relation they read, transitively.
     pub fn new(program: &Program, wanted: &[RelId]) -> Demand {
         Demand { needed: program.upstream(wanted) }
     }

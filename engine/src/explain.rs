@@ -19,12 +19,16 @@ use std::fmt;
 /// Where a rule is, for people.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleRef {
+    /// The rules file.
     pub file: String,
+    /// The line of the rule's head, 1-based.
     pub line: u32,
+    /// The `///` comment above the rule, when it has one.
     pub doc: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
+/// How an aggregate of a rule's body got its value.
 pub struct AggProof {
     /// `N = count : {...}` with the value.
     pub text: String,
@@ -33,17 +37,28 @@ pub struct AggProof {
 }
 
 #[derive(Clone, Debug, PartialEq)]
+/// Why a tuple holds, as a tree (each premise its own proof).
 pub enum Proof {
+    /// The tuple is an input fact.
     Input {
+        /// The fact, as `rel("a", 1)`.
         fact: String,
     },
+    /// A rule derived the tuple from its premises.
     Rule {
+        /// The derived tuple, as `rel("a", 1)`.
         fact: String,
+        /// The rule that derived it.
         rule: RuleRef,
+        /// The value of each variable of the rule, by name.
         bindings: Vec<(String, Const)>,
+        /// The proofs of the body's positive literals.
         premises: Vec<Proof>,
+        /// The negated literals, each as "no rel(..) holds".
         negations: Vec<String>,
+        /// The comparisons of the body, with their values filled in.
         constraints: Vec<String>,
+        /// The body's aggregates and how each got its value.
         aggregates: Vec<AggProof>,
     },
 }
@@ -51,13 +66,19 @@ pub enum Proof {
 /// One proof step, shared: its premises are other nodes of the same `ProofGraph`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProofNode {
+    /// The tuple this step proves, as `rel("a", 1)`.
     pub fact: String,
     /// `None` for an input fact.
     pub rule: Option<RuleRef>,
+    /// The value of each variable of the rule, by name.
     pub bindings: Vec<(String, Const)>,
+    /// The nodes that prove the body's positive literals.
     pub premises: Vec<usize>,
+    /// The negated literals, each as "no rel(..) holds".
     pub negations: Vec<String>,
+    /// The comparisons of the body, with their values filled in.
     pub constraints: Vec<String>,
+    /// The body's aggregates and how each got its value.
     pub aggregates: Vec<AggProof>,
 }
 
@@ -81,6 +102,7 @@ impl ProofNode {
 /// paths through them. Node ids are positions in `nodes`.
 #[derive(Clone, Debug, Default)]
 pub struct ProofGraph {
+    /// Every step, once; a node's premises are indexes into this list.
     pub nodes: Vec<ProofNode>,
     index: std::collections::HashMap<(RelId, usize), usize>,
 }
@@ -88,26 +110,49 @@ pub struct ProofGraph {
 /// Why a tuple does not hold, for one rule whose head could produce it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WhyNot {
+    /// The rule that could have produced the tuple.
     pub rule: RuleRef,
     /// The first body literal no binding satisfies, as written with known values filled in.
     pub failed: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]
+/// What `explain` says of one tuple.
 pub enum Explanation {
+    /// It holds, and this is why.
     Holds(Proof),
-    DoesNotHold { fact: String, input: bool, rules: Vec<WhyNot> },
+    /// It does not hold, and this is why not.
+    DoesNotHold {
+        /// The tuple, as `rel("a", 1)`.
+        fact: String,
+        /// The relation is an input (no rule could derive it).
+        input: bool,
+        /// Each rule that could derive it, with the first literal no binding satisfies.
+        rules: Vec<WhyNot>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+/// Why a tuple cannot be explained.
 pub enum ExplainError {
     #[error("unknown relation `{0}`")]
+    /// No relation of that name is in the program.
     UnknownRelation(String),
     #[error("`{relation}` has {expected} column(s), the tuple to explain has {found}")]
-    Arity { relation: String, expected: usize, found: usize },
+    /// The tuple has another number of columns than the relation.
+    Arity {
+        /// The relation.
+        relation: String,
+        /// Its columns.
+        expected: usize,
+        /// The tuple's.
+        found: usize,
+    },
     #[error("the evaluation ran without provenance: evaluate again with provenance on")]
+    /// The database kept no provenance.
     NoProvenance,
     #[error("{0} does not hold")]
+    /// The tuple, written as `rel(..)`, is not derived.
     NotDerived(String),
 }
 
@@ -115,6 +160,7 @@ pub enum ExplainError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct TupleError {
+    /// What was expected and what was found, with the position.
     pub message: String,
 }
 
@@ -774,6 +820,7 @@ fn const_json(c: &Const) -> Json {
 }
 
 impl Proof {
+    /// The proved tuple, as `rel("a", 1)`.
     pub fn fact(&self) -> &str {
         match self {
             Proof::Input { fact } | Proof::Rule { fact, .. } => fact,
@@ -842,6 +889,7 @@ impl fmt::Display for Proof {
 }
 
 impl Explanation {
+    /// The proof as JSON (`fact`, `rule`, `bindings`, `premises`, ...), as interfaces.md has it.
     pub fn to_json(&self) -> Json {
         match self {
             Explanation::Holds(p) => p.to_json(),

@@ -13,15 +13,18 @@ use std::fmt;
 /// Facts keyed by relation name, in insertion order per relation.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FactSet {
+    /// Each relation's tuples, by relation name.
     pub relations: BTreeMap<String, Vec<Vec<Const>>>,
 }
 
 /// A problem with one relation or one tuple of the facts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FactError {
+    /// The relation at fault.
     pub relation: String,
     /// The tuple's 0-based index in its relation's list, when one tuple is at fault.
     pub index: Option<usize>,
+    /// What is wrong.
     pub message: String,
 }
 
@@ -35,6 +38,7 @@ impl fmt::Display for FactError {
 }
 
 impl FactSet {
+    /// Adds one tuple to `relation`.
     pub fn add(&mut self, relation: &str, tuple: Vec<Const>) {
         self.relations.entry(relation.to_string()).or_default().push(tuple);
     }

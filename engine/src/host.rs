@@ -71,8 +71,11 @@ impl<const N: usize> Output<N> {
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("the rules do not declare the relations the {host} host needs ({} problem(s))", diagnostics.len())]
 pub struct BindError {
+    /// The host that bound the program (`operations`, `hand-over`, ...).
     pub host: &'static str,
+    /// Every mismatch, each at the declaration (or the program's root) at fault.
     pub diagnostics: Vec<Diagnostic>,
+    /// The files the diagnostics refer to.
     pub sources: SourceMap,
 }
 

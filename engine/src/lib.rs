@@ -11,6 +11,8 @@
 //! `plan` (join chains) -> `eval` (datafrog) -> `db` (results) -> `explain`. The `reference`
 //! module is a slow, obviously correct evaluator kept to check `eval` on random programs.
 
+#![warn(missing_docs)]
+
 pub(crate) mod ast;
 pub(crate) mod check;
 pub(crate) mod db;
@@ -42,7 +44,9 @@ pub use value::{FxHashMap, parse_version, version_cmp};
 /// A checked program compiled for evaluation; build once, evaluate many times.
 #[derive(Debug)]
 pub struct Engine {
+    /// The checked program: relations, rules, strata, sources.
     pub program: Program,
+    /// The compiled joins of every rule, made once at load.
     pub plan: QueryPlan,
 }
 
@@ -51,7 +55,9 @@ pub struct Engine {
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("the rules do not load ({} error(s))", diagnostics.iter().filter(|d| d.is_error()).count())]
 pub struct LoadError {
+    /// Every problem, each at its position.
     pub diagnostics: Vec<Diagnostic>,
+    /// The files the diagnostics refer to.
     pub sources: SourceMap,
 }
 

@@ -34,12 +34,16 @@ impl Sources for MemSources {
 /// file names that diagnostics refer to.
 #[derive(Debug)]
 pub struct Loaded {
+    /// The program, when it checked without error.
     pub program: Option<Program>,
+    /// Every error and warning, in the order found.
     pub diagnostics: Vec<Diagnostic>,
+    /// The files the diagnostics refer to.
     pub sources: SourceMap,
 }
 
 impl Loaded {
+    /// The diagnostics that are errors.
     pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
         self.diagnostics.iter().filter(|d| d.is_error())
     }

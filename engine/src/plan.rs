@@ -88,7 +88,6 @@ pub struct RulePlan {
     pub head: RelId,
     pub steps: Vec<Step>,
     pub head_exprs: Vec<CExpr>,
-    pub nvars: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -105,15 +104,17 @@ pub struct StratumPlan {
     pub rules: Vec<usize>,
 }
 
+/// The evaluator's plan of a program: the indexes each rule's joins read, per stratum, compiled
+/// once at load.
 #[derive(Clone, Debug)]
 pub struct QueryPlan {
-    pub width: usize,
-    pub indexes: Vec<IndexSpec>,
-    pub neg_indexes: Vec<IndexSpec>,
-    pub aggs: Vec<AggPlan>,
-    pub rules: Vec<RulePlan>,
-    pub strata: Vec<StratumPlan>,
-    pub regexes: Vec<Regex>,
+    pub(crate) width: usize,
+    pub(crate) indexes: Vec<IndexSpec>,
+    pub(crate) neg_indexes: Vec<IndexSpec>,
+    pub(crate) aggs: Vec<AggPlan>,
+    pub(crate) rules: Vec<RulePlan>,
+    pub(crate) strata: Vec<StratumPlan>,
+    pub(crate) regexes: Vec<Regex>,
     /// Constants of the program, interned; each evaluation starts from a clone.
     pub base: Interner,
     /// Facts of the program, interned, per relation.
@@ -408,7 +409,7 @@ impl Builder<'_> {
         }
         let head_exprs = rule.head_args.iter().map(|e| self.expr(e)).collect();
         self.width = self.width.max(self.program.relations[rule.head].arity());
-        Ok(RulePlan { rule: rule.id, head: rule.head, steps, head_exprs, nvars })
+        Ok(RulePlan { rule: rule.id, head: rule.head, steps, head_exprs })
     }
 }
 

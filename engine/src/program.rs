@@ -12,13 +12,16 @@ use crate::diag::{SourceMap, Span};
 use std::collections::HashMap;
 use std::fmt;
 
+/// A relation, as its index in `Program::relations`.
 pub type RelId = usize;
 pub type VarId = usize;
 
 /// A constant as written in a rules file or a facts file.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Const {
+    /// A number.
     Num(i64),
+    /// A symbol.
     Sym(String),
 }
 
@@ -32,6 +35,7 @@ impl fmt::Display for Const {
 }
 
 impl Const {
+    /// The constant's type.
     pub fn ty(&self) -> Type {
         match self {
             Const::Num(_) => Type::Number,
@@ -174,10 +178,15 @@ pub struct Rule {
 }
 
 #[derive(Clone, Debug)]
+/// A checked program: every relation and rule of the files loaded, and the strata they evaluate in.
 pub struct Program {
+    /// The files the program was loaded from (for positions).
     pub sources: SourceMap,
+    /// Every relation, by `RelId`.
     pub relations: Vec<Relation>,
+    /// Each relation's id, by name.
     pub by_name: HashMap<String, RelId>,
+    /// Every rule, with the auxiliary rules the checker made (negations, aggregates).
     pub rules: Vec<Rule>,
     /// Facts written in the rules files.
     pub facts: Vec<(RelId, Vec<Const>, Span)>,
@@ -188,6 +197,7 @@ pub struct Program {
 }
 
 impl Program {
+    /// The relation of this name.
     pub fn relation(&self, name: &str) -> Option<RelId> {
         self.by_name.get(name).copied()
     }
@@ -213,6 +223,7 @@ impl Program {
         needed
     }
 
+    /// The relations marked `.output`.
     pub fn outputs(&self) -> impl Iterator<Item = RelId> + '_ {
         (0..self.relations.len()).filter(|&r| self.relations[r].output)
     }

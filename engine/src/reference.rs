@@ -12,6 +12,7 @@ use crate::program::*;
 use crate::value;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Each relation's tuples, by `RelId`, as the reference evaluator derives them.
 pub type Relations = Vec<BTreeSet<Vec<Const>>>;
 /// Called with each satisfying binding of a rule's body.
 type Emit<'a> = dyn FnMut(&[Option<Const>]) -> Result<(), String> + 'a;
@@ -21,6 +22,7 @@ type Emit<'a> = dyn FnMut(&[Option<Const>]) -> Result<(), String> + 'a;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ReferenceError {
+    /// What the evaluator could not compute.
     pub message: String,
 }
 

@@ -26,22 +26,30 @@ use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+/// One rule-test case: input facts, and what must (or must not) be derived from them.
 pub struct Case {
+    /// What the case shows, as a sentence.
     pub name: String,
     #[serde(default)]
+    /// The input facts, by relation.
     pub facts: BTreeMap<String, Vec<Vec<Scalar>>>,
     #[serde(default)]
+    /// The checks, by derived relation.
     pub expect: BTreeMap<String, Expect>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+/// The checks on one relation.
 pub struct Expect {
     #[serde(default)]
+    /// Each listed tuple is derived.
     pub contains: Option<Vec<Vec<Scalar>>>,
     #[serde(default)]
+    /// No listed tuple is derived.
     pub excludes: Option<Vec<Vec<Scalar>>>,
     #[serde(default)]
+    /// Exactly these tuples are derived, no more.
     pub equals: Option<Vec<Vec<Scalar>>>,
 }
 
@@ -49,7 +57,9 @@ pub struct Expect {
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(untagged)]
 pub enum Scalar {
+    /// An integer: a number.
     Num(i64),
+    /// A string: a symbol.
     Sym(String),
 }
 
@@ -66,6 +76,7 @@ impl From<&Scalar> for Const {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ParseError {
+    /// The place and the problem.
     pub message: String,
 }
 
@@ -98,18 +109,26 @@ fn parse_cases(text: &str) -> Result<Vec<Case>, String> {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
+/// One check of a case that did not hold.
 pub struct Failure {
+    /// The relation checked.
     pub relation: String,
     /// `contains`, `excludes`, `equals`, or `error` when the case could not run.
     pub check: String,
+    /// The tuples the check expected.
     pub expected: Vec<String>,
+    /// The tuples derived.
     pub derived: Vec<String>,
+    /// Why the case could not run, when it could not.
     pub message: Option<String>,
 }
 
 #[derive(Clone, Debug)]
+/// The result of one case.
 pub struct CaseResult {
+    /// The case's name.
     pub name: String,
+    /// Its failed checks; empty when it passed.
     pub failures: Vec<Failure>,
 }
 

@@ -58,6 +58,7 @@ impl FxHasher {
 }
 
 pub type FxBuild = std::hash::BuildHasherDefault<FxHasher>;
+/// A hash map with the fast, non-cryptographic FxHash (keys are the engine's own ids).
 pub type FxHashMap<K, V> = HashMap<K, V, FxBuild>;
 
 /// Interned value table. Ids are dense from 0. Symbols are found by hash in a table of ids

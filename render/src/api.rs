@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The API group of Ichor's custom resources.
 pub const GROUP: &str = "ichor.maesh.dev";
 /// The consent annotation of ADR 0066: its value names the kube-proxy mode a switch targets.
 pub const CONFIRM_KUBE_PROXY_SWITCH: &str = "ichor.maesh.dev/confirm-kube-proxy-switch";
@@ -49,6 +50,7 @@ pub struct TalosClusterSpec {
     /// The Secret (same namespace) holding the Talos secrets bundle under `bundle.yaml`.
     pub secrets_ref: SecretRef,
     #[serde(default)]
+    /// The CNI: its preset, kube-proxy mode, hand-over to Argo CD and Cilium's values.
     pub cni: CniSpec,
     /// What the machine controller does when a node differs from its render although no
     /// input changed.
@@ -64,18 +66,24 @@ pub struct TalosClusterSpec {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// A reference to an object of the same namespace, by name.
 pub struct SecretRef {
+    /// The object's name.
     pub name: String,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// The cluster's network, as Talos's `cluster.network`.
 pub struct ClusterNetwork {
     #[serde(default = "default_dns_domain")]
+    /// The cluster's DNS domain (`cluster.local`).
     pub dns_domain: String,
     #[serde(default = "default_pod_subnets")]
+    /// The pods' CIDRs (`10.244.0.0/16`).
     pub pod_subnets: Vec<String>,
     #[serde(default = "default_service_subnets")]
+    /// The services' CIDRs (`10.96.0.0/12`).
     pub service_subnets: Vec<String>,
 }
 
@@ -101,6 +109,7 @@ impl Default for ClusterNetwork {
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+/// What the machine controller does with a node that drifted from its render.
 pub enum DriftPolicy {
     /// Report a drifted node (Ready=False/NodeDrifted) and change nothing.
     #[default]
@@ -111,19 +120,25 @@ pub enum DriftPolicy {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// The cluster's CNI.
 pub struct CniSpec {
     #[serde(default)]
+    /// Which CNI the render installs (`cilium`, `flannel` or `custom`).
     pub preset: CniPreset,
     #[serde(default)]
+    /// Whether Talos's kube-proxy runs (`enabled`) or Cilium replaces it (`replaced`); a change is a switch, an operation that needs the consent annotation.
     pub kube_proxy: KubeProxyMode,
     #[serde(default)]
+    /// Whether Argo CD takes Cilium over from the render (`automatic`, `manual`, `disabled`).
     pub handover: Handover,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Cilium's settings, with the `cilium` preset.
     pub cilium: Option<CiliumSpec>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+/// The CNI a cluster runs.
 pub enum CniPreset {
     /// Cilium, installed from Ichor's embedded chart and handed over to a Helm release.
     #[default]
@@ -136,9 +151,12 @@ pub enum CniPreset {
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "camelCase")]
+/// Who serves Kubernetes Services on the nodes.
 pub enum KubeProxyMode {
     #[default]
+    /// Talos's kube-proxy runs.
     Enabled,
+    /// Cilium replaces kube-proxy (kube-proxy-replacement).
     Replaced,
 }
 
@@ -146,6 +164,7 @@ pub enum KubeProxyMode {
 macro_rules! symbols {
     ($t:ident { $($v:ident => $n:literal),* $(,)? }) => {
         impl $t {
+            /// Every value, in declaration order.
             pub const ALL: &'static [$t] = &[$($t::$v),*];
 
             /// The symbol serde writes and the rules read.
@@ -153,6 +172,7 @@ macro_rules! symbols {
                 match self { $($t::$v => $n),* }
             }
 
+            /// The value whose symbol is `s`.
             pub fn parse(s: &str) -> Option<$t> {
                 Self::ALL.iter().copied().find(|x| x.name() == s)
             }
@@ -173,15 +193,20 @@ symbols!(Handover { Automatic => "automatic", Manual => "manual", Disabled => "d
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+/// Whether Argo CD takes the CNI over from the render (ADR 0024).
 pub enum Handover {
     #[default]
+    /// The hand-over happens once Argo CD's Application owns the release, synced and healthy.
     Automatic,
+    /// The user hands over when they choose; Ichor only reports.
     Manual,
+    /// No hand-over: Cilium stays Ichor's (inline manifest and Job).
     Disabled,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// Cilium's settings.
 pub struct CiliumSpec {
     /// The tunnel protocol chosen at install (`vxlan` or `geneve`); Ichor owns the key.
     #[serde(default = "vxlan")]
@@ -204,15 +229,19 @@ fn free_form(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// What the controller observed of a cluster.
 pub struct TalosClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The CNI's state the controller records (the kube-proxy mode a switch set).
     pub cni: Option<CniStatus>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The cluster's conditions (`CNIHandover`, ...).
     pub conditions: Vec<Condition>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// The CNI's recorded state.
 pub struct CniStatus {
     /// The kube-proxy mode a switch set (written only by the cni operation, ADR 0066).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -224,15 +253,19 @@ pub struct CniStatus {
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
+    /// The condition's type (`Ready`, `CNIHandover`).
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     #[schemars(regex(pattern = "^(True|False|Unknown)$"))]
     pub status: String,
     #[serde(default)]
+    /// Why, in one CamelCase word.
     pub reason: String,
     #[serde(default)]
+    /// Why, as a sentence that says what to do.
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// When the status last changed (RFC 3339).
     pub last_transition_time: Option<String>,
 }
 
@@ -245,7 +278,9 @@ pub struct Condition {
 #[kube(printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosMachineSpec {
+    /// The cluster the machine belongs to.
     pub cluster_ref: ClusterRef,
+    /// The machine's role.
     pub role: Role,
     /// The node's address for the Talos API.
     pub address: String,
@@ -257,15 +292,20 @@ pub struct TalosMachineSpec {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// A reference to the TalosCluster of the same namespace.
 pub struct ClusterRef {
+    /// The TalosCluster's name.
     pub name: String,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
 #[serde(rename_all = "camelCase")]
+/// A machine's role in the cluster.
 pub enum Role {
     #[default]
+    /// A control plane (etcd, the API server).
     Controlplane,
+    /// A worker.
     Worker,
 }
 
@@ -273,8 +313,10 @@ symbols!(Role { Controlplane => "controlplane", Worker => "worker" });
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// What the machine controller observed of a machine.
 pub struct TalosMachineStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The machine's conditions (`Ready`: converged to its render, or why not).
     pub conditions: Vec<Condition>,
     /// Paths that need a reboot to converge (what `ichor config apply` and rollouts select on).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -298,6 +340,7 @@ pub struct TalosMachineStatus {
 #[kube(shortname = "tcp")]
 #[serde(rename_all = "camelCase")]
 pub struct TalosConfigPatchSpec {
+    /// The cluster whose machines the patch selects from.
     pub cluster_ref: ClusterRef,
     /// Which machines get the patch; empty selects all.
     #[serde(default)]
@@ -311,10 +354,13 @@ pub struct TalosConfigPatchSpec {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// Which machines a patch applies to.
 pub struct PatchSelector {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The roles selected; empty selects every role.
     pub roles: Vec<Role>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The machines selected by name; empty selects every machine.
     pub machines: Vec<String>,
 }
 
@@ -327,9 +373,12 @@ pub struct PatchSelector {
 #[kube(printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosOperationSpec {
+    /// The cluster the operation acts on.
     pub cluster_ref: ClusterRef,
+    /// What the operation does.
     pub kind: OperationKind,
     #[serde(default)]
+    /// What it brings the cluster to.
     pub target: OperationTarget,
     /// Workers changed at once (control planes always go one at a time).
     #[serde(default = "one")]
@@ -343,11 +392,16 @@ fn one() -> i32 {
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+/// What an operation does.
 pub enum OperationKind {
     #[default]
+    /// A Kubernetes upgrade (ADR 0057).
     Kubernetes,
+    /// A CNI change: the kube-proxy switch (ADR 0066).
     Cni,
+    /// A Talos upgrade.
     Talos,
+    /// A config rollout (`ichor config apply`).
     Config,
 }
 
@@ -355,11 +409,14 @@ symbols!(OperationKind { Kubernetes => "kubernetes", Cni => "cni", Talos => "tal
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// What an operation brings the cluster to.
 pub struct OperationTarget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"))]
+    /// The Kubernetes version, for a Kubernetes upgrade.
     pub kubernetes_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The kube-proxy mode, for a CNI change.
     pub kube_proxy: Option<KubeProxyMode>,
 }
 
@@ -421,15 +478,19 @@ symbols!(MachinePhase { Applying => "Applying", Done => "Done", Failed => "Faile
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// What the controller recorded of an operation.
 pub struct TalosOperationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Where the operation is (`Pending` before the controller first writes one).
     pub phase: Option<Phase>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The stage it is in (an upgrade's `apiservers`, `kubelets`, ...).
     pub stage: Option<String>,
     /// Why it paused, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_reason: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// Each machine's step, by machine name.
     pub machines: BTreeMap<String, MachineProgress>,
     /// Wait clocks by the name the wait gave (RFC 3339 starts).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -438,6 +499,7 @@ pub struct TalosOperationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub done: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The operation's conditions.
     pub conditions: Vec<Condition>,
     /// How many resume requests (the `ichor.maesh.dev/resume` counter) the controller has acted on.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -457,7 +519,9 @@ impl TalosOperationStatus {
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
+/// One machine's step within an operation.
 pub struct MachineProgress {
+    /// Where the step is.
     pub phase: MachinePhase,
     /// The stage the step belongs to (upgrade) or `switch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -501,13 +565,17 @@ pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensi
 /// server itself. What needs more than the object (the consent annotation, who may write Cilium
 /// values, the cluster lock) is the webhook's (`runtime::admission`).
 pub struct CelRule {
+    /// The kind whose CRD carries the rule.
     pub kind: &'static str,
     /// The schema node, as a dotted path of properties from the root (`spec.cni`).
     pub path: &'static str,
+    /// The CEL expression.
     pub rule: &'static str,
+    /// The message the API server returns when the rule fails.
     pub message: &'static str,
 }
 
+/// Every CEL rule of the CRDs.
 pub const CEL_RULES: &[CelRule] = &[
     CelRule {
         kind: "TalosCluster",

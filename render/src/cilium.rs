@@ -14,6 +14,7 @@ use serde_json::{Map, Value, json};
 pub const MAX_VALUES_BYTES: usize = 64 * 1024;
 /// Where the five pinned `*.secretsNamespace.name` keys point.
 pub const SECRETS_NAMESPACE: &str = "cilium-secrets";
+/// The values keys Ichor owns (set per kube-proxy mode and at install); a user layer may not set them.
 pub const PINNED: [&str; 5] = [
     "ingressController.secretsNamespace.name",
     "gatewayAPI.secretsNamespace.name",
@@ -105,7 +106,9 @@ fn owned() -> Vec<(&'static str, &'static str)> {
 /// A refusal, naming the key at fault.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
+    /// The key at fault, dotted (`kubeProxyReplacement`).
     pub key: String,
+    /// Why it is refused and what to do.
     pub message: String,
 }
 

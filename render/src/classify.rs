@@ -113,11 +113,13 @@ impl SmallNums {
 /// The texts a classifier is built from, each with the file name shown in messages.
 #[derive(Clone, Debug)]
 pub struct RuleSet {
+    /// The field metadata: its file name and text.
     pub fieldmeta: (String, String),
     /// Every rules file the program may include, by the name it is included as.
     pub rules: Vec<(String, String)>,
     /// The program's root file (one of `rules`), which includes the rest.
     pub root: String,
+    /// Each contract's inventory: its file name and text.
     pub contracts: Vec<(String, String)>,
 }
 
@@ -139,18 +141,27 @@ impl RuleSet {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("the rules do not load ({} problem(s)); fix them and run `ichor rules check`", problems.len())]
 pub struct LoadError {
+    /// Every problem, each with its position.
     pub problems: Vec<String>,
 }
 
+/// One contract's paths, and the matcher of field-metadata patterns over them.
 pub struct ContractData {
+    /// The contract's config paths and their types.
     pub inventory: Inventory,
+    /// The field-metadata patterns that hold at the contract, compiled for matching.
     pub matcher: Matcher,
 }
 
+/// The classifier: field metadata and the classification rules, with each contract's paths, built once.
 pub struct Classifier {
+    /// The field metadata.
     pub meta: FieldMeta,
+    /// The field metadata's file name (for positions).
     pub fieldmeta_file: String,
+    /// Each contract's paths and matcher.
     pub contracts: BTreeMap<Contract, ContractData>,
+    /// The classification program (rules/programs/config.rules), compiled.
     pub engine: Engine,
     rels: Rels,
     /// What a classification reads (the classes, the verdict, Talos's refusals), and that plus
@@ -175,8 +186,11 @@ pub enum Reason {
 /// The class of one changed path; `Outcome::changes[i]` answers for the caller's `changes[i]`.
 #[derive(Clone, Copy, Debug)]
 pub struct Classified {
+    /// The path's class.
     pub class: Class,
+    /// What decided it.
     pub reason: Reason,
+    /// The path holds a secret: its values are never shown.
     pub sensitive: bool,
 }
 
@@ -198,6 +212,7 @@ impl Reason {
 }
 
 impl Classified {
+    /// The field-metadata entry that decided the class, when one did.
     pub fn entry(&self) -> Option<usize> {
         match self.reason {
             Reason::Entry(e) => Some(e),
@@ -209,14 +224,18 @@ impl Classified {
 /// The cluster and machine context of a machine's classification (`config diff --manifests`).
 #[derive(Clone, Debug)]
 pub struct MachineContext {
+    /// The machine's role.
     pub role: Role,
     /// The consent annotation's value, if the cluster carries it (any text: the rules compare
     /// it with the spec's mode).
     pub consent: Option<String>,
+    /// The cluster's `spec.cni.kubeProxy`.
     pub spec_kube_proxy: KubeProxyMode,
+    /// The cluster's `status.cni.kubeProxy`, once a switch set it.
     pub status_kube_proxy: Option<KubeProxyMode>,
     /// The desired-inputs hash equals the machine's recorded one.
     pub inputs_unchanged: bool,
+    /// The cluster's drift policy.
     pub drift_policy: DriftPolicy,
     /// The machine's render failed (or the custom resources do not load), with every problem:
     /// the rules make it `ConfigRejected` (nothing else is judged).
@@ -229,8 +248,13 @@ pub struct MachineContext {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ClassifyError {
     #[error("no inventory for contract {contract}: add rules/contracts/{contract}.paths")]
-    UnknownContract { contract: Contract },
+    /// The classifier has no inventory for the contract.
+    UnknownContract {
+        /// The contract asked for.
+        contract: Contract,
+    },
     #[error("evaluating the classification rules")]
+    /// The rules failed to evaluate.
     Eval(#[from] engine::EvalError),
 }
 
@@ -238,31 +262,54 @@ pub enum ClassifyError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ContractError {
     #[error("{name:?} is not a contract name: write vX.Y, one of {known}")]
-    Syntax { name: String, known: String },
+    /// The name is not `vX.Y`.
+    Syntax {
+        /// The name given.
+        name: String,
+        /// The contracts known, joined.
+        known: String,
+    },
     #[error("unknown contract {contract}: known contracts are {known}")]
-    Unknown { contract: Contract, known: String },
+    /// The contract is not one the rules have.
+    Unknown {
+        /// The contract given.
+        contract: Contract,
+        /// The contracts known, joined.
+        known: String,
+    },
 }
 
 /// A machine's condition, decided by rules/machine.rules.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MachineVerdict {
+    /// `True`, `False` or `Unknown`.
     pub status: String,
+    /// Why, in one CamelCase word (rules/machine.rules).
     pub reason: String,
+    /// Why, as a sentence that says what to do.
     pub message: String,
+    /// The paths that need a reboot to converge.
     pub reboot_paths: Vec<String>,
 }
 
 /// Talos would refuse the desired config.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Rejection {
+    /// Talos's refusal, in its words.
     pub message: String,
+    /// The paths at fault, joined by ` and `.
     pub at: String,
 }
 
+/// What a classification found: the verdict, each change's class, Talos's refusals.
 pub struct Outcome {
+    /// The contract classified at.
     pub contract: Contract,
+    /// The verdict over every change.
     pub verdict: Verdict,
+    /// Each change's class, in the order of the changes given.
     pub changes: Vec<Classified>,
+    /// What Talos would refuse in the desired config.
     pub rejected: Vec<Rejection>,
     /// The machine's condition, when classified with its context.
     pub machine: Option<MachineVerdict>,
@@ -271,6 +318,7 @@ pub struct Outcome {
 }
 
 impl Classifier {
+    /// Loads and checks the rule set: the field metadata against each inventory, the program against its hosts.
     pub fn new(set: &RuleSet) -> Result<Classifier, LoadError> {
         let mut problems = vec![];
         let mut contracts = BTreeMap::new();
@@ -334,6 +382,7 @@ impl Classifier {
         })
     }
 
+    /// The contracts the classifier has inventories for, in order.
     pub fn known(&self) -> Vec<Contract> {
         self.contracts.keys().copied().collect()
     }
@@ -576,10 +625,12 @@ impl Classifier {
         }
     }
 
+    /// The services a change restarts (its entry's `restarts`).
     pub fn restarts(&self, c: &Classified) -> &[String] {
         c.entry().map_or(&[], |e| &self.meta.entries[e].restarts)
     }
 
+    /// The operation that applies a change, when only one may (its entry's `appliedBy`).
     pub fn applied_by(&self, c: &Classified) -> Option<&str> {
         c.entry().and_then(|e| self.meta.entries[e].applied_by.as_deref())
     }

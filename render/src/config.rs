@@ -16,10 +16,13 @@ use std::fmt;
 pub const MAX_CONFIG_BYTES: usize = 10 * 1024 * 1024;
 
 #[derive(Clone, Debug, PartialEq)]
+/// One document of a Talos config.
 pub struct Doc {
     /// `None` for the v1alpha1 document.
     pub kind: Option<String>,
+    /// The document's name, for a named kind (`LinkConfig` `eth0`).
     pub name: Option<String>,
+    /// The document, as YAML.
     pub value: Value,
     /// 1-based line where the document starts.
     pub line: usize,
@@ -47,15 +50,20 @@ impl Doc {
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
+/// A Talos machine config: its documents, in order.
 pub struct Config {
+    /// The documents.
     pub docs: Vec<Doc>,
 }
 
 /// A problem with a config file, with its position.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
+    /// The line, 1-based.
     pub line: usize,
+    /// The column, 1-based.
     pub col: usize,
+    /// What is wrong.
     pub message: String,
 }
 
@@ -168,6 +176,7 @@ impl Config {
         if errors.is_empty() { Ok(Config { docs }) } else { Err(errors) }
     }
 
+    /// The legacy `v1alpha1` document, when the config has one.
     pub fn v1alpha1(&self) -> Option<&Doc> {
         self.docs.iter().find(|d| d.kind.is_none())
     }

@@ -9,12 +9,17 @@ use crate::path::Path;
 use serde_yaml::Value;
 use std::fmt;
 
+/// What a sensitive value is shown as, everywhere.
 pub const REDACTED: &str = "<redacted>";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// How a path changed.
 pub enum Op {
+    /// The path is new.
     Added,
+    /// The path is gone.
     Removed,
+    /// The path's value changed.
     Changed,
 }
 
@@ -29,10 +34,15 @@ impl fmt::Display for Op {
 }
 
 #[derive(Clone, Debug, PartialEq)]
+/// One changed leaf path between two configs.
 pub struct Change {
+    /// The path.
     pub path: Path,
+    /// How it changed.
     pub op: Op,
+    /// Its value before (`None` when added).
     pub old: Option<Value>,
+    /// Its value after (`None` when removed).
     pub new: Option<Value>,
 }
 

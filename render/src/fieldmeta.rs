@@ -16,20 +16,32 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 #[derive(Clone, Debug)]
+/// One entry of rules/fieldmeta.yaml: the patterns it decides, at which contracts, and what it says of them.
 pub struct Entry {
+    /// Its line in the file.
     pub line: usize,
+    /// The config paths it decides.
     pub patterns: Vec<Pattern>,
+    /// The first contract it holds at (none: every contract before `to`).
     pub from: Option<Contract>,
+    /// The last contract it holds at (none: every contract from `from`).
     pub to: Option<Contract>,
+    /// The class it gives (none: it only marks `sensitive` or names restarts).
     pub class: Option<Class>,
+    /// The services a change of the paths restarts.
     pub restarts: Vec<String>,
+    /// The operation that applies the paths, when only one may.
     pub applied_by: Option<String>,
+    /// The paths hold secrets: their values are never shown.
     pub sensitive: bool,
+    /// Why, in a sentence (shown by `ichor config explain`).
     pub why: String,
+    /// Where in Talos's source or docs that is so.
     pub source: String,
 }
 
 impl Entry {
+    /// Whether the entry holds at contract `c`.
     pub fn holds_at(&self, c: Contract) -> bool {
         self.from.is_none_or(|f| f <= c) && self.to.is_none_or(|t| c <= t)
     }
@@ -55,8 +67,11 @@ struct RawEntry {
 /// A problem in the field metadata, at a line of its file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetaError {
+    /// The line, 1-based.
     pub line: usize,
+    /// The column, 1-based.
     pub col: usize,
+    /// What is wrong and what to do.
     pub message: String,
 }
 
@@ -67,7 +82,9 @@ impl fmt::Display for MetaError {
 }
 
 #[derive(Clone, Debug)]
+/// The field metadata: every entry, in file order.
 pub struct FieldMeta {
+    /// The entries.
     pub entries: Vec<Entry>,
 }
 
@@ -240,7 +257,9 @@ impl FieldMeta {
 /// How many inventory paths of a contract an explicit entry decides.
 #[derive(Clone, Debug, Default)]
 pub struct Coverage {
+    /// The contract's inventory paths.
     pub total: usize,
+    /// The paths no explicit entry decides (they fall to the default class).
     pub defaulted: Vec<String>,
 }
 
@@ -279,6 +298,7 @@ fn parse_range(s: &str, known: &[Contract]) -> Result<(Option<Contract>, Option<
 /// pattern that matches is found in a single pass, whatever the number of patterns.
 #[derive(Clone, Debug)]
 pub struct Matcher {
+    /// The contract the patterns hold at.
     pub contract: Contract,
     nodes: Vec<Node>,
 }

@@ -17,11 +17,15 @@ use std::collections::BTreeMap;
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Correction {
+    /// The contracts the correction applies to.
     pub contracts: Vec<String>,
     #[serde(default)]
+    /// Paths the schema lacks, with their type.
     pub add: BTreeMap<String, String>,
     #[serde(default)]
+    /// Document kinds the schema names otherwise, from its name to Talos's.
     pub rename_kind: BTreeMap<String, String>,
+    /// Why, with the Talos source that shows it.
     pub why: String,
 }
 
@@ -30,6 +34,7 @@ pub struct Correction {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct InventoryError {
+    /// The place and the problem.
     pub message: String,
 }
 
@@ -205,6 +210,7 @@ pub struct Inventory {
     root: Node,
     /// Document kinds (typed documents) of the contract.
     pub kinds: Vec<String>,
+    /// How many paths the inventory holds.
     pub len: usize,
 }
 
@@ -260,10 +266,12 @@ impl Inventory {
         Some(node.ty.as_deref().unwrap_or("object"))
     }
 
+    /// Whether `path` is one of the contract's paths.
     pub fn contains(&self, path: &Path) -> bool {
         self.lookup(path).is_some()
     }
 
+    /// Whether the contract has the typed document kind `kind`.
     pub fn has_kind(&self, kind: &str) -> bool {
         self.kinds.iter().any(|k| k == kind)
     }

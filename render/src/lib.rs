@@ -8,6 +8,8 @@
 //!
 //! Architecture invariant: no I/O, no async, no clock. Files arrive as strings.
 
+#![warn(missing_docs)]
+
 pub mod api;
 pub mod cilium;
 pub mod classify;

@@ -19,18 +19,31 @@ use crate::vocab::Class;
 /// Why a machine has no config to apply.
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {
+    /// No such machine in the manifests.
     #[error(transparent)]
     Unknown(#[from] UnknownMachine),
+    /// The cluster's contract is not one the rules know.
     #[error(transparent)]
     Contract(#[from] ContractError),
     /// Every problem of the render, each naming its object and field.
     #[error("machine {machine} does not render")]
-    Render { machine: String, problems: Vec<RenderError> },
+    Render {
+        /// The machine.
+        machine: String,
+        /// Every problem.
+        problems: Vec<RenderError>,
+    },
+    /// The render could not be checked against its contract.
     #[error("checking the render")]
     Classify(#[from] ClassifyError),
     /// The render is a config Talos would not accept; each problem names the patch at fault.
     #[error("machine {machine} renders a config Talos would not accept")]
-    Refused { machine: String, problems: Vec<String> },
+    Refused {
+        /// The machine.
+        machine: String,
+        /// Every refusal, each naming the patch or field at fault.
+        problems: Vec<String>,
+    },
 }
 
 impl MachineError {

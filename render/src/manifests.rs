@@ -18,6 +18,7 @@ pub const BUNDLE_KEY: &str = "bundle.yaml";
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ManifestError {
+    /// The file and line, the object and field at fault, and what to do.
     pub message: String,
 }
 
@@ -25,15 +26,22 @@ pub struct ManifestError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("no TalosMachine {name:?} in the manifests; machines: {known}")]
 pub struct UnknownMachine {
+    /// The machine asked for.
     pub name: String,
+    /// The machines the manifests have, joined.
     pub known: String,
 }
 
 #[derive(Default)]
+/// The custom resources and secrets of a folder of manifests (or of the objects the API returned), checked together.
 pub struct Manifests {
+    /// The TalosClusters.
     pub clusters: Vec<TalosCluster>,
+    /// The TalosMachines.
     pub machines: Vec<TalosMachine>,
+    /// The TalosConfigPatches.
     pub patches: Vec<TalosConfigPatch>,
+    /// The TalosOperations.
     pub operations: Vec<TalosOperation>,
     /// Secret `namespace/name` -> (resourceVersion, data).
     pub secrets: BTreeMap<String, (String, BTreeMap<String, String>)>,
@@ -241,6 +249,7 @@ impl Manifests {
         }
     }
 
+    /// The machine of this name.
     pub fn machine(&self, name: &str) -> Result<&TalosMachine, UnknownMachine> {
         self.machines.iter().find(|m| m.metadata.name.as_deref() == Some(name)).ok_or_else(|| UnknownMachine {
             name: name.to_string(),
@@ -248,6 +257,7 @@ impl Manifests {
         })
     }
 
+    /// The TalosCluster a machine belongs to (checked at load).
     pub fn cluster_of(&self, m: &TalosMachine) -> &TalosCluster {
         self.clusters
             .iter()
@@ -266,6 +276,7 @@ impl Manifests {
         (Bundle::parse(&data[BUNDLE_KEY]).expect("validated at load"), rv.clone())
     }
 
+    /// What one machine's render reads: its cluster, itself, its cluster's patches, the bundle.
     pub fn inputs<'a>(&'a self, m: &'a TalosMachine, bundle: &'a Bundle, secrets_version: String) -> Inputs<'a> {
         let cluster = self.cluster_of(m);
         let patches = self

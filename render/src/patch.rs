@@ -15,9 +15,13 @@ use std::fmt;
 /// the field path inside it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PatchError {
+    /// The document's first line in the patch (1-based).
     pub line: usize,
+    /// The document, as `kind name`.
     pub document: String,
+    /// The field path inside the document (empty for the document itself).
     pub field: String,
+    /// What is wrong and what to do.
     pub message: String,
 }
 
@@ -36,6 +40,7 @@ impl fmt::Display for PatchError {
 pub struct PatchDoc {
     /// First line of the document in the patch text (1-based).
     pub line: usize,
+    /// The document, as YAML.
     pub value: Value,
 }
 
@@ -45,7 +50,10 @@ pub enum Patch {
     /// Config documents, strategic merge.
     Strategic(Vec<PatchDoc>),
     /// An RFC 6902 list of operations.
-    Json6902 { line: usize },
+    Json6902 {
+        /// Its first line in the patch text.
+        line: usize,
+    },
 }
 
 use crate::config::V1ALPHA1_KEYS;
@@ -53,6 +61,7 @@ use crate::config::V1ALPHA1_KEYS;
 /// The identity of a document: kind and name, `None` kind for the v1alpha1 document.
 pub type DocId = (Option<String>, Option<String>);
 
+/// A document's identity (kind and name).
 pub fn id_of(d: &Value) -> DocId {
     let kind = d.get("kind").and_then(Value::as_str).map(str::to_string);
     let name = d.get("name").and_then(Value::as_str).map(str::to_string);
@@ -149,6 +158,7 @@ impl Patch {
 
 const V114: Contract = Contract { major: 1, minor: 14 };
 
+/// Whether a value is a `$patch: delete` directive.
 pub fn is_delete(v: &Value) -> bool {
     v.get("$patch").and_then(Value::as_str) == Some("delete")
 }
@@ -283,8 +293,11 @@ fn walk_mut<'v>(v: &'v mut Value, path: &[String]) -> Option<&'v mut Value> {
 /// Talos behaviour that is easy to miss (a merge that clears a field).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PatchWarning {
+    /// The document's first line in the patch (1-based).
     pub line: usize,
+    /// The document, as `kind name`.
     pub document: String,
+    /// What to know.
     pub message: String,
 }
 
@@ -293,6 +306,7 @@ pub struct PatchWarning {
 pub struct Applied {
     /// Paths the patch set, added or removed (for "which patch set this").
     pub set: Vec<String>,
+    /// What the user should know of the apply.
     pub warnings: Vec<PatchWarning>,
 }
 

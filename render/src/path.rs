@@ -14,22 +14,27 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct PathError {
+    /// What is wrong with the path, and where.
     pub message: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// One segment of a config path.
 pub enum Seg {
     /// A field or a plain map key.
     Field(String),
     /// A map key that needs quoting.
     Key(String),
+    /// A list index.
     Index(usize),
     /// A named document's name (second segment only).
     Name(String),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+/// A config path: `machine.install.disk`, `LinkConfig[eth0].mtu`, `cluster.apiServer.certSANs[0]`.
 pub struct Path {
+    /// The segments, from the document down.
     pub segs: Vec<Seg>,
 }
 
@@ -39,16 +44,19 @@ pub fn is_plain(key: &str) -> bool {
 }
 
 impl Path {
+    /// The path of one top-level field.
     pub fn root(first: &str) -> Path {
         Path { segs: vec![Seg::Field(first.to_string())] }
     }
 
+    /// The path of a map key below this one.
     pub fn child_key(&self, key: &str) -> Path {
         let mut p = self.clone();
         p.segs.push(if is_plain(key) { Seg::Field(key.to_string()) } else { Seg::Key(key.to_string()) });
         p
     }
 
+    /// The path of a list index below this one.
     pub fn child_index(&self, i: usize) -> Path {
         let mut p = self.clone();
         p.segs.push(Seg::Index(i));
@@ -312,13 +320,16 @@ pub fn canonical_index(b: &str) -> Option<usize> {
 /// A field-metadata pattern: segments matched against a path's segments.
 #[derive(Clone, Debug)]
 pub struct Pattern {
+    /// The pattern as written.
     pub text: String,
+    /// Its segments.
     pub segs: Vec<PatSeg>,
     /// Higher is more specific: 10 per literal segment, 1 per single wildcard, 0 per `**`.
     pub specificity: i64,
 }
 
 impl Pattern {
+    /// Parses a pattern (`machine.**`, `*.mtu`, `LinkConfig[*].mtu`).
     pub fn new(text: &str) -> Result<Pattern, PathError> {
         Pattern::parse_text(text).map_err(|message| PathError { message })
     }

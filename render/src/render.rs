@@ -24,10 +24,13 @@ pub const CNI_INLINE_MANIFEST: &str = "cilium";
 
 /// Everything one machine's render reads.
 pub struct Inputs<'a> {
+    /// The machine's cluster.
     pub cluster: &'a TalosCluster,
+    /// The machine.
     pub machine: &'a TalosMachine,
     /// Every patch of the cluster; the render selects those for the machine.
     pub patches: Vec<&'a TalosConfigPatch>,
+    /// The cluster's Talos secrets.
     pub secrets: &'a Bundle,
     /// The secrets Secret's resourceVersion, folded into the desired-inputs hash.
     pub secrets_version: String,
@@ -36,8 +39,11 @@ pub struct Inputs<'a> {
 /// A render problem, naming the object and field at fault and what to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RenderError {
+    /// The object at fault, as `Kind namespace/name`.
     pub object: String,
+    /// The field at fault.
     pub field: String,
+    /// What is wrong and what to do.
     pub message: String,
 }
 
@@ -47,9 +53,13 @@ impl fmt::Display for RenderError {
     }
 }
 
+/// One machine's rendered config, with what it was made from.
 pub struct Rendered {
+    /// The contract rendered at.
     pub contract: Contract,
+    /// The config as YAML, as Talos's generator writes it.
     pub text: String,
+    /// The config, parsed.
     pub config: Config,
     /// ADR 0024 amendment: generations of every input plus the two status values the render reads.
     pub inputs_hash: String,
@@ -76,6 +86,7 @@ fn in_patch(line: usize, document: &str) -> String {
     }
 }
 
+/// An object's name as messages show it: `Kind namespace/name`.
 pub fn object_name(kind: &str, meta: &kube_core::ObjectMeta) -> String {
     format!("{kind} {}/{}", meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
 }

@@ -12,31 +12,45 @@ use serde::Deserialize;
 use serde_yaml::Value;
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+/// A certificate and its key, PEM, base64-encoded as Talos's bundle holds them.
 pub struct Pair {
     #[serde(default)]
+    /// The certificate.
     pub crt: String,
     #[serde(default)]
+    /// The private key.
     pub key: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+/// A Talos secrets bundle (`talosctl gen secrets`): what every machine of a cluster shares.
 pub struct Bundle {
+    /// The cluster's identity.
     pub cluster: ClusterIdentity,
+    /// The cluster's shared secrets.
     pub secrets: Secrets,
+    /// The token machines join trustd with.
     pub trustdinfo: TrustdInfo,
+    /// The cluster's certificate authorities.
     pub certs: Certs,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+/// The cluster's identity (`cluster.id`, `cluster.secret`).
 pub struct ClusterIdentity {
+    /// The cluster's id.
     pub id: String,
+    /// The cluster's secret (discovery).
     pub secret: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+/// The cluster's shared secrets.
 pub struct Secrets {
+    /// The bootstrap token kubelets join with.
     pub bootstraptoken: String,
     #[serde(default)]
+    /// The key the API server encrypts Secrets at rest with.
     pub secretboxencryptionsecret: String,
     /// The encryption secret of contracts up to 1.2; Talos takes one of the two.
     #[serde(default)]
@@ -44,16 +58,24 @@ pub struct Secrets {
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+/// The trustd token.
 pub struct TrustdInfo {
+    /// The token.
     pub token: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+/// The cluster's certificate authorities.
 pub struct Certs {
+    /// etcd's CA.
     pub etcd: Pair,
+    /// Kubernetes' CA.
     pub k8s: Pair,
+    /// The front proxy's (aggregation layer's) CA.
     pub k8saggregator: Pair,
+    /// The service-account signing key.
     pub k8sserviceaccount: Pair,
+    /// Talos's own CA (the Talos API).
     pub os: Pair,
 }
 
@@ -102,6 +124,7 @@ fn b64(text: &str) -> String {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct BundleError {
+    /// The key at fault and the problem, never the value.
     pub message: String,
 }
 

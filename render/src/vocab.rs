@@ -12,11 +12,14 @@ use std::fmt;
 /// A Talos config contract, `vX.Y`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Contract {
+    /// The major version.
     pub major: u32,
+    /// The minor version.
     pub minor: u32,
 }
 
 impl Contract {
+    /// Parses `vX.Y`.
     pub fn parse(s: &str) -> Option<Contract> {
         let rest = s.strip_prefix('v')?;
         let (a, b) = rest.split_once('.')?;
@@ -61,6 +64,7 @@ pub enum Class {
 }
 
 impl Class {
+    /// Every class, from the mildest.
     pub const ALL: [Class; 4] = [Class::Safe, Class::InstallTimeOnly, Class::RebootRequired, Class::Unsupported];
 
     /// The symbol the rules and every output use.
@@ -73,6 +77,7 @@ impl Class {
         }
     }
 
+    /// The class of this name.
     pub fn parse(s: &str) -> Option<Class> {
         Class::ALL.into_iter().find(|c| c.name() == s)
     }
@@ -88,14 +93,20 @@ impl fmt::Display for Class {
 /// severity, so the worst of several is their `max`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Verdict {
+    /// Nothing changes.
     NoChanges,
+    /// Every change applies without a reboot.
     LiveApply,
+    /// Applies without a reboot, but some changes take effect only at the next install.
     InstallTimeOnly,
+    /// Some change needs a reboot.
     RebootRequired,
+    /// Talos would refuse the config.
     Unsupported,
 }
 
 impl Verdict {
+    /// Every verdict, from the mildest.
     pub const ALL: [Verdict; 5] = [
         Verdict::NoChanges,
         Verdict::LiveApply,
@@ -104,6 +115,7 @@ impl Verdict {
         Verdict::Unsupported,
     ];
 
+    /// The verdict's name (`LiveApply`).
     pub fn name(self) -> &'static str {
         match self {
             Verdict::NoChanges => "NoChanges",
@@ -114,6 +126,7 @@ impl Verdict {
         }
     }
 
+    /// The verdict of this name.
     pub fn parse(s: &str) -> Option<Verdict> {
         Verdict::ALL.into_iter().find(|v| v.name() == s)
     }

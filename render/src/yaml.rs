@@ -17,7 +17,9 @@ use std::fmt;
 pub struct YamlError {
     /// 1-based line and column in the text, when the YAML parser knows them.
     pub line: Option<usize>,
+    /// The column, when known.
     pub col: Option<usize>,
+    /// What is wrong.
     pub message: String,
 }
 
