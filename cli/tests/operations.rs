@@ -90,6 +90,24 @@ impl Sim {
     }
 }
 
+impl Sim {
+    /// The real `kubectl` against the simulated API, or `None` when none is on PATH (the
+    /// machine image and CI have one).
+    fn kubectl(&self, args: &[&str]) -> Option<(i32, String, String)> {
+        let out = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", self.dir.join("kubeconfig"))
+            .stdin(Stdio::null())
+            .output()
+            .ok()?;
+        Some((
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into(),
+            String::from_utf8_lossy(&out.stderr).into(),
+        ))
+    }
+}
+
 /// Times are the run's own: redacted before comparing.
 fn redact(text: &str) -> String {
     let re = regex::Regex::new(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z").unwrap();
@@ -214,4 +232,57 @@ fn walk_through_upgrade_then_switch_kube_proxy_there_and_back() {
     // kube-proxy is back, restored from Talos's own rendering.
     let ds = sim.get("/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy");
     assert!(ds.starts_with("HTTP/1.1 200"), "{ds}");
+}
+
+/// A client nobody here wrote: the real `kubectl` discovers what the simulated cluster serves,
+/// lists and describes Ichor's kinds, and a patch that changes nothing changes nothing.
+#[test]
+fn kubectl_discovers_lists_and_describes_the_simulated_cluster() {
+    let sim = Sim::start("kubectl");
+    let Some((code, out, err)) = sim.kubectl(&["api-resources"]) else {
+        eprintln!("skipped: no kubectl on PATH (the machine image and CI have one)");
+        return;
+    };
+    assert_eq!(code, 0, "kubectl api-resources: {err}");
+    let line = out.lines().find(|l| l.starts_with("talosclusters ")).unwrap_or_else(|| panic!("{out}"));
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cols, ["talosclusters", "tc", "ichor.maesh.dev/v1alpha1", "true", "TalosCluster"], "{out}");
+    assert!(out.lines().any(|l| l.starts_with("nodes ") && l.contains("false")), "{out}");
+
+    let (code, out, err) = sim.kubectl(&["get", "talosclusters,talosmachines,talosoperations", "-A"]).unwrap();
+    assert_eq!(code, 0, "kubectl get: {err}");
+    assert!(out.contains("taloscluster.ichor.maesh.dev/lab"), "{out}");
+    for m in ["cp1", "cp2", "cp3", "w1"] {
+        assert!(out.contains(&format!("talosmachine.ichor.maesh.dev/{m}")), "{m}: {out}");
+    }
+
+    let (code, out, err) = sim.kubectl(&["describe", "talosmachine", "cp1", "-n", "ichor-system"]).unwrap();
+    assert_eq!(code, 0, "kubectl describe: {err}");
+    assert!(out.contains("Name:         cp1") && out.contains("Role:") && out.contains("controlplane"), "{out}");
+
+    let rv = |sim: &Sim| {
+        sim.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", "jsonpath={.metadata.resourceVersion}"])
+            .unwrap()
+            .1
+    };
+    // The controller may write the cluster's status meanwhile (a real change): look again then.
+    let kept = (0..5).any(|_| {
+        let before = rv(&sim);
+        let (code, out, err) = sim
+            .kubectl(&[
+                "patch",
+                "tc",
+                "lab",
+                "-n",
+                "ichor-system",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"spec":{"kubernetesVersion":"v1.36.4"}}"#,
+            ])
+            .unwrap();
+        assert_eq!(code, 0, "kubectl patch: {err}");
+        out.contains("patched (no change)") && rv(&sim) == before
+    });
+    assert!(kept, "a no-op patch keeps the resourceVersion and kubectl says `(no change)`");
 }

@@ -389,3 +389,53 @@ async fn the_handover_follows_argo_cds_application_and_the_render_then_drops_the
     api.put("argoproj.io", "applications", app("Synced", "Degraded"));
     assert_eq!(step().await.0, ("True".into(), "Synced".into()));
 }
+
+/// As kube-apiserver: a write that changes nothing keeps the resourceVersion and sends no watch
+/// event (else a controller re-reconciles its own write forever), and the main resource never
+/// writes status.
+#[tokio::test]
+async fn a_no_op_patch_keeps_the_resource_version_and_sends_no_event() {
+    use futures::StreamExt;
+    let api = kubeapi::Api::new();
+    let cms: Api<ConfigMap> = Api::namespaced(api.client(), "default");
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1"}});
+    cms.create(&PostParams::default(), &serde_json::from_value(cm).unwrap()).await.unwrap();
+    let rv = cms.get("c").await.unwrap().metadata.resource_version.unwrap();
+    let mut events = cms.watch(&WatchParams::default().timeout(2), &rv).await.unwrap().boxed();
+    let same = cms.patch("c", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": "1"}}))).await.unwrap();
+    assert_eq!(same.metadata.resource_version.as_deref(), Some(rv.as_str()), "a no-op patch keeps the version");
+    let applied = cms
+        .patch(
+            "c",
+            &PatchParams::apply("me"),
+            &Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied.metadata.resource_version.as_deref(), Some(rv.as_str()), "so does a no-op apply");
+    // The first event is the first real change, not the no-ops.
+    cms.patch("c", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": "2"}}))).await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap().unwrap().unwrap() {
+        WatchEvent::Modified(c) => assert_eq!(c.data.unwrap()["a"], "2"),
+        other => panic!("{other:?}"),
+    }
+    // A patch of the main resource leaves status alone.
+    let nodes: Api<Node> = Api::all(api.client());
+    api.put(
+        "",
+        "nodes",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}, "status": {"phase": "Terminated"}}),
+    );
+    let n = nodes
+        .patch(
+            "n",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Gone"}, "spec": {"podCIDR": "10.0.0.0/24"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(n.status.unwrap().phase.as_deref(), Some("Terminated"), "status is written through /status only");
+    assert_eq!(n.spec.unwrap().pod_cidr.as_deref(), Some("10.0.0.0/24"));
+}

@@ -1,10 +1,13 @@
 //! An in-memory Kubernetes API, for tests and demos only (feature `sim`): a tower service that
-//! a real `kube_client::Client` talks HTTP to, keeping objects as JSON with what Ichor relies
-//! on: `resourceVersion` conflicts on update, the status subresource, server-side apply with
-//! field ownership (a conflict names the other manager, `force` takes the fields), UID
-//! preconditions on delete, evictions that respect PodDisruptionBudgets, label and field
-//! selectors, and watch events. It is not a kube-apiserver: no admission, no defaulting, no
-//! garbage collection, no validation beyond what it says.
+//! a real `kube_client::Client` (and the real `kubectl`) talks HTTP to, keeping objects as JSON
+//! with what Ichor relies on: discovery (`discovery`: `/version`, `/api`, `/apis`, each
+//! group-version's resources), `resourceVersion` conflicts on update, a write that changes
+//! nothing kept as it was (same resourceVersion, no watch event), status written through the
+//! status subresource only, server-side apply with field ownership (a conflict names the other
+//! manager, `force` takes the fields), UID preconditions on delete, evictions that respect
+//! PodDisruptionBudgets, label and field selectors, and watch events. It is not a
+//! kube-apiserver: no OpenAPI documents, no server-side tables, no admission, no defaulting,
+//! no garbage collection, no validation beyond what it says.
 //!
 //! Start at `Api::client` (a `kube_client::Client` over it) and `Api::objects` (what it holds).
 
@@ -207,6 +210,34 @@ fn leaves(v: &Json, at: String, out: &mut BTreeMap<String, Json>) {
     }
 }
 
+/// Whether a write changes nothing kube-apiserver keeps: the object is the same apart from the
+/// fields the server stamps. Such a write keeps the resourceVersion and sends no watch event.
+fn unchanged(old: &Json, next: &Json) -> bool {
+    let strip = |v: &Json| {
+        let mut v = v.clone();
+        if let Some(m) = v.get_mut("metadata").and_then(Json::as_object_mut) {
+            for k in ["resourceVersion", "generation", "managedFields", "uid", "creationTimestamp"] {
+                m.remove(k);
+            }
+        }
+        v
+    };
+    strip(old) == strip(next)
+}
+
+/// The main resource never writes status, the status subresource writes nothing else (as
+/// kube-apiserver does for every kind with a status subresource).
+fn keep_status(old: &Json, next: &mut Json) {
+    match old.get("status") {
+        Some(st) => next["status"] = st.clone(),
+        None => {
+            if let Some(o) = next.as_object_mut() {
+                o.remove("status");
+            }
+        }
+    }
+}
+
 fn remove_pointer(v: &mut Json, ptr: &str) {
     let Some((parent, last)) = ptr.rsplit_once('/') else { return };
     let last = last.replace("~1", "/").replace("~0", "~");
@@ -284,6 +315,11 @@ impl Api {
         let key = (group.to_string(), plural.to_string(), ns, name);
         let mut s = self.store.lock().expect("kubeapi store");
         let existed = s.objects.contains_key(&key);
+        if let Some(old) = s.objects.get(&key)
+            && unchanged(old, &obj)
+        {
+            return old.clone();
+        }
         self.stamp(&mut s, &key, &mut obj, !existed);
         s.objects.insert(key.clone(), obj.clone());
         self.emit(&mut s, &key, if existed { "MODIFIED" } else { "ADDED" }, obj.clone());
@@ -350,6 +386,11 @@ impl Api {
         if let Ok(mut s) = self.store.lock() {
             s.log.push(format!("{} {}", parts.method, parts.uri));
         }
+        if parts.method == Method::GET
+            && let Some(doc) = self.discovery(parts.uri.path())
+        {
+            return full(&doc, StatusCode::OK);
+        }
         let Some((group, version, ns, plural, name, sub)) = route(parts.uri.path()) else {
             return status(
                 StatusCode::NOT_FOUND,
@@ -404,6 +445,61 @@ impl Api {
         }
     }
 
+    /// Every resource the API serves: the core kinds, Ichor's CRDs, and every CRD it holds.
+    pub fn resources(&self) -> Vec<super::discovery::Resource> {
+        use super::discovery::Resource;
+        let mut all = Resource::builtin();
+        let stored: Vec<Json> = self
+            .store
+            .lock()
+            .map(|s| {
+                s.objects
+                    .iter()
+                    .filter(|(k, _)| k.0 == "apiextensions.k8s.io" && k.1 == "customresourcedefinitions")
+                    .map(|(_, v)| v.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let shipped = render::api::crds().iter().filter_map(|c| serde_json::to_value(c).ok()).collect::<Vec<_>>();
+        for crd in shipped.iter().chain(&stored) {
+            for r in Resource::from_crd(crd) {
+                if !all.iter().any(|x| x.group == r.group && x.version == r.version && x.plural == r.plural) {
+                    all.push(r);
+                }
+            }
+        }
+        all
+    }
+
+    /// The kind of a resource: from the resource table, else guessed from the plural.
+    fn kind(&self, group: &str, plural: &str) -> String {
+        use super::discovery::Resource;
+        let builtin = Resource::builtin();
+        if let Some(r) = builtin.iter().find(|r| r.group == group && r.plural == plural) {
+            return r.kind.clone();
+        }
+        for c in render::api::crds() {
+            if c.spec.group == group && c.spec.names.plural == plural {
+                return c.spec.names.kind.clone();
+            }
+        }
+        kind_of(plural)
+    }
+
+    /// The discovery document at `path`, when it is one.
+    fn discovery(&self, path: &str) -> Option<Json> {
+        use super::discovery as d;
+        let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match segs.as_slice() {
+            ["version"] => Some(d::version()),
+            ["api"] => Some(d::api_versions()),
+            ["apis"] => Some(d::group_list(&self.resources())),
+            ["api", v] => d::resource_list(&self.resources(), "", v),
+            ["apis", g, v] => d::resource_list(&self.resources(), g, v),
+            _ => None,
+        }
+    }
+
     fn list(
         &self,
         group: &str,
@@ -421,7 +517,7 @@ impl Api {
             .filter(|o| selected(o, q.get("labelSelector"), q.get("fieldSelector")))
             .collect();
         full(
-            &json!({"apiVersion": api_version, "kind": format!("{}List", kind_of(plural)), "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+            &json!({"apiVersion": api_version, "kind": format!("{}List", self.kind(group, plural)), "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
             StatusCode::OK,
         )
     }
@@ -504,8 +600,11 @@ impl Api {
             let mut next = old.clone();
             next["status"] = body.get("status").cloned().unwrap_or(Json::Null);
             body = next;
-        } else if let Some(st) = old.get("status") {
-            body["status"] = st.clone();
+        } else {
+            keep_status(&old, &mut body);
+        }
+        if unchanged(&old, &body) {
+            return full(&old, StatusCode::OK);
         }
         self.stamp(&mut s, key, &mut body, false);
         s.objects.insert(key.clone(), body.clone());
@@ -582,6 +681,9 @@ impl Api {
                 next["status"] = body.get("status").cloned().unwrap_or(Json::Null);
             } else {
                 merge_patch(&mut next, &patch);
+                if let Some(o) = &old {
+                    keep_status(o, &mut next);
+                }
             }
         } else if content_type.starts_with("application/json-patch") {
             return status(
@@ -597,6 +699,14 @@ impl Api {
             next["status"] = st;
         } else {
             merge_patch(&mut next, &body);
+            if let Some(o) = &old {
+                keep_status(o, &mut next);
+            }
+        }
+        if let Some(o) = &old
+            && unchanged(o, &next)
+        {
+            return full(o, StatusCode::OK);
         }
         self.stamp(&mut s, key, &mut next, old.is_none());
         s.objects.insert(key.clone(), next.clone());

@@ -1,0 +1,236 @@
+//! Discovery as kube-apiserver serves it, for the in-memory API (`kubeapi`): `/version`, `/api`,
+//! `/apis` and each group-version's resource list (verbs, short names, namespaced,
+//! subresources), for the core kinds the product and its stand-ins use and for every CRD the
+//! API holds (Ichor's are installed from the start, as `ichor install` would). `kubectl` reads
+//! these before anything else (`kubectl api-resources`, `kubectl get talosclusters`).
+//!
+//! Start at `Resource::builtin` and `Resource::from_crd`; the documents are `version`,
+//! `api_versions`, `group_list` and `resource_list`, pure functions of the resource table.
+
+use serde_json::{Value as Json, json};
+
+/// The Kubernetes version the simulated API says it is.
+pub const KUBERNETES_VERSION: (&str, &str, &str) = ("1", "36", "v1.36.4");
+
+/// One resource of the API, as discovery lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resource {
+    /// The API group (`""` for the core group).
+    pub group: String,
+    /// The version served.
+    pub version: String,
+    /// The plural (`talosclusters`).
+    pub plural: String,
+    /// The singular (`taloscluster`).
+    pub singular: String,
+    /// The kind (`TalosCluster`).
+    pub kind: String,
+    /// Namespaced, or cluster-scoped.
+    pub namespaced: bool,
+    /// Short names (`tc`).
+    pub short_names: Vec<String>,
+    /// Categories (`all`).
+    pub categories: Vec<String>,
+    /// It has a status subresource.
+    pub status: bool,
+    /// The verbs served (empty: the usual eight).
+    pub verbs: Vec<&'static str>,
+}
+
+const VERBS: [&str; 8] = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+
+impl Resource {
+    fn new(group: &str, version: &str, plural: &str, kind: &str, namespaced: bool) -> Resource {
+        Resource {
+            group: group.into(),
+            version: version.into(),
+            plural: plural.into(),
+            singular: kind.to_lowercase(),
+            kind: kind.into(),
+            namespaced,
+            short_names: vec![],
+            categories: vec![],
+            status: false,
+            verbs: vec![],
+        }
+    }
+
+    fn short(mut self, names: &[&str]) -> Resource {
+        self.short_names = names.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    fn with_status(mut self) -> Resource {
+        self.status = true;
+        self
+    }
+
+    fn verbs(mut self, verbs: &[&'static str]) -> Resource {
+        self.verbs = verbs.to_vec();
+        self
+    }
+
+    /// `group/version`, or `version` for the core group.
+    pub fn group_version(&self) -> String {
+        if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) }
+    }
+
+    /// The core kinds the product and the stand-ins use, as kube-apiserver lists them.
+    pub fn builtin() -> Vec<Resource> {
+        vec![
+            Resource::new("", "v1", "namespaces", "Namespace", false).short(&["ns"]).with_status(),
+            Resource::new("", "v1", "nodes", "Node", false).short(&["no"]).with_status(),
+            Resource::new("", "v1", "pods", "Pod", true).short(&["po"]).with_status(),
+            Resource::new("", "v1", "configmaps", "ConfigMap", true).short(&["cm"]),
+            Resource::new("", "v1", "secrets", "Secret", true),
+            Resource::new("", "v1", "serviceaccounts", "ServiceAccount", true).short(&["sa"]),
+            Resource::new("", "v1", "services", "Service", true).short(&["svc"]).with_status(),
+            Resource::new("", "v1", "events", "Event", true).short(&["ev"]),
+            Resource::new("apps", "v1", "daemonsets", "DaemonSet", true).short(&["ds"]).with_status(),
+            Resource::new("apps", "v1", "deployments", "Deployment", true).short(&["deploy"]).with_status(),
+            Resource::new("batch", "v1", "jobs", "Job", true).with_status(),
+            Resource::new("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", true)
+                .short(&["pdb"])
+                .with_status(),
+            Resource::new("coordination.k8s.io", "v1", "leases", "Lease", true),
+            Resource::new("events.k8s.io", "v1", "events", "Event", true).short(&["ev"]),
+            Resource::new("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", false),
+            Resource::new("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", false),
+            Resource::new("rbac.authorization.k8s.io", "v1", "roles", "Role", true),
+            Resource::new("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", true),
+            Resource::new("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", false)
+                .verbs(&["create"]),
+            Resource::new("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false)
+                .short(&["crd", "crds"])
+                .with_status(),
+            Resource::new(
+                "admissionregistration.k8s.io",
+                "v1",
+                "validatingwebhookconfigurations",
+                "ValidatingWebhookConfiguration",
+                false,
+            ),
+        ]
+    }
+
+    /// The resources of a CustomResourceDefinition (as JSON): one per served version.
+    pub fn from_crd(crd: &Json) -> Vec<Resource> {
+        let s = |p: &str| crd.pointer(p).and_then(Json::as_str).unwrap_or_default().to_string();
+        let strings = |p: &str| -> Vec<String> {
+            crd.pointer(p)
+                .and_then(Json::as_array)
+                .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+                .unwrap_or_default()
+        };
+        let versions = crd.pointer("/spec/versions").and_then(Json::as_array).cloned().unwrap_or_default();
+        versions
+            .iter()
+            .filter(|v| v.get("served").and_then(Json::as_bool).unwrap_or(true))
+            .map(|v| Resource {
+                group: s("/spec/group"),
+                version: v.get("name").and_then(Json::as_str).unwrap_or_default().to_string(),
+                plural: s("/spec/names/plural"),
+                singular: {
+                    let singular = s("/spec/names/singular");
+                    if singular.is_empty() { s("/spec/names/kind").to_lowercase() } else { singular }
+                },
+                kind: s("/spec/names/kind"),
+                namespaced: s("/spec/scope") != "Cluster",
+                short_names: strings("/spec/names/shortNames"),
+                categories: strings("/spec/names/categories"),
+                status: v.pointer("/subresources/status").is_some(),
+                verbs: vec![],
+            })
+            .collect()
+    }
+}
+
+/// `/version`.
+pub fn version() -> Json {
+    let (major, minor, git) = KUBERNETES_VERSION;
+    json!({
+        "major": major, "minor": minor, "gitVersion": git, "gitCommit": "ichor-sim", "gitTreeState": "clean",
+        "buildDate": "2026-11-30T00:00:00Z", "goVersion": "go1.25", "compiler": "gc", "platform": "linux/amd64",
+    })
+}
+
+/// `/api`: the core group's versions.
+pub fn api_versions() -> Json {
+    json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
+}
+
+/// `/apis`: every named group with its versions, in first-seen order.
+pub fn group_list(resources: &[Resource]) -> Json {
+    let mut groups: Vec<(String, Vec<String>)> = vec![];
+    for r in resources.iter().filter(|r| !r.group.is_empty()) {
+        match groups.iter_mut().find(|(g, _)| *g == r.group) {
+            Some((_, vs)) if !vs.contains(&r.version) => vs.push(r.version.clone()),
+            Some(_) => {}
+            None => groups.push((r.group.clone(), vec![r.version.clone()])),
+        }
+    }
+    let groups: Vec<Json> = groups
+        .iter()
+        .map(|(g, vs)| {
+            let versions: Vec<Json> =
+                vs.iter().map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v})).collect();
+            json!({"name": g, "versions": versions, "preferredVersion": versions[0]})
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// `/api/v1` or `/apis/G/V`: the group-version's resources and their subresources; `None`
+/// when nothing is served there.
+pub fn resource_list(resources: &[Resource], group: &str, version: &str) -> Option<Json> {
+    let mut list = vec![];
+    for r in resources.iter().filter(|r| r.group == group && r.version == version) {
+        let verbs: Vec<&str> = if r.verbs.is_empty() { VERBS.to_vec() } else { r.verbs.clone() };
+        let mut entry = json!({
+            "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind,
+            "verbs": verbs, "storageVersionHash": "",
+        });
+        if !r.short_names.is_empty() {
+            entry["shortNames"] = json!(r.short_names);
+        }
+        if !r.categories.is_empty() {
+            entry["categories"] = json!(r.categories);
+        }
+        list.push(entry);
+        if r.status {
+            list.push(json!({"name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]}));
+        }
+        if r.plural == "pods" && r.group.is_empty() {
+            list.push(json!({"name": "pods/eviction", "singularName": "", "namespaced": true, "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]}));
+        }
+    }
+    if list.is_empty() {
+        return None;
+    }
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ichor() -> Vec<Resource> {
+        render::api::crds().iter().flat_map(|c| Resource::from_crd(&serde_json::to_value(c).unwrap())).collect()
+    }
+
+    #[test]
+    fn ichors_crds_are_listed_with_their_short_names_and_status() {
+        let all: Vec<Resource> = Resource::builtin().into_iter().chain(ichor()).collect();
+        let list = resource_list(&all, "ichor.maesh.dev", "v1alpha1").unwrap();
+        let names: Vec<&str> =
+            list["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+        assert!(names.contains(&"talosclusters") && names.contains(&"talosclusters/status"), "{names:?}");
+        let tc = list["resources"].as_array().unwrap().iter().find(|r| r["name"] == "talosclusters").unwrap();
+        assert_eq!((tc["kind"].as_str(), tc["namespaced"].as_bool()), (Some("TalosCluster"), Some(true)));
+        assert_eq!(tc["shortNames"], json!(["tc"]));
+        let groups = group_list(&all);
+        assert!(groups["groups"].as_array().unwrap().iter().any(|g| g["name"] == "ichor.maesh.dev"));
+        assert!(resource_list(&all, "nowhere.example", "v1").is_none());
+    }
+}
