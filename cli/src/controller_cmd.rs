@@ -127,13 +127,22 @@ fn kubernetes_service_answers() -> runtime::controller::ServiceProbe {
 /// (the in-memory API over HTTP on loopback) and a talosconfig (the simulated fleet), prints
 /// `ready` once both answer, and runs the controller with stand-ins for the kubelets, the
 /// DaemonSet rollouts and the Cilium Job.
+/// What `ichor sim cluster` runs besides the API and the fleet.
+pub struct SimCluster {
+    /// Argo CD owns Cilium (`--handover done`).
+    pub handover_done: bool,
+    /// The controller runs inside (no `--no-controller`).
+    pub controller: bool,
+}
+
 pub fn sim_cluster(
     manifests: &Path,
     kubeconfig: &Path,
     talosconfig: &Path,
     listen: &str,
-    handover_done: bool,
+    sim: SimCluster,
 ) -> Result<Report> {
+    let handover_done = sim.handover_done;
     logging();
     let files = disk::manifest_files(manifests)?;
     let rt = crate::io::io_runtime()?;
@@ -173,9 +182,11 @@ pub fn sim_cluster(
         };
         let shutdown = crate::io::shutdown_signal();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(run(Arc::new(controller), config, Arc::new(Metrics::new()), async move {
-            let _ = stopped.await;
-        }));
+        let task = sim.controller.then(|| {
+            tokio::spawn(run(Arc::new(controller), config, Arc::new(Metrics::new()), async move {
+                let _ = stopped.await;
+            }))
+        });
         let kubelets = tokio::spawn(demo.clone().kubelets_forever(Duration::from_millis(100)));
         let api = demo.api.clone();
         let nodes = demo.machines.len();
@@ -199,7 +210,9 @@ pub fn sim_cluster(
         kubelets.abort();
         served.abort();
         let _ = stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        if let Some(task) = task {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
         Ok::<(), anyhow::Error>(())
     })?;
     Ok(Report::default())

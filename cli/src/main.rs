@@ -207,6 +207,11 @@ enum SimCommand {
         /// Argo CD runs, and what lets the sim switch kube-proxy on its own).
         #[arg(long, value_parser = ["done", "disabled"], default_value = "done")]
         handover: String,
+        /// Serve the API, the fleet and the stand-ins without the controller: run `ichor
+        /// controller --kubeconfig ... --talosconfig ...` against them as its own process (it
+        /// can be stopped, killed and started again; two replicas share the Lease).
+        #[arg(long)]
+        no_controller: bool,
     },
     /// Serve a simulated Talos fleet (Talos's gRPC API over mTLS on loopback, each node
     /// behaving as its Talos version does) until interrupted. A fixture, not Talos.
@@ -352,8 +357,9 @@ fn main() -> ExitCode {
         Command::Operation(OperationCommand::Abort { name, output, kube }) => {
             op_cmd::resume_or_abort(&name, false, output, &kube)
         }
-        Command::Sim(SimCommand::Cluster { manifests, kubeconfig, talosconfig, listen, handover }) => {
-            controller_cmd::sim_cluster(&manifests, &kubeconfig, &talosconfig, &listen, handover == "done")
+        Command::Sim(SimCommand::Cluster { manifests, kubeconfig, talosconfig, listen, handover, no_controller }) => {
+            let sim = controller_cmd::SimCluster { handover_done: handover == "done", controller: !no_controller };
+            controller_cmd::sim_cluster(&manifests, &kubeconfig, &talosconfig, &listen, sim)
         }
         Command::Install { namespace, image } => {
             Ok(Report { stdout: runtime::rbac::install_yaml(&namespace, &image), ..Report::default() })

@@ -4,6 +4,7 @@
 //! `operation abort|resume`. Outputs are goldens under `tests/golden/operations/` (timestamps
 //! and the API's port redacted), rewritten with `TRYCMD=overwrite`.
 
+use render::api::Phase;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -31,19 +32,17 @@ impl Sim {
     }
 
     fn start_with(name: &str, handover: &str) -> Sim {
+        Sim::start_args(name, handover, &[])
+    }
+
+    fn start_args(name: &str, handover: &str, extra: &[&str]) -> Sim {
         let dir = std::env::temp_dir().join(format!("ichor-ops-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_ichor"))
-            .args([
-                "sim",
-                "cluster",
-                "--manifests",
-                "examples/clusters/lab-v1.14",
-                "--handover",
-                handover,
-                "--kubeconfig",
-            ])
+            .args(["sim", "cluster", "--manifests", "examples/clusters/lab-v1.14", "--handover", handover])
+            .args(extra)
+            .arg("--kubeconfig")
             .arg(dir.join("kubeconfig"))
             .arg("--talosconfig")
             .arg(dir.join("talosconfig"))
@@ -69,6 +68,21 @@ impl Sim {
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         body
+    }
+
+    /// `ichor controller`, the product binary, as its own process against the sim.
+    fn controller(&self) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_ichor"))
+            .args(["controller", "--namespace", "ichor-system", "--metrics-addr", "127.0.0.1:0", "--kubeconfig"])
+            .arg(self.dir.join("kubeconfig"))
+            .arg("--talosconfig")
+            .arg(self.dir.join("talosconfig"))
+            .current_dir(root())
+            .env("ICHOR_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
     }
 
     fn ichor(&self, args: &[&str]) -> (i32, String, String) {
@@ -285,4 +299,42 @@ fn kubectl_discovers_lists_and_describes_the_simulated_cluster() {
         out.contains("patched (no change)") && rv(&sim) == before
     });
     assert!(kept, "a no-op patch keeps the resourceVersion and kubectl says `(no change)`");
+}
+
+/// `ichor sim cluster --no-controller` serves the API, the fleet and the stand-ins; the product
+/// controller runs as its own process, is killed mid-upgrade and started again, and the upgrade
+/// completes from what the status holds.
+#[test]
+fn an_upgrade_completes_with_the_controller_as_its_own_process_killed_and_restarted() {
+    let sim = Sim::start_args("own-process", "done", &["--no-controller"]);
+    let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    let phase = |sim: &Sim| {
+        let (_, out, _) = sim.ichor(&["status", "--cluster", "lab", "--output", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        v.pointer("/operations/0/status/phase").and_then(|p| p.as_str()).and_then(Phase::parse).unwrap_or_default()
+    };
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_eq!(phase(&sim), Phase::Pending, "no controller runs inside the sim");
+    let wait = |sim: &Sim, done: &dyn Fn(Phase) -> bool| {
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_secs(90) {
+            let p = phase(sim);
+            if done(p) {
+                return p;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        phase(sim)
+    };
+    let mut first = sim.controller();
+    let p = wait(&sim, &|p| p != Phase::Pending);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(matches!(p, Phase::Running | Phase::Completed), "{p}");
+    let mut second = sim.controller();
+    let p = wait(&sim, &|p| matches!(p, Phase::Completed | Phase::Paused));
+    second.kill().unwrap();
+    second.wait().unwrap();
+    assert_eq!(p, Phase::Completed);
 }
