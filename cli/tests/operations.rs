@@ -111,6 +111,7 @@ impl Sim {
         let out = Command::new("kubectl")
             .args(args)
             .env("KUBECONFIG", self.dir.join("kubeconfig"))
+            .current_dir(root())
             .stdin(Stdio::null())
             .output()
             .ok()?;
@@ -249,7 +250,9 @@ fn walk_through_upgrade_then_switch_kube_proxy_there_and_back() {
 }
 
 /// A client nobody here wrote: the real `kubectl` discovers what the simulated cluster serves,
-/// lists and describes Ichor's kinds, and a patch that changes nothing changes nothing.
+/// lists, describes and explains Ichor's kinds, watches them; a patch that changes nothing
+/// changes nothing, a server-side dry run writes nothing, and a server-side apply conflict
+/// names the manager that owns the field.
 #[test]
 fn kubectl_discovers_lists_and_describes_the_simulated_cluster() {
     let sim = Sim::start("kubectl");
@@ -299,6 +302,65 @@ fn kubectl_discovers_lists_and_describes_the_simulated_cluster() {
         out.contains("patched (no change)") && rv(&sim) == before
     });
     assert!(kept, "a no-op patch keeps the resourceVersion and kubectl says `(no change)`");
+
+    // The schemas kubectl reads: `explain` shows the CRD's descriptions.
+    let (code, out, err) = sim.kubectl(&["explain", "talosmachine.spec"]).unwrap();
+    assert_eq!(code, 0, "kubectl explain: {err}");
+    assert!(out.contains("KIND:       TalosMachine") && out.contains("The node's address for the Talos API."), "{out}");
+
+    // A server-side dry run changes nothing.
+    let (code, out, err) = sim
+        .kubectl(&[
+            "patch",
+            "tc",
+            "lab",
+            "-n",
+            "ichor-system",
+            "--type",
+            "merge",
+            "--dry-run=server",
+            "-p",
+            r#"{"spec":{"kubernetesVersion":"v1.36.9"}}"#,
+        ])
+        .unwrap();
+    assert_eq!(code, 0, "kubectl patch --dry-run=server: {err}{out}");
+    let version =
+        sim.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", "jsonpath={.spec.kubernetesVersion}"]).unwrap().1;
+    assert_eq!(version, "v1.36.4", "a dry run writes nothing");
+    // (The example's Secret carries the resourceVersion its render hashes: a stale one, which
+    // kube-apiserver refuses on apply as the sim does; the custom resources are applied.)
+    let (code, out, err) = sim
+        .kubectl(&[
+            "apply",
+            "--dry-run=server",
+            "-f",
+            "examples/clusters/lab-v1.14/cluster.yaml",
+            "-f",
+            "examples/clusters/lab-v1.14/machines.yaml",
+            "-f",
+            "examples/clusters/lab-v1.14/patches.yaml",
+        ])
+        .unwrap();
+    assert_eq!(code, 0, "kubectl apply --dry-run=server: {err}");
+    assert!(out.contains("taloscluster.ichor.maesh.dev/lab configured (server dry run)"), "{out}");
+
+    // Server-side apply: a second manager's change of a field the first owns is a conflict
+    // naming the first.
+    let cluster = std::fs::read_to_string(root().join("examples/clusters/lab-v1.14/cluster.yaml")).unwrap();
+    let file = sim.dir.join("cluster.yaml");
+    std::fs::write(&file, &cluster).unwrap();
+    let file = file.to_string_lossy().to_string();
+    let (code, _, err) = sim.kubectl(&["apply", "--server-side", "--field-manager=first", "-f", &file]).unwrap();
+    assert_eq!(code, 0, "kubectl apply --server-side: {err}");
+    std::fs::write(&file, cluster.replace("v1.36.4", "v1.36.7")).unwrap();
+    let (code, _, err) = sim.kubectl(&["apply", "--server-side", "--field-manager=second", "-f", &file]).unwrap();
+    assert_ne!(code, 0);
+    assert!(err.contains("Apply failed with 1 conflict: conflict with \"first\": .spec.kubernetesVersion"), "{err}");
+
+    // A watch prints what is there, then what changes.
+    let (_, out, _) =
+        sim.kubectl(&["get", "talosmachines", "-n", "ichor-system", "-w", "--request-timeout=3s"]).unwrap();
+    assert!(out.lines().any(|l| l.starts_with("cp1 ")), "{out}");
 }
 
 /// `ichor sim cluster --no-controller` serves the API, the fleet and the stand-ins; the product

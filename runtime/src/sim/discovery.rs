@@ -5,7 +5,8 @@
 //! these before anything else (`kubectl api-resources`, `kubectl get talosclusters`).
 //!
 //! Start at `Resource::builtin` and `Resource::from_crd`; the documents are `version`,
-//! `api_versions`, `group_list` and `resource_list`, pure functions of the resource table.
+//! `api_versions`, `group_list`, `resource_list`, `openapi_root` and `openapi_group_version`,
+//! pure functions of the resource table (and, for OpenAPI, the CRDs' schemas).
 
 use serde_json::{Value as Json, json};
 
@@ -211,6 +212,91 @@ pub fn resource_list(resources: &[Resource], group: &str, version: &str) -> Opti
     Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}))
 }
 
+/// `/openapi/v3`: where each group-version's document is.
+pub fn openapi_root(resources: &[Resource]) -> Json {
+    let mut paths = serde_json::Map::new();
+    for r in resources {
+        let at =
+            if r.group.is_empty() { format!("api/{}", r.version) } else { format!("apis/{}/{}", r.group, r.version) };
+        paths.insert(at.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{at}?hash=ichor-sim")}));
+    }
+    json!({"paths": paths})
+}
+
+/// The query parameters kube-apiserver documents on a write.
+fn write_parameters() -> Json {
+    json!([
+        {"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+        {"name": "fieldManager", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+        {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": true}},
+        {"name": "force", "in": "query", "schema": {"type": "boolean", "uniqueItems": true}},
+    ])
+}
+
+/// The component name of a kind's schema (`dev.maesh.ichor.v1alpha1.TalosCluster`).
+fn component(r: &Resource) -> String {
+    let group: Vec<&str> =
+        if r.group.is_empty() { vec!["io", "k8s", "api", "core"] } else { r.group.split('.').rev().collect() };
+    format!("{}.{}.{}", group.join("."), r.version, r.kind)
+}
+
+/// `/openapi/v3/api/v1` or `/openapi/v3/apis/G/V`: each resource's paths (every write documents
+/// `dryRun`, `fieldManager` and `fieldValidation`, which tells kubectl the server validates
+/// fields itself) and, for a CRD, its schema (what `kubectl explain` reads). `schemas` holds
+/// each CRD's `openAPIV3Schema` by (group, version, kind).
+pub fn openapi_group_version(
+    resources: &[Resource],
+    schemas: &[((String, String, String), Json)],
+    group: &str,
+    version: &str,
+) -> Option<Json> {
+    let here: Vec<&Resource> = resources.iter().filter(|r| r.group == group && r.version == version).collect();
+    if here.is_empty() {
+        return None;
+    }
+    let mut paths = serde_json::Map::new();
+    let mut components = serde_json::Map::new();
+    let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+    for r in here {
+        let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        let reference = json!({"$ref": format!("#/components/schemas/{}", component(r))});
+        let op = |action: &str| {
+            json!({
+                "x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk,
+                "parameters": write_parameters(),
+                "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": reference}}}},
+            })
+        };
+        let base = if r.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{}", r.plural)
+        } else {
+            format!("{prefix}/{}", r.plural)
+        };
+        paths.insert(
+            base.clone(),
+            json!({"post": op("post"), "get": {"x-kubernetes-action": "list", "x-kubernetes-group-version-kind": gvk}}),
+        );
+        paths.insert(
+            format!("{base}/{{name}}"),
+            json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}),
+        );
+        let schema = schemas
+            .iter()
+            .find(|((g, v, k), _)| *g == r.group && *v == r.version && *k == r.kind)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+        let mut schema = schema;
+        schema["x-kubernetes-group-version-kind"] = json!([gvk]);
+        components.insert(component(r), schema);
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": KUBERNETES_VERSION.2},
+        "paths": paths,
+        "components": {"schemas": components},
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,5 +318,16 @@ mod tests {
         let groups = group_list(&all);
         assert!(groups["groups"].as_array().unwrap().iter().any(|g| g["name"] == "ichor.maesh.dev"));
         assert!(resource_list(&all, "nowhere.example", "v1").is_none());
+        // Every write documents fieldValidation (kubectl then leaves validation to the server)
+        // and the CRD's schema carries its kind (what kubectl explain looks up).
+        let schemas =
+            vec![(("ichor.maesh.dev".into(), "v1alpha1".into(), "TalosCluster".into()), json!({"type": "object"}))];
+        let doc = openapi_group_version(&all, &schemas, "ichor.maesh.dev", "v1alpha1").unwrap();
+        let patch =
+            &doc["paths"]["/apis/ichor.maesh.dev/v1alpha1/namespaces/{namespace}/talosclusters/{name}"]["patch"];
+        assert!(patch["parameters"].as_array().unwrap().iter().any(|p| p["name"] == "fieldValidation"), "{patch}");
+        let schema = &doc["components"]["schemas"]["dev.maesh.ichor.v1alpha1.TalosCluster"];
+        assert_eq!(schema["x-kubernetes-group-version-kind"][0]["kind"], "TalosCluster");
+        assert!(openapi_root(&all)["paths"]["apis/ichor.maesh.dev/v1alpha1"]["serverRelativeURL"].is_string());
     }
 }

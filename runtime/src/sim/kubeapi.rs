@@ -33,7 +33,7 @@ struct WatchEvent {
     object: Json,
 }
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Store {
     rv: u64,
     uid: u64,
@@ -425,31 +425,33 @@ impl Api {
         }
         let key = (group.clone(), plural.clone(), ns.clone(), name.clone());
         let content_type = parts.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        // `dryRun=All`: the write is made, checked and answered on a copy; nothing is kept and
+        // no watcher hears of it (as kube-apiserver: admission and validation run, storage not).
+        let dry = parts.method != Method::GET && q.get("dryRun").is_some_and(|d| d == "All");
+        let api = if dry { self.shadow() } else { self.clone() };
         match (parts.method.clone(), name.is_empty(), sub.as_str()) {
             (Method::GET, true, _) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
-                self.watch(&group, &plural, &ns, &q)
+                api.watch(&group, &plural, &ns, &q)
             }
-            (Method::GET, true, _) => self.list(&group, &plural, &ns, &api_version, &q),
-            (Method::GET, false, _) => match self.get(&group, &plural, &ns, &name) {
+            (Method::GET, true, _) => api.list(&group, &plural, &ns, &api_version, &q),
+            (Method::GET, false, _) => match api.get(&group, &plural, &ns, &name) {
                 Some(o) => full(&o, StatusCode::OK),
                 None => status(StatusCode::NOT_FOUND, "NotFound", format!("{plural} \"{name}\" not found")),
             },
-            (Method::POST, true, _) => self.create(&group, &plural, &ns, &api_version, body),
-            (Method::POST, false, "eviction") => self.evict(&key),
-            (Method::PUT, false, sub) => self.replace(&key, body, sub == "status"),
-            (Method::PATCH, false, sub) => self.patch(&key, &api_version, body, &content_type, &q, sub == "status"),
-            (Method::DELETE, false, "") => self.delete(&key, &body),
+            (Method::POST, true, _) => api.create(&group, &plural, &ns, &api_version, body),
+            (Method::POST, false, "eviction") => api.evict(&key),
+            (Method::PUT, false, sub) => api.replace(&key, body, sub == "status"),
+            (Method::PATCH, false, sub) => api.patch(&key, &api_version, body, &content_type, &q, sub == "status"),
+            (Method::DELETE, false, "") => api.delete(&key, &body),
             (m, _, _) => {
                 status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", format!("{m} is not supported here"))
             }
         }
     }
 
-    /// Every resource the API serves: the core kinds, Ichor's CRDs, and every CRD it holds.
-    pub fn resources(&self) -> Vec<super::discovery::Resource> {
-        use super::discovery::Resource;
-        let mut all = Resource::builtin();
-        let stored: Vec<Json> = self
+    /// The CRDs the API holds, and Ichor's (installed from the start, as `ichor install` would).
+    fn crds(&self) -> (Vec<Json>, Vec<Json>) {
+        let stored = self
             .store
             .lock()
             .map(|s| {
@@ -460,7 +462,21 @@ impl Api {
                     .collect()
             })
             .unwrap_or_default();
-        let shipped = render::api::crds().iter().filter_map(|c| serde_json::to_value(c).ok()).collect::<Vec<_>>();
+        let shipped = render::api::crds().iter().filter_map(|c| serde_json::to_value(c).ok()).collect();
+        (stored, shipped)
+    }
+
+    /// A copy of the store no watcher listens to, for a dry run.
+    fn shadow(&self) -> Api {
+        let store = self.store.lock().map(|s| s.clone()).unwrap_or_default();
+        Api { store: Arc::new(Mutex::new(store)), events: Arc::default() }
+    }
+
+    /// Every resource the API serves: the core kinds, Ichor's CRDs, and every CRD it holds.
+    pub fn resources(&self) -> Vec<super::discovery::Resource> {
+        use super::discovery::Resource;
+        let mut all = Resource::builtin();
+        let (stored, shipped) = self.crds();
         for crd in shipped.iter().chain(&stored) {
             for r in Resource::from_crd(crd) {
                 if !all.iter().any(|x| x.group == r.group && x.version == r.version && x.plural == r.plural) {
@@ -469,6 +485,23 @@ impl Api {
             }
         }
         all
+    }
+
+    /// Every CRD's schema by (group, version, kind): Ichor's and those the API holds.
+    fn schemas(&self) -> Vec<((String, String, String), Json)> {
+        let (stored, shipped) = self.crds();
+        let mut out = vec![];
+        for crd in stored.iter().chain(&shipped) {
+            let g = crd.pointer("/spec/group").and_then(Json::as_str).unwrap_or_default().to_string();
+            let k = crd.pointer("/spec/names/kind").and_then(Json::as_str).unwrap_or_default().to_string();
+            for v in crd.pointer("/spec/versions").and_then(Json::as_array).into_iter().flatten() {
+                let name = v.get("name").and_then(Json::as_str).unwrap_or_default().to_string();
+                if let Some(schema) = v.pointer("/schema/openAPIV3Schema") {
+                    out.push(((g.clone(), name, k.clone()), schema.clone()));
+                }
+            }
+        }
+        out
     }
 
     /// The kind of a resource: from the resource table, else guessed from the plural.
@@ -496,6 +529,9 @@ impl Api {
             ["apis"] => Some(d::group_list(&self.resources())),
             ["api", v] => d::resource_list(&self.resources(), "", v),
             ["apis", g, v] => d::resource_list(&self.resources(), g, v),
+            ["openapi", "v3"] => Some(d::openapi_root(&self.resources())),
+            ["openapi", "v3", "api", v] => d::openapi_group_version(&self.resources(), &self.schemas(), "", v),
+            ["openapi", "v3", "apis", g, v] => d::openapi_group_version(&self.resources(), &self.schemas(), g, v),
             _ => None,
         }
     }
@@ -650,14 +686,20 @@ impl Api {
                     && next.pointer(ptr) != Some(v)
                     && !force
                 {
-                    conflicts.push(format!("conflict with \"{other}\": {ptr}"));
+                    // kube-apiserver names the field as a dotted path (`.spec.kubernetesVersion`).
+                    conflicts.push(format!("conflict with \"{other}\": {}", ptr.replace('/', ".")));
                 }
             }
             if !conflicts.is_empty() {
                 return status(
                     StatusCode::CONFLICT,
                     "Conflict",
-                    format!("Apply failed with {} conflict(s): {}", conflicts.len(), conflicts.join("; ")),
+                    format!(
+                        "Apply failed with {} conflict{}: {}",
+                        conflicts.len(),
+                        if conflicts.len() == 1 { "" } else { "s" },
+                        conflicts.join("\n")
+                    ),
                 );
             }
             // Fields this manager applied before and no longer does are removed.
