@@ -61,8 +61,7 @@ impl Sim {
     /// A raw GET against the simulated API (what the kubeconfig's server answers).
     fn get(&self, path: &str) -> String {
         use std::io::{Read, Write};
-        let kc = std::fs::read_to_string(self.dir.join("kubeconfig")).unwrap();
-        let server = kc.lines().find_map(|l| l.trim().strip_prefix("server: http://")).unwrap().to_string();
+        let server = self.server();
         let mut s = std::net::TcpStream::connect(&server).unwrap();
         write!(s, "GET {path} HTTP/1.1\r\nHost: {server}\r\nConnection: close\r\n\r\n").unwrap();
         let mut body = String::new();
@@ -70,9 +69,40 @@ impl Sim {
         body
     }
 
-    /// `ichor controller`, the product binary, as its own process against the sim.
+    /// The API's `host:port` (what the kubeconfig's server names).
+    fn server(&self) -> String {
+        let kc = std::fs::read_to_string(self.dir.join("kubeconfig")).unwrap();
+        kc.lines().find_map(|l| l.trim().strip_prefix("server: http://")).unwrap().to_string()
+    }
+
+    /// The first operation's phase, as `ichor status --output json` shows it.
+    fn phase(&self) -> Phase {
+        let (_, out, _) = self.ichor(&["status", "--cluster", "lab", "--output", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        v.pointer("/operations/0/status/phase").and_then(|p| p.as_str()).and_then(Phase::parse).unwrap_or_default()
+    }
+
+    /// Waits (90 s at most) until the first operation's phase is one `done` accepts.
+    fn wait_phase(&self, done: &dyn Fn(Phase) -> bool) -> Phase {
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_secs(90) {
+            let p = self.phase();
+            if done(p) {
+                return p;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        self.phase()
+    }
+
+    /// `ichor controller`, the product binary, as its own process against the sim; the sim's
+    /// API stands for the kubernetes Service the controller probes after a kube-proxy removal.
     fn controller(&self) -> Child {
+        let server = self.server();
+        let (host, port) = server.rsplit_once(':').unwrap();
         Command::new(env!("CARGO_BIN_EXE_ichor"))
+            .env("KUBERNETES_SERVICE_HOST", host)
+            .env("KUBERNETES_SERVICE_PORT", port)
             .args(["controller", "--namespace", "ichor-system", "--metrics-addr", "127.0.0.1:0", "--kubeconfig"])
             .arg(self.dir.join("kubeconfig"))
             .arg("--talosconfig")
@@ -249,6 +279,14 @@ fn walk_through_upgrade_then_switch_kube_proxy_there_and_back() {
     assert!(ds.starts_with("HTTP/1.1 200"), "{ds}");
 }
 
+/// `kubectl patch` of the example cluster's Kubernetes version (a merge patch).
+fn patch_version(sim: &Sim, version: &str, extra: &[&str]) -> (i32, String, String) {
+    let body = format!(r#"{{"spec":{{"kubernetesVersion":"{version}"}}}}"#);
+    let mut args = vec!["patch", "tc", "lab", "-n", "ichor-system", "--type", "merge", "-p", &body];
+    args.extend(extra);
+    sim.kubectl(&args).unwrap()
+}
+
 /// A client nobody here wrote: the real `kubectl` discovers what the simulated cluster serves,
 /// lists, describes and explains Ichor's kinds, watches them; a patch that changes nothing
 /// changes nothing, a server-side dry run writes nothing, and a server-side apply conflict
@@ -285,19 +323,7 @@ fn kubectl_discovers_lists_and_describes_the_simulated_cluster() {
     // The controller may write the cluster's status meanwhile (a real change): look again then.
     let kept = (0..5).any(|_| {
         let before = rv(&sim);
-        let (code, out, err) = sim
-            .kubectl(&[
-                "patch",
-                "tc",
-                "lab",
-                "-n",
-                "ichor-system",
-                "--type",
-                "merge",
-                "-p",
-                r#"{"spec":{"kubernetesVersion":"v1.36.4"}}"#,
-            ])
-            .unwrap();
+        let (code, out, err) = patch_version(&sim, "v1.36.4", &[]);
         assert_eq!(code, 0, "kubectl patch: {err}");
         out.contains("patched (no change)") && rv(&sim) == before
     });
@@ -309,20 +335,7 @@ fn kubectl_discovers_lists_and_describes_the_simulated_cluster() {
     assert!(out.contains("KIND:       TalosMachine") && out.contains("The node's address for the Talos API."), "{out}");
 
     // A server-side dry run changes nothing.
-    let (code, out, err) = sim
-        .kubectl(&[
-            "patch",
-            "tc",
-            "lab",
-            "-n",
-            "ichor-system",
-            "--type",
-            "merge",
-            "--dry-run=server",
-            "-p",
-            r#"{"spec":{"kubernetesVersion":"v1.36.9"}}"#,
-        ])
-        .unwrap();
+    let (code, out, err) = patch_version(&sim, "v1.36.9", &["--dry-run=server"]);
     assert_eq!(code, 0, "kubectl patch --dry-run=server: {err}{out}");
     let version =
         sim.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", "jsonpath={.spec.kubernetesVersion}"]).unwrap().1;
@@ -371,32 +384,32 @@ fn an_upgrade_completes_with_the_controller_as_its_own_process_killed_and_restar
     let sim = Sim::start_args("own-process", "done", &["--no-controller"]);
     let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);
     assert_eq!(code, 0, "{err}");
-    let phase = |sim: &Sim| {
-        let (_, out, _) = sim.ichor(&["status", "--cluster", "lab", "--output", "json"]);
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
-        v.pointer("/operations/0/status/phase").and_then(|p| p.as_str()).and_then(Phase::parse).unwrap_or_default()
-    };
     std::thread::sleep(std::time::Duration::from_secs(2));
-    assert_eq!(phase(&sim), Phase::Pending, "no controller runs inside the sim");
-    let wait = |sim: &Sim, done: &dyn Fn(Phase) -> bool| {
-        let start = std::time::Instant::now();
-        while start.elapsed() < std::time::Duration::from_secs(90) {
-            let p = phase(sim);
-            if done(p) {
-                return p;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        phase(sim)
-    };
+    assert_eq!(sim.phase(), Phase::Pending, "no controller runs inside the sim");
     let mut first = sim.controller();
-    let p = wait(&sim, &|p| p != Phase::Pending);
+    let p = sim.wait_phase(&|p| p != Phase::Pending);
     first.kill().unwrap();
     first.wait().unwrap();
     assert!(matches!(p, Phase::Running | Phase::Completed), "{p}");
     let mut second = sim.controller();
-    let p = wait(&sim, &|p| matches!(p, Phase::Completed | Phase::Paused));
+    let p = sim.wait_phase(&|p| matches!(p, Phase::Completed | Phase::Paused));
     second.kill().unwrap();
     second.wait().unwrap();
     assert_eq!(p, Phase::Completed);
+}
+
+/// A kube-proxy switch (a cluster without Argo CD: Ichor's Cilium Job applies the values)
+/// completes with the product controller as its own process.
+#[test]
+fn a_kube_proxy_switch_completes_with_the_controller_as_its_own_process() {
+    let sim = Sim::start_args("own-process-switch", "disabled", &["--no-controller"]);
+    let mut controller = sim.controller();
+    let (code, _, err) = sim.ichor(&["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    let p = sim.wait_phase(&|p| matches!(p, Phase::Completed | Phase::Paused));
+    controller.kill().unwrap();
+    controller.wait().unwrap();
+    assert_eq!(p, Phase::Completed);
+    let (_, out, _) = sim.ichor(&["status", "--cluster", "lab"]);
+    assert!(out.contains("kube-proxy-replaced (cni kube-proxy replaced) on lab: Completed"), "{out}");
 }

@@ -279,15 +279,26 @@ impl Manifests {
     /// What one machine's render reads: its cluster, itself, its cluster's patches, the bundle.
     pub fn inputs<'a>(&'a self, m: &'a TalosMachine, bundle: &'a Bundle, secrets_version: String) -> Inputs<'a> {
         let cluster = self.cluster_of(m);
-        let patches = self
-            .patches
+        Inputs { cluster, machine: m, patches: self.patches_of(cluster), secrets: bundle, secrets_version }
+    }
+
+    /// The cluster's patches (the render selects those of each machine).
+    pub fn patches_of(&self, cluster: &TalosCluster) -> Vec<&TalosConfigPatch> {
+        self.patches
             .iter()
             .filter(|p| {
                 p.metadata.namespace == cluster.metadata.namespace
                     && Some(p.spec.cluster_ref.name.as_str()) == cluster.metadata.name.as_deref()
             })
-            .collect();
-        Inputs { cluster, machine: m, patches, secrets: bundle, secrets_version }
+            .collect()
+    }
+
+    /// The resourceVersion of the cluster's secrets Secret (what the inputs hash folds in),
+    /// without parsing the bundle.
+    pub fn secrets_version(&self, c: &TalosCluster) -> &str {
+        let key =
+            format!("{}/{}", c.metadata.namespace.clone().unwrap_or_else(|| "default".into()), c.spec.secrets_ref.name);
+        self.secrets.get(&key).map(|(rv, _)| rv.as_str()).unwrap_or_default()
     }
 }
 

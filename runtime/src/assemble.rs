@@ -216,16 +216,9 @@ impl RenderCache {
     pub fn render(&self, c: &Classifier, manifests: &Manifests, machine: &str) -> Result<Arc<Rendered>, MachineError> {
         let mch = manifests.machine(machine)?;
         let cluster = manifests.cluster_of(mch);
-        let (_, secrets_version) = manifests.bundle(cluster);
-        let patches: Vec<&TalosConfigPatch> = manifests
-            .patches
-            .iter()
-            .filter(|p| {
-                p.metadata.namespace == cluster.metadata.namespace
-                    && Some(p.spec.cluster_ref.name.as_str()) == cluster.metadata.name.as_deref()
-            })
-            .collect();
-        let key = (objects_hash(&[cluster]) ^ text_hash(&secrets_version).rotate_left(1), objects_hash(&patches));
+        let secrets_version = manifests.secrets_version(cluster);
+        let patches = manifests.patches_of(cluster);
+        let key = (objects_hash(&[cluster]) ^ text_hash(secrets_version).rotate_left(1), objects_hash(&patches));
         let key = (key.0, key.1 ^ objects_hash(&[mch]).rotate_left(7));
         self.entries.get_or(machine, key, || render::machine::render_checked(manifests, machine, None, c).map(Arc::new))
     }
