@@ -233,10 +233,7 @@ impl Rules {
     /// The shipped rules and messages.
     pub fn embedded() -> Result<Rules, AdmissionError> {
         use engine::Type::{Number as N, Symbol as S};
-        let files: std::collections::HashMap<String, String> =
-            render::embedded::RULE_FILES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
-        let (engine, _) =
-            engine::Engine::load(&[render::embedded::ADMISSION_PROGRAM.to_string()], &engine::MemSources(files))?;
+        let engine = crate::embedded_program(render::embedded::ADMISSION_PROGRAM)?;
         let mut b = engine::Binder::new(&engine.program, "admission");
         let rels = Rels {
             request: b.input("ad_request", [("kind", S), ("operation", S)]),

@@ -94,10 +94,7 @@ impl Rules {
     /// The shipped rules and messages.
     pub fn embedded() -> Result<Rules, HandoverError> {
         use engine::Type::Symbol as S;
-        let files: std::collections::HashMap<String, String> =
-            render::embedded::RULE_FILES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
-        let (engine, _) =
-            engine::Engine::load(&[render::embedded::HANDOVER_PROGRAM.to_string()], &engine::MemSources(files))?;
+        let engine = crate::embedded_program(render::embedded::HANDOVER_PROGRAM)?;
         let mut b = engine::Binder::new(&engine.program, "hand-over");
         let rels = Rels {
             mode: b.input("ho_mode", [("mode", S)]),

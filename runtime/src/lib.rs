@@ -50,3 +50,10 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     }
     text
 }
+
+/// The shipped program rooted at `root` (one of `render::embedded`'s program roots), loaded
+/// from the rule files this build embeds, its warnings dropped (`ichor rules check` shows them).
+pub fn embedded_program(root: &str) -> Result<engine::Engine, engine::LoadError> {
+    let files = render::embedded::RULE_FILES.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+    engine::Engine::load(&[root.to_string()], &engine::MemSources(files)).map(|(e, _)| e)
+}
