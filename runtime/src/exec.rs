@@ -187,7 +187,7 @@ impl<K: KubePort> Executor<'_, K> {
             | Action::Resume
             | Action::Pause { .. }
             | Action::Fail { .. }
-            | Action::SetStatus { .. }
+            | Action::SetKubeProxyStatus { .. }
             | Action::Start { .. }
             | Action::Done { .. }
             | Action::StepDone { .. }

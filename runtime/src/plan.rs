@@ -131,9 +131,9 @@ pub enum Action {
         machine: String,
         message: String,
     },
-    SetStatus {
-        field: String,
-        value: String,
+    /// Record the kube-proxy mode a switch has reached in the cluster's `status.cni.kubeProxy`.
+    SetKubeProxyStatus {
+        mode: KubeProxyMode,
     },
     Start {
         machine: String,
@@ -236,7 +236,7 @@ impl fmt::Display for Action {
             Action::Resume => write!(f, "record the user's resume (failed machines' steps start again)"),
             Action::Pause { message } => write!(f, "pause: {message}"),
             Action::Fail { machine, message } => write!(f, "fail {machine}'s step: {message}"),
-            Action::SetStatus { field, value } => write!(f, "set status.{field} = {value}"),
+            Action::SetKubeProxyStatus { mode } => write!(f, "set status.cni.kubeProxy = {mode}"),
             Action::Start { machine, stage } => {
                 write!(f, "start {machine} (step {stage}; record it in status with the time)")
             }
@@ -284,7 +284,7 @@ impl Action {
             Action::Resume => "resume",
             Action::Pause { .. } => "pause",
             Action::Fail { .. } => "fail",
-            Action::SetStatus { .. } => "setStatus",
+            Action::SetKubeProxyStatus { .. } => "setKubeProxyStatus",
             Action::Start { .. } => "start",
             Action::PullImage { .. } => "pullImage",
             Action::Cordon { .. } => "cordon",
@@ -528,8 +528,9 @@ impl Planner {
             let msg = self.message(&text(t), &data(json!({"machine": text(m), "detail": text(d)})));
             push(Action::Fail { machine: text(m), message: msg }, proof(r.act_fail.id(), &row));
         }
-        for row @ [f, v] in r.act_set_status.rows(&db) {
-            push(Action::SetStatus { field: text(f), value: text(v) }, proof(r.act_set_status.id(), &row));
+        for row @ [m] in r.act_set_kube_proxy_status.rows(&db) {
+            let mode = mode(&db, "act_set_kube_proxy_status", m)?;
+            push(Action::SetKubeProxyStatus { mode }, proof(r.act_set_kube_proxy_status.id(), &row));
         }
         for row @ [m, st] in r.act_start.rows(&db) {
             push(Action::Start { machine: text(m), stage: text(st) }, proof(r.act_start.id(), &row));
@@ -699,16 +700,9 @@ impl Planner {
         if jobs.len() > 1 {
             return Err(err("two Cilium Jobs with different kube-proxy modes".into(), &jobs));
         }
-        let mut by_field: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for (i, (a, _)) in actions.iter().enumerate() {
-            if let Action::SetStatus { field, .. } = a {
-                by_field.entry(field.as_str()).or_default().push(i);
-            }
-        }
-        for (field, idx) in by_field {
-            if idx.len() > 1 {
-                return Err(err(format!("two values for status.{field}"), &idx));
-            }
+        let statuses = find(&|a| matches!(a, Action::SetKubeProxyStatus { .. }));
+        if statuses.len() > 1 {
+            return Err(err("two values for status.cni.kubeProxy".into(), &statuses));
         }
         let complete = find(&|a| matches!(a, Action::Complete));
         let stops = find(&|a| matches!(a, Action::Pause { .. } | Action::Fail { .. }));

@@ -48,9 +48,7 @@ pub fn record(s: &ObservedState, plan: &Plan, failed: &[(String, String)]) -> Ob
                 op.paused_reason = Some(message.clone());
             }
             Action::StepDone { step } if !op.done.contains(step) => op.done.push(step.clone()),
-            Action::SetStatus { field, value } if field == "cni.kubeProxy" => {
-                after.cluster.status_kube_proxy = render::api::KubeProxyMode::parse(value);
-            }
+            Action::SetKubeProxyStatus { mode } => after.cluster.status_kube_proxy = Some(*mode),
             Action::Wait { clock, since, .. } if !clock.starts_with("machines/") => {
                 op.waiting_since.entry(clock.clone()).or_insert_with(|| since.clone());
             }

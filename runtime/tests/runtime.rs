@@ -71,7 +71,7 @@ fn snapshot(name: &str) -> ObservedState {
 #[test]
 fn contradictory_actions_are_an_error_with_both_proofs() {
     let planner = planner_with(
-        "/// A deliberately wrong rule.\nact_set_status(\"cni.kubeProxy\", \"enabled\") :- operation(_, \"cni\", _).\n",
+        "/// A deliberately wrong rule.\nact_set_kube_proxy_status(\"enabled\") :- operation(_, \"cni\", _).\n",
     )
     .unwrap();
     let mut s = snapshot("switch-replacing-start.yaml");
@@ -155,7 +155,7 @@ fn every_action_kind_is_its_serialized_tag_and_ranked_by_the_rules() {
         Action::Resume,
         Action::Pause { message: m() },
         Action::Fail { machine: m(), message: m() },
-        Action::SetStatus { field: m(), value: m() },
+        Action::SetKubeProxyStatus { mode: render::api::KubeProxyMode::Replaced },
         Action::Start { machine: m(), stage: m() },
         Action::PullImage { machine: m(), node: None, namespace: ContainerdNamespace::K8s, image: m() },
         Action::Cordon { machine: m() },
@@ -380,9 +380,9 @@ fn check_plans(
                     "the manifest sync repeated{}",
                     ctx()
                 ),
-                runtime::plan::Action::SetStatus { field, value } if field == "cni.kubeProxy" => assert!(
-                    after.cluster.status_kube_proxy.map(|m| m.name()) != Some(value.as_str()),
-                    "status.{field} set again to {value}{}",
+                runtime::plan::Action::SetKubeProxyStatus { mode } => assert!(
+                    after.cluster.status_kube_proxy != Some(*mode),
+                    "status.cni.kubeProxy set again to {mode}{}",
                     ctx()
                 ),
                 _ => {}
