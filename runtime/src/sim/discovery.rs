@@ -5,7 +5,8 @@
 //! these before anything else (`kubectl api-resources`, `kubectl get talosclusters`).
 //!
 //! Start at `Resource::builtin` and `Resource::from_crd`; the documents are `version`,
-//! `api_versions`, `group_list`, `resource_list`, `openapi_root` and `openapi_group_version`,
+//! `api_versions`, `group_list`, `resource_list`, `openapi_v2`, `openapi_root` and
+//! `openapi_group_version`,
 //! pure functions of the resource table (and, for OpenAPI, the CRDs' schemas).
 
 use serde_json::{Value as Json, json};
@@ -295,6 +296,35 @@ pub fn openapi_group_version(
         "paths": paths,
         "components": {"schemas": components},
     }))
+}
+
+/// `/openapi/v2`: one Swagger 2.0 document of every resource (older clients and tools read it):
+/// each CRD's schema under `definitions`, with its kind, and each resource's paths.
+pub fn openapi_v2(resources: &[Resource], schemas: &[((String, String, String), Json)]) -> Json {
+    let mut paths = serde_json::Map::new();
+    let mut definitions = serde_json::Map::new();
+    for r in resources {
+        let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        let prefix =
+            if r.group.is_empty() { format!("/api/{}", r.version) } else { format!("/apis/{}/{}", r.group, r.version) };
+        let base = if r.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{}", r.plural)
+        } else {
+            format!("{prefix}/{}", r.plural)
+        };
+        let op = |action: &str| json!({"x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk, "parameters": write_parameters()});
+        paths.insert(base.clone(), json!({"post": op("post"), "get": op("list")}));
+        paths.insert(format!("{base}/{{name}}"), json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}));
+        let mut schema = schemas
+            .iter()
+            .find(|((g, v, k), _)| *g == r.group && *v == r.version && *k == r.kind)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_else(|| json!({"type": "object"}));
+        schema["x-kubernetes-group-version-kind"] = json!([gvk]);
+        definitions.insert(component(r), schema);
+    }
+    json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": KUBERNETES_VERSION.2},
+           "paths": paths, "definitions": definitions})
 }
 
 #[cfg(test)]
