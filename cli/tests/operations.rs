@@ -413,3 +413,138 @@ fn a_kube_proxy_switch_completes_with_the_controller_as_its_own_process() {
     let (_, out, _) = sim.ichor(&["status", "--cluster", "lab"]);
     assert!(out.contains("kube-proxy-replaced (cni kube-proxy replaced) on lab: Completed"), "{out}");
 }
+
+impl Sim {
+    /// `kubectl args...` in the background for `secs` seconds while `meanwhile` runs; what it
+    /// printed.
+    fn kubectl_during(&self, args: &[&str], secs: u64, meanwhile: &dyn Fn()) -> String {
+        let mut child = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", self.dir.join("kubeconfig"))
+            .current_dir(root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        meanwhile();
+        std::thread::sleep(std::time::Duration::from_secs(secs));
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    }
+}
+
+/// What an operator types next, with the real `kubectl`: a watch of the operations sees one
+/// start and move; `describe` shows a machine's events; `events`, `wait --for=jsonpath`,
+/// `label`, `annotate`, `patch --type json|strategic`, `create`, `delete`, `get -o wide`, `-l`
+/// and `-o json` behave as on kube-apiserver; an unknown field is refused under kubectl's
+/// default strict validation, naming the field.
+#[test]
+fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
+    let sim = Sim::start("kubectl-day");
+    if sim.kubectl(&["version", "--client"]).is_none() {
+        eprintln!("skipped: no kubectl on PATH (the machine image and CI have one)");
+        return;
+    }
+    // A watch of the operations: the upgrade appears, with its columns, and its phase moves.
+    let out = sim.kubectl_during(&["get", "talosoperations", "-n", "ichor-system", "-w"], 6, &|| {
+        let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);
+        assert_eq!(code, 0, "{err}");
+    });
+    let header = out.lines().next().unwrap_or_default();
+    assert!(header.starts_with("NAME") && header.contains("KIND") && header.contains("PHASE"), "{out}");
+    assert!(out.lines().filter(|l| l.contains(" kubernetes ")).count() >= 2, "the operation appears and moves:\n{out}");
+
+    // The machine's events, as describe lists them, and as `kubectl events` does.
+    let described = (0..30).find_map(|_| {
+        let (code, out, err) = sim.kubectl(&["describe", "talosmachine", "cp1", "-n", "ichor-system"]).unwrap();
+        assert_eq!(code, 0, "{err}");
+        let events = out.split("Events:").nth(1).unwrap_or_default().to_string();
+        if events.contains("ichor") {
+            return Some(events);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        None
+    });
+    let events = described.expect("describe talosmachine cp1 shows the controller's events");
+    assert!(events.contains("Type") && events.contains("Reason") && events.contains("From"), "{events}");
+    let (code, out, err) = sim.kubectl(&["events", "-n", "ichor-system", "--for", "talosmachine/cp1"]).unwrap();
+    assert_eq!(code, 0, "kubectl events: {err}");
+    assert!(out.contains("talosmachine/cp1"), "{out}");
+
+    // Waits on a field, as an operator scripts it.
+    let (code, out, err) = sim
+        .kubectl(&[
+            "wait",
+            "--for=jsonpath={.status.phase}=Completed",
+            "talosoperations",
+            "--all",
+            "-n",
+            "ichor-system",
+            "--timeout=120s",
+        ])
+        .unwrap();
+    assert_eq!(code, 0, "kubectl wait: {err}{out}");
+    assert!(out.contains("condition met"), "{out}");
+
+    // Labels, annotations, JSON and strategic merge patches.
+    let ns = ["-n", "ichor-system"];
+    let (code, _, err) = sim.kubectl(&[&["label", "talosmachine", "cp1", "rack=r1"][..], &ns].concat()).unwrap();
+    assert_eq!(code, 0, "kubectl label: {err}");
+    let (code, out, err) =
+        sim.kubectl(&[&["get", "talosmachines", "-l", "rack in (r1,r2)", "-o", "name"][..], &ns].concat()).unwrap();
+    assert_eq!((code, out.trim()), (0, "talosmachine.ichor.maesh.dev/cp1"), "{err}");
+    let (code, _, err) =
+        sim.kubectl(&[&["annotate", "talosmachine", "cp1", "example.dev/note=checked"][..], &ns].concat()).unwrap();
+    assert_eq!(code, 0, "kubectl annotate: {err}");
+    let json_patch = r#"[{"op":"remove","path":"/metadata/labels/rack"}]"#;
+    let (code, _, err) = sim
+        .kubectl(&[&["patch", "talosmachine", "cp1", "--type", "json", "-p", json_patch][..], &ns].concat())
+        .unwrap();
+    assert_eq!(code, 0, "kubectl patch --type json: {err}");
+    let (_, out, _) = sim.kubectl(&[&["get", "talosmachines", "-l", "rack", "-o", "name"][..], &ns].concat()).unwrap();
+    assert_eq!(out.trim(), "", "the label is gone");
+    let (code, _, err) = sim.kubectl(&["create", "configmap", "notes", "-n", "default", "--from-literal=a=1"]).unwrap();
+    assert_eq!(code, 0, "kubectl create: {err}");
+    let (code, _, err) = sim
+        .kubectl(&[
+            "patch",
+            "configmap",
+            "notes",
+            "-n",
+            "default",
+            "--type",
+            "strategic",
+            "-p",
+            r#"{"data":{"b":"2"}}"#,
+        ])
+        .unwrap();
+    assert_eq!(code, 0, "kubectl patch --type strategic: {err}");
+    let (_, out, _) = sim.kubectl(&["get", "configmap", "notes", "-n", "default", "-o", "json"]).unwrap();
+    let cm: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(cm["data"], serde_json::json!({"a": "1", "b": "2"}));
+    assert!(cm["metadata"]["managedFields"].as_array().is_some_and(|m| !m.is_empty()), "{cm}");
+    let (code, _, err) = sim.kubectl(&["delete", "configmap", "notes", "-n", "default"]).unwrap();
+    assert_eq!(code, 0, "kubectl delete: {err}");
+    let (code, _, err) = sim.kubectl(&["get", "configmap", "notes", "-n", "default"]).unwrap();
+    assert_ne!(code, 0);
+    assert!(err.contains("configmaps \"notes\" not found"), "{err}");
+
+    // Wide output, and the nodes as kubectl prints them.
+    let (code, out, err) = sim.kubectl(&[&["get", "talosmachines", "-o", "wide"][..], &ns].concat()).unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().next().is_some_and(|h| h.contains("CLUSTER") && h.contains("ROLE")), "{out}");
+    let (code, out, err) = sim.kubectl(&["get", "nodes"]).unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().next().is_some_and(|h| h.contains("STATUS") && h.contains("ROLES")), "{out}");
+
+    // kubectl validates strictly by default: an unknown field is refused, named.
+    let cluster = std::fs::read_to_string(root().join("examples/clusters/lab-v1.14/cluster.yaml")).unwrap();
+    let file = sim.dir.join("typo.yaml");
+    std::fs::write(&file, cluster.replace("kubernetesVersion:", "kubernetesVersoin:")).unwrap();
+    let (code, _, err) = sim.kubectl(&["apply", "-f", &file.to_string_lossy()]).unwrap();
+    assert_ne!(code, 0);
+    assert!(err.contains("strict decoding error: unknown field \"spec.kubernetesVersoin\""), "{err}");
+}

@@ -304,6 +304,21 @@ impl Action {
         }
     }
 
+    /// The machine the action touches, for the actions of one machine's step.
+    pub fn machine(&self) -> Option<&str> {
+        match self {
+            Action::Fail { machine, .. }
+            | Action::Start { machine, .. }
+            | Action::PullImage { machine, .. }
+            | Action::Cordon { machine }
+            | Action::Drain { machine }
+            | Action::Apply { machine, .. }
+            | Action::Done { machine }
+            | Action::Uncordon { machine } => Some(machine),
+            _ => None,
+        }
+    }
+
     pub fn to_json(&self) -> Json {
         serde_json::to_value(self).unwrap_or(Json::Null)
     }

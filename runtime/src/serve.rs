@@ -163,6 +163,15 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, Rec
             _ => (EventType::Normal, "Action"),
         };
         publish(&ctx, &op, ty, reason, a.kind(), a.to_string()).await;
+        // A step's action is also an Event on its machine, naming the operation.
+        if let Some(machine) = a.machine() {
+            let machines: Api<render::api::TalosMachine> =
+                Api::namespaced(ctx.controller.kube.clone(), &ctx.config.namespace);
+            if let Ok(Some(m)) = machines.get_opt(machine).await {
+                use kube_client::Resource;
+                publish_on(&ctx, &m.object_ref(&()), ty, reason, a.kind(), format!("{name}: {a}")).await;
+            }
+        }
     }
     for (machine, why) in &r.outcome.failed() {
         publish(&ctx, &op, EventType::Warning, "StepFailed", "Apply", format!("{machine}: {why}")).await;
@@ -189,7 +198,18 @@ pub fn requeue_after(phase: render::api::Phase, running: Duration) -> Option<Dur
 
 async fn publish(ctx: &Ctx, op: &TalosOperation, type_: EventType, reason: &str, action: &str, note: String) {
     use kube_client::Resource;
-    let reference = op.object_ref(&());
+    publish_on(ctx, &op.object_ref(&()), type_, reason, action, note).await;
+}
+
+/// Publishes an Event regarding `reference` (an operation, a machine).
+async fn publish_on(
+    ctx: &Ctx,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
     let ev = Event {
         type_,
         reason: reason.to_string(),
@@ -197,7 +217,7 @@ async fn publish(ctx: &Ctx, op: &TalosOperation, type_: EventType, reason: &str,
         action: action.to_string(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
+    if let Err(e) = ctx.recorder.publish(&ev, reference).await {
         tracing::warn!(error = %e, "publishing an event");
     }
 }
@@ -209,7 +229,18 @@ async fn reconcile_machine(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>) -> 
     }
     let name = m.metadata.name.clone().unwrap_or_default();
     match ctx.controller.reconcile_machine(&ctx.config.namespace, &name, &now()).await {
-        Ok(_) => Ok(Action::requeue(Duration::from_secs(30))),
+        Ok(condition) => {
+            // A change of the machine's Ready condition is an Event on the machine (what
+            // `kubectl describe talosmachine` shows): its reason and message are the rules'.
+            let before = m.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+            if before.is_none_or(|b| b.status != condition.status || b.reason != condition.reason) {
+                use kube_client::Resource;
+                let ty = if condition.status == "True" { EventType::Normal } else { EventType::Warning };
+                publish_on(&ctx, &m.object_ref(&()), ty, &condition.reason, "Reconcile", condition.message.clone())
+                    .await;
+            }
+            Ok(Action::requeue(Duration::from_secs(30)))
+        }
         Err(source) => {
             ctx.metrics.errors.inc();
             Err(ReconcileError { operation: format!("TalosMachine {name}"), source })

@@ -375,6 +375,8 @@ async fn the_handover_follows_argo_cds_application_and_the_render_then_drops_the
         (status.as_str(), reason.as_str(), again),
         ("False", "WaitingForArgoCD", Some(runtime::handover::REQUEUE))
     );
+    // Argo CD arrives: its Application CRD, then the Application.
+    api.put("apiextensions.k8s.io", "customresourcedefinitions", runtime::sim::discovery::argo_cd_application_crd());
     api.put("argoproj.io", "applications", app("OutOfSync", "Progressing"));
     assert_eq!(step().await.0, ("False".into(), "ArgoCDProgressing".into()));
     api.put("argoproj.io", "applications", app("Synced", "Degraded"));

@@ -298,6 +298,28 @@ pub fn openapi_group_version(
     }))
 }
 
+/// Argo CD's Application CRD, as the Argo CD stand-in installs it (no status subresource, as
+/// Argo CD's own; its schema keeps every field).
+pub fn argo_cd_application_crd() -> Json {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "applications.argoproj.io"},
+        "spec": {
+            "group": "argoproj.io", "scope": "Namespaced",
+            "names": {"kind": "Application", "listKind": "ApplicationList", "plural": "applications",
+                      "singular": "application", "shortNames": ["app", "apps"]},
+            "versions": [{
+                "name": "v1alpha1", "served": true, "storage": true,
+                "additionalPrinterColumns": [
+                    {"name": "Sync Status", "type": "string", "jsonPath": ".status.sync.status"},
+                    {"name": "Health Status", "type": "string", "jsonPath": ".status.health.status"},
+                ],
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }],
+        },
+    })
+}
+
 /// `/openapi/v2`: one Swagger 2.0 document of every resource (older clients and tools read it):
 /// each CRD's schema under `definitions`, with its kind, and each resource's paths.
 pub fn openapi_v2(resources: &[Resource], schemas: &[((String, String, String), Json)]) -> Json {
@@ -314,7 +336,10 @@ pub fn openapi_v2(resources: &[Resource], schemas: &[((String, String, String), 
         };
         let op = |action: &str| json!({"x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk, "parameters": write_parameters()});
         paths.insert(base.clone(), json!({"post": op("post"), "get": op("list")}));
-        paths.insert(format!("{base}/{{name}}"), json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}));
+        paths.insert(
+            format!("{base}/{{name}}"),
+            json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}),
+        );
         let mut schema = schemas
             .iter()
             .find(|((g, v, k), _)| *g == r.group && *v == r.version && *k == r.kind)

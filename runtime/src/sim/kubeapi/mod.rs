@@ -81,7 +81,9 @@ impl Faults {
     /// A fault as `ichor sim cluster --api-fault` names it: `409=0.1`, `500=0.05`,
     /// `429=0.2`, `drop-watch=30s`, `latency=200ms`.
     pub fn add(&mut self, spec: &str) -> Result<(), String> {
-        let (k, v) = spec.split_once('=').ok_or_else(|| format!("{spec}: expected KIND=VALUE (409=0.1, drop-watch=30s, latency=200ms)"))?;
+        let (k, v) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("{spec}: expected KIND=VALUE (409=0.1, drop-watch=30s, latency=200ms)"))?;
         let duration = |v: &str| -> Result<Duration, String> {
             let (n, unit) = v.find(|c: char| !c.is_ascii_digit()).map_or((v, "s"), |i| v.split_at(i));
             let n: u64 = n.parse().map_err(|_| format!("{spec}: {v} is not a duration (30s, 200ms)"))?;
@@ -125,6 +127,77 @@ struct Store {
     faults: Faults,
     /// Writes seen, for the fault sequence.
     writes: u64,
+}
+
+impl Store {
+    /// The CRDs the API holds, and Ichor's (installed from the start, as `ichor install` would).
+    fn crds(&self) -> (Vec<Json>, &'static [Json]) {
+        let stored = self
+            .objects
+            .iter()
+            .filter(|(k, _)| k.0 == "apiextensions.k8s.io" && k.1 == "customresourcedefinitions")
+            .map(|(_, v)| v.clone())
+            .collect();
+        (stored, shipped_crds())
+    }
+
+    /// The version of the CRD that serves `group`/`plural` at `version`.
+    fn crd_version(&self, group: &str, version: &str, plural: &str) -> Option<(String, Json)> {
+        let (stored, shipped) = self.crds();
+        stored.iter().chain(shipped).find_map(|crd| {
+            let s = |p: &str| crd.pointer(p).and_then(Json::as_str).unwrap_or_default();
+            if s("/spec/group") != group || s("/spec/names/plural") != plural {
+                return None;
+            }
+            let v = crd
+                .pointer("/spec/versions")
+                .and_then(Json::as_array)?
+                .iter()
+                .find(|v| v.get("name").and_then(Json::as_str) == Some(version))?;
+            Some((s("/spec/names/kind").to_string(), v.clone()))
+        })
+    }
+
+    /// Every resource the API serves: the core kinds, Ichor's CRDs, and every CRD it holds.
+    fn resources(&self) -> Vec<super::discovery::Resource> {
+        use super::discovery::Resource;
+        let mut all = Resource::builtin();
+        let (stored, shipped) = self.crds();
+        for crd in shipped.iter().chain(&stored) {
+            for r in Resource::from_crd(crd) {
+                if !all.iter().any(|x| x.group == r.group && x.version == r.version && x.plural == r.plural) {
+                    all.push(r);
+                }
+            }
+        }
+        all
+    }
+
+    /// Every CRD's schema by (group, version, kind): Ichor's and those the API holds.
+    fn schemas(&self) -> Vec<((String, String, String), Json)> {
+        let (stored, shipped) = self.crds();
+        let mut out = vec![];
+        for crd in stored.iter().chain(shipped) {
+            let g = crd.pointer("/spec/group").and_then(Json::as_str).unwrap_or_default().to_string();
+            let k = crd.pointer("/spec/names/kind").and_then(Json::as_str).unwrap_or_default().to_string();
+            for v in crd.pointer("/spec/versions").and_then(Json::as_array).into_iter().flatten() {
+                let name = v.get("name").and_then(Json::as_str).unwrap_or_default().to_string();
+                if let Some(schema) = v.pointer("/schema/openAPIV3Schema") {
+                    out.push(((g.clone(), name, k.clone()), schema.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// The kind of a resource, from the resource table.
+    fn kind(&self, group: &str, plural: &str) -> String {
+        self.resources()
+            .into_iter()
+            .find(|r| r.group == group && r.plural == plural)
+            .map(|r| r.kind)
+            .unwrap_or_else(|| plural.trim_end_matches('s').to_string())
+    }
 }
 
 /// The in-memory API; clones share it.
@@ -350,6 +423,8 @@ struct Write {
     manager: String,
     mode: schema::Validation,
     status_only: bool,
+    /// The resource has a status subresource: the main resource does not write status.
+    status_subresource: bool,
 }
 
 /// The CRDs Ichor ships, as JSON (serialized once).
@@ -626,6 +701,7 @@ impl Api {
             manager: manager_of(&q, &header("user-agent")),
             mode,
             status_only: sub == "status",
+            status_subresource: resource.status,
         };
         // `dryRun=All`: the write is made, checked and answered on a copy; nothing is kept and
         // no watcher hears of it (as kube-apiserver: admission and validation run, storage not).
@@ -640,7 +716,10 @@ impl Api {
         let api = if dry { self.shadow() } else { self.clone() };
         let table = table::wants_table(&header("accept")).then(|| {
             let printer = self.printer_columns(&group, &version, &plural);
-            (table::Columns::of(&group, &plural, printer.as_deref()), q.get("includeObject").is_some_and(|i| i == "Object"))
+            (
+                table::Columns::of(&group, &plural, printer.as_deref()),
+                q.get("includeObject").is_some_and(|i| i == "Object"),
+            )
         });
         let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
         match (parts.method.clone(), name.is_empty(), sub.as_str()) {
@@ -670,89 +749,28 @@ impl Api {
         }
     }
 
-    /// The CRDs the API holds, and Ichor's (installed from the start, as `ichor install` would).
-    fn crds(&self) -> (Vec<Json>, &'static [Json]) {
-        let stored = self
-            .store
-            .lock()
-            .map(|s| {
-                s.objects
-                    .iter()
-                    .filter(|(k, _)| k.0 == "apiextensions.k8s.io" && k.1 == "customresourcedefinitions")
-                    .map(|(_, v)| v.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
-        (stored, shipped_crds())
-    }
-
-    /// The version of the CRD that serves `group`/`plural` at `version`.
-    fn crd_version(&self, group: &str, version: &str, plural: &str) -> Option<(String, Json)> {
-        let (stored, shipped) = self.crds();
-        stored.iter().chain(shipped).find_map(|crd| {
-            let s = |p: &str| crd.pointer(p).and_then(Json::as_str).unwrap_or_default();
-            if s("/spec/group") != group || s("/spec/names/plural") != plural {
-                return None;
-            }
-            let v = crd
-                .pointer("/spec/versions")
-                .and_then(Json::as_array)?
-                .iter()
-                .find(|v| v.get("name").and_then(Json::as_str) == Some(version))?;
-            Some((s("/spec/names/kind").to_string(), v.clone()))
-        })
-    }
-
-    fn printer_columns(&self, group: &str, version: &str, plural: &str) -> Option<Vec<Json>> {
-        let (_, v) = self.crd_version(group, version, plural)?;
-        Some(v.get("additionalPrinterColumns").and_then(Json::as_array).cloned().unwrap_or_default())
-    }
-
     /// A copy of the store no watcher listens to, for a dry run.
     fn shadow(&self) -> Api {
         let store = self.store.lock().map(|s| s.clone()).unwrap_or_default();
         Api { store: Arc::new(Mutex::new(store)), events: Arc::default() }
     }
 
+    fn printer_columns(&self, group: &str, version: &str, plural: &str) -> Option<Vec<Json>> {
+        let (_, v) = self.store.lock().ok()?.crd_version(group, version, plural)?;
+        Some(v.get("additionalPrinterColumns").and_then(Json::as_array).cloned().unwrap_or_default())
+    }
+
     /// Every resource the API serves: the core kinds, Ichor's CRDs, and every CRD it holds.
     pub fn resources(&self) -> Vec<super::discovery::Resource> {
-        use super::discovery::Resource;
-        let mut all = Resource::builtin();
-        let (stored, shipped) = self.crds();
-        for crd in shipped.iter().chain(&stored) {
-            for r in Resource::from_crd(crd) {
-                if !all.iter().any(|x| x.group == r.group && x.version == r.version && x.plural == r.plural) {
-                    all.push(r);
-                }
-            }
-        }
-        all
+        self.store.lock().map(|s| s.resources()).unwrap_or_default()
     }
 
-    /// Every CRD's schema by (group, version, kind): Ichor's and those the API holds.
     fn schemas(&self) -> Vec<((String, String, String), Json)> {
-        let (stored, shipped) = self.crds();
-        let mut out = vec![];
-        for crd in stored.iter().chain(shipped) {
-            let g = crd.pointer("/spec/group").and_then(Json::as_str).unwrap_or_default().to_string();
-            let k = crd.pointer("/spec/names/kind").and_then(Json::as_str).unwrap_or_default().to_string();
-            for v in crd.pointer("/spec/versions").and_then(Json::as_array).into_iter().flatten() {
-                let name = v.get("name").and_then(Json::as_str).unwrap_or_default().to_string();
-                if let Some(schema) = v.pointer("/schema/openAPIV3Schema") {
-                    out.push(((g.clone(), name, k.clone()), schema.clone()));
-                }
-            }
-        }
-        out
+        self.store.lock().map(|s| s.schemas()).unwrap_or_default()
     }
 
-    /// The kind of a resource, from the resource table.
     fn kind(&self, group: &str, plural: &str) -> String {
-        self.resources()
-            .into_iter()
-            .find(|r| r.group == group && r.plural == plural)
-            .map(|r| r.kind)
-            .unwrap_or_else(|| plural.trim_end_matches('s').to_string())
+        self.store.lock().map(|s| s.kind(group, plural)).unwrap_or_default()
     }
 
     /// The discovery document at `path`, when it is one.
@@ -839,7 +857,7 @@ impl Api {
             return full(&t, StatusCode::OK);
         }
         full(
-            &json!({"apiVersion": api_version, "kind": format!("{}List", self.kind(group, plural)), "metadata": meta, "items": items}),
+            &json!({"apiVersion": api_version, "kind": format!("{}List", s.kind(group, plural)), "metadata": meta, "items": items}),
             StatusCode::OK,
         )
     }
@@ -935,9 +953,17 @@ impl Api {
         let live = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
         let store = self.store.clone();
         let (kind, api_version) = (self.kind(&group, &plural), api_version.to_string());
+        // With `sendInitialEvents` (a streaming list), the first bookmark says the initial events
+        // have all been sent.
+        let initial = std::sync::atomic::AtomicBool::new(q.get("sendInitialEvents").is_some_and(|v| v == "true"));
         let bookmark = move || {
             let rv = store.lock().map(|s| s.rv).unwrap_or(0);
-            json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": rv.to_string()}})
+            let mut b =
+                json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": rv.to_string()}});
+            if initial.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                b["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+            }
+            b
         };
         let events = futures::stream::iter(past).chain(live).filter(move |e| futures::future::ready(keep(e))).map({
             let frame = frame.clone();
@@ -964,7 +990,8 @@ impl Api {
         });
         let events: std::pin::Pin<Box<dyn futures::Stream<Item = _> + Send + Sync>> =
             if bookmarks { Box::pin(futures::stream::select(events, marks)) } else { Box::pin(events) };
-        let limit = drop_after.map_or(Duration::from_secs(timeout.max(1)), |d| d.min(Duration::from_secs(timeout.max(1))));
+        let limit =
+            drop_after.map_or(Duration::from_secs(timeout.max(1)), |d| d.min(Duration::from_secs(timeout.max(1))));
         let deadline = tokio::time::Instant::now() + limit;
         let ended = events.take_until(tokio::time::sleep_until(deadline));
         let mut r = Response::new(BodyExt::boxed(StreamBody::new(ended)));
@@ -1012,7 +1039,7 @@ impl Api {
             body["apiVersion"] = json!(w.api_version);
         }
         if body.get("kind").is_none() {
-            body["kind"] = json!(self.kind(group, plural));
+            body["kind"] = json!(s.kind(group, plural));
         }
         if let Some(m) = body.get_mut("metadata").and_then(Json::as_object_mut) {
             m.remove("resourceVersion");
@@ -1046,15 +1073,24 @@ impl Api {
     /// Stores a write: validated against the CRD's schema, kept as it was when it changes
     /// nothing, stamped, its fields' managers recorded, and heard by watchers. `applied`: the
     /// managers were recorded by a server-side apply.
-    fn commit(&self, s: &mut Store, key: &Key, old: Option<&Json>, mut next: Json, w: &Write, applied: bool) -> Response<Body> {
+    fn commit(
+        &self,
+        s: &mut Store,
+        key: &Key,
+        old: Option<&Json>,
+        mut next: Json,
+        w: &Write,
+        applied: bool,
+    ) -> Response<Body> {
         if let Some(o) = old
             && !w.status_only
+            && w.status_subresource
         {
             keep_status(o, &mut next);
         }
         let mut warnings = vec![];
         let version = w.api_version.rsplit('/').next().unwrap_or_default();
-        if let Some((kind, v)) = self.crd_version(&key.0, version, &key.1)
+        if let Some((kind, v)) = s.crd_version(&key.0, version, &key.1)
             && let Some(schema) = v.pointer("/schema/openAPIV3Schema")
         {
             match schema::admit(&next, old, schema, w.mode, (&kind, &key.0, version)) {
@@ -1089,7 +1125,7 @@ impl Api {
                     "Invalid",
                     format!(
                         "{} \"{}\" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted",
-                        self.kind(&key.0, &key.1),
+                        s.kind(&key.0, &key.1),
                         key.3
                     ),
                 );
@@ -1148,7 +1184,9 @@ impl Api {
         let apply = content_type.starts_with("application/apply-patch");
         let current = match (&old, apply) {
             (Some(o), _) => o.clone(),
-            (None, true) => json!({"apiVersion": w.api_version, "kind": self.kind(&key.0, &key.1), "metadata": {"name": key.3}}),
+            (None, true) => {
+                json!({"apiVersion": w.api_version, "kind": s.kind(&key.0, &key.1), "metadata": {"name": key.3}})
+            }
             (None, false) => return not_found(&self.qualified(&key.0, &key.1), &key.3),
         };
         let mut patched = current.clone();
@@ -1176,7 +1214,11 @@ impl Api {
                         // kube-apiserver names the field as a dotted path (`.spec.kubernetesVersion`),
                         // and an updater with the version it wrote.
                         let using = if other.apply { String::new() } else { format!(" using {}", other.api_version) };
-                        conflicts.push(format!("conflict with \"{}\"{using}: {}", other.manager, ptr.replace('/', ".")));
+                        conflicts.push(format!(
+                            "conflict with \"{}\"{using}: {}",
+                            other.manager,
+                            ptr.replace('/', ".")
+                        ));
                     }
                 }
             }
@@ -1228,7 +1270,9 @@ impl Api {
                 return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e.to_string());
             }
         } else if content_type.starts_with("application/strategic-merge-patch") {
-            if !key.0.is_empty() && self.crd_version(&key.0, w.api_version.rsplit('/').next().unwrap_or(""), &key.1).is_some() {
+            if !key.0.is_empty()
+                && s.crd_version(&key.0, w.api_version.rsplit('/').next().unwrap_or(""), &key.1).is_some()
+            {
                 return status(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     "UnsupportedMediaType",
@@ -1276,7 +1320,9 @@ impl Api {
                 return status(
                     StatusCode::CONFLICT,
                     "Conflict",
-                    format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {have}"),
+                    format!(
+                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {have}"
+                    ),
                 );
             }
         }
@@ -1341,7 +1387,7 @@ impl Api {
             items.push(s.objects.get(&k).cloned().unwrap_or(o));
         }
         full(
-            &json!({"apiVersion": api_version, "kind": format!("{}List", self.kind(group, plural)), "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+            &json!({"apiVersion": api_version, "kind": format!("{}List", s.kind(group, plural)), "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
             StatusCode::OK,
         )
     }

@@ -92,11 +92,7 @@ pub fn json_patch(doc: &mut Json, patch: &Json) -> Result<(), PatchError> {
             }
             "move" | "copy" => {
                 let from = field("from").ok_or_else(|| PatchError::Malformed { index, why: "no from".into() })?;
-                let v = if name == "move" {
-                    remove(&mut next, &from)
-                } else {
-                    next.pointer(&from).cloned()
-                };
+                let v = if name == "move" { remove(&mut next, &from) } else { next.pointer(&from).cloned() };
                 add(&mut next, &path, v.ok_or_else(missing)?).ok_or_else(missing)?;
             }
             "test" => {
@@ -243,13 +239,13 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!(
-            d,
-            json!({"metadata": {"labels": {"a": "3", "b/c": "2"}}, "spec": {"list": [2, 3], "copied": "3"}})
-        );
+        assert_eq!(d, json!({"metadata": {"labels": {"a": "3", "b/c": "2"}}, "spec": {"list": [2, 3], "copied": "3"}}));
         let before = d.clone();
-        let e = json_patch(&mut d, &json!([{"op": "add", "path": "/spec/x", "value": 1}, {"op": "test", "path": "/spec/x", "value": 2}]))
-            .unwrap_err();
+        let e = json_patch(
+            &mut d,
+            &json!([{"op": "add", "path": "/spec/x", "value": 1}, {"op": "test", "path": "/spec/x", "value": 2}]),
+        )
+        .unwrap_err();
         assert_eq!(e, PatchError::TestFailed { index: 1, path: "/spec/x".into() });
         assert_eq!(d, before, "a failed patch changes nothing");
         let e = json_patch(&mut d, &json!([{"op": "remove", "path": "/nope/x"}])).unwrap_err();

@@ -113,7 +113,8 @@ pub fn prune(v: &mut Json, schema: &Json, at: &str, root: bool, out: &mut Vec<St
                 }
                 if embedded && k == "metadata" {
                     if let Some(Json::Object(meta)) = m.get_mut("metadata") {
-                        let gone: Vec<String> = meta.keys().filter(|k| !METADATA.contains(&k.as_str())).cloned().collect();
+                        let gone: Vec<String> =
+                            meta.keys().filter(|k| !METADATA.contains(&k.as_str())).cloned().collect();
                         for g in gone {
                             meta.remove(&g);
                             out.push(format!("{path}.{g}"));
@@ -162,8 +163,11 @@ pub fn admit(
     if mode == Validation::Strict && !unknown.is_empty() {
         return Err(Refusal::Unknown { kind: kind.into(), version: version.into(), fields: unknown });
     }
-    let warnings =
-        if mode == Validation::Warn { unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect() } else { vec![] };
+    let warnings = if mode == Validation::Warn {
+        unknown.iter().map(|f| format!("unknown field \"{f}\"")).collect()
+    } else {
+        vec![]
+    };
     let next = kube_cel::apply_defaults(schema, &next);
     if let Err(errs) = kube_cel::validate(schema, &next, old) {
         let name = next.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default().to_string();
@@ -194,7 +198,10 @@ mod tests {
         let obj = json!({"apiVersion": "example.dev/v1", "kind": "Thing", "metadata": {"name": "t", "bogus": 1},
             "spec": {"version": "v1", "foo": 1, "free": {"any": 1}, "items": [{"name": "a", "x": 2}]}});
         let (kept, warnings) = admit(&obj, None, &schema(), Validation::Warn, GVK).unwrap();
-        assert_eq!(warnings, ["unknown field \"metadata.bogus\"", "unknown field \"spec.foo\"", "unknown field \"spec.items[0].x\""]);
+        assert_eq!(
+            warnings,
+            ["unknown field \"metadata.bogus\"", "unknown field \"spec.foo\"", "unknown field \"spec.items[0].x\""]
+        );
         assert_eq!(kept["spec"], json!({"version": "v1", "free": {"any": 1}, "items": [{"name": "a"}], "replicas": 1}));
         let e = admit(&obj, None, &schema(), Validation::Strict, GVK).unwrap_err();
         assert_eq!(
@@ -210,7 +217,10 @@ mod tests {
     fn cel_rules_refuse_with_the_servers_words() {
         let obj = json!({"apiVersion": "example.dev/v1", "kind": "Thing", "metadata": {"name": "t"}, "spec": {"version": "1.2"}});
         let e = admit(&obj, None, &schema(), Validation::Strict, GVK).unwrap_err();
-        assert_eq!(e.to_string(), "Thing.example.dev \"t\" is invalid: spec.version: Invalid value: \"object\": version is vX.Y.Z");
+        assert_eq!(
+            e.to_string(),
+            "Thing.example.dev \"t\" is invalid: spec.version: Invalid value: \"object\": version is vX.Y.Z"
+        );
         let (code, body) = e.status();
         assert_eq!((code, body["details"]["causes"][0]["field"].as_str()), (422, Some("spec.version")));
         assert_eq!(Validation::parse(Some("Loose")).unwrap_err().contains("supported values"), true);

@@ -269,7 +269,9 @@ impl Columns {
                 }),
             ],
             ("", "configmaps") => vec![name_column(), b("Data", data_count), age()],
-            ("", "secrets") => vec![name_column(), b("Type", |v, _| json!(s(v, "/type"))), b("Data", data_count), age()],
+            ("", "secrets") => {
+                vec![name_column(), b("Type", |v, _| json!(s(v, "/type"))), b("Data", data_count), age()]
+            }
             ("", "namespaces") => {
                 vec![name_column(), b("Status", |v, _| json!(s(v, "/status/phase"))), age()]
             }
@@ -299,7 +301,13 @@ impl Columns {
                 b("Status", |v, _| {
                     let done = n(v, "/status/succeeded") > 0;
                     let failed = n(v, "/status/failed") > 0;
-                    json!(if done { "Complete" } else if failed { "Failed" } else { "Running" })
+                    json!(if done {
+                        "Complete"
+                    } else if failed {
+                        "Failed"
+                    } else {
+                        "Running"
+                    })
                 }),
                 b("Completions", |v, _| {
                     json!(format!("{}/{}", n(v, "/status/succeeded"), n(v, "/spec/completions").max(1)))
