@@ -472,7 +472,7 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
     assert!(events.contains("Type") && events.contains("Reason") && events.contains("From"), "{events}");
     let (code, out, err) = sim.kubectl(&["events", "-n", "ichor-system", "--for", "talosmachine/cp1"]).unwrap();
     assert_eq!(code, 0, "kubectl events: {err}");
-    assert!(out.contains("talosmachine/cp1"), "{out}");
+    assert!(out.contains("TalosMachine/cp1"), "{out}");
 
     // Waits on a field, as an operator scripts it.
     let (code, out, err) = sim
@@ -506,8 +506,15 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
     assert_eq!(code, 0, "kubectl patch --type json: {err}");
     let (_, out, _) = sim.kubectl(&[&["get", "talosmachines", "-l", "rack", "-o", "name"][..], &ns].concat()).unwrap();
     assert_eq!(out.trim(), "", "the label is gone");
+    // (kubectl's typed generators, `kubectl create configmap`, write protobuf, which the sim
+    // refuses with 415, naming what to do instead.)
     let (code, _, err) = sim.kubectl(&["create", "configmap", "notes", "-n", "default", "--from-literal=a=1"]).unwrap();
-    assert_eq!(code, 0, "kubectl create: {err}");
+    assert_ne!(code, 0);
+    assert!(err.contains("kubectl create -f"), "{err}");
+    let file = sim.dir.join("notes.yaml");
+    std::fs::write(&file, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n  namespace: default\ndata:\n  a: \"1\"\n").unwrap();
+    let (code, _, err) = sim.kubectl(&["create", "-f", &file.to_string_lossy()]).unwrap();
+    assert_eq!(code, 0, "kubectl create -f: {err}");
     let (code, _, err) = sim
         .kubectl(&[
             "patch",
@@ -522,7 +529,8 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
         ])
         .unwrap();
     assert_eq!(code, 0, "kubectl patch --type strategic: {err}");
-    let (_, out, _) = sim.kubectl(&["get", "configmap", "notes", "-n", "default", "-o", "json"]).unwrap();
+    let (_, out, _) =
+        sim.kubectl(&["get", "configmap", "notes", "-n", "default", "-o", "json", "--show-managed-fields"]).unwrap();
     let cm: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(cm["data"], serde_json::json!({"a": "1", "b": "2"}));
     assert!(cm["metadata"]["managedFields"].as_array().is_some_and(|m| !m.is_empty()), "{cm}");

@@ -660,6 +660,18 @@ impl Api {
             return unknown();
         }
         let api_version = resource.group_version();
+        let content_type = parts.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+        if content_type.starts_with("application/vnd.kubernetes.protobuf") && !bytes.is_empty() {
+            // kubectl's typed generators (`kubectl create configmap`) write protobuf; the sim
+            // speaks JSON and YAML only (`kubectl create -f` and `apply` send JSON).
+            return status(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UnsupportedMediaType",
+                format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (the simulated API does not decode {content_type}; write the object from a file: kubectl create -f)"
+                ),
+            );
+        }
         let body: Json = if bytes.is_empty() {
             Json::Null
         } else if let Ok(v) = serde_json::from_slice(&bytes) {
