@@ -133,6 +133,14 @@ pub struct SimCluster {
     pub handover_done: bool,
     /// The controller runs inside (no `--no-controller`).
     pub controller: bool,
+    /// `--node-fault MACHINE=...`.
+    pub node_faults: Vec<String>,
+    /// `--api-fault ...`.
+    pub api_faults: Vec<String>,
+    /// `--step-latency-ms`.
+    pub step_latency: Duration,
+    /// `--release-set-kubernetes`.
+    pub release_set_kubernetes: String,
 }
 
 pub fn sim_cluster(
@@ -145,6 +153,13 @@ pub fn sim_cluster(
     let handover_done = sim.handover_done;
     logging();
     let files = disk::manifest_files(manifests)?;
+    let mut api_faults = runtime::sim::kubeapi::Faults::default();
+    for f in &sim.api_faults {
+        api_faults.add(f).map_err(|e| anyhow::anyhow!("--api-fault {e}"))?;
+    }
+    let node_faults =
+        sim.node_faults.iter().map(|f| crate::talos_cmd::node_fault("--node-fault", f)).collect::<Result<Vec<_>>>()?;
+    let step = sim.step_latency;
     let rt = crate::io::io_runtime()?;
     rt.block_on(async {
         let demo = Arc::new(runtime::sim::demo::Demo::start(&files, handover_done).await?);
@@ -157,6 +172,14 @@ pub fn sim_cluster(
                 }
             }
         }
+        for (machine, fault) in &node_faults {
+            let Some((_, address, _)) = demo.machines.iter().find(|m| m.0 == *machine || m.1 == *machine) else {
+                let names: Vec<&str> = demo.machines.iter().map(|m| m.0.as_str()).collect();
+                anyhow::bail!("--node-fault: no machine {machine:?} in {} ({})", manifests.display(), names.join(", "));
+            };
+            demo.fleet.set_fault(address, Some(*fault));
+        }
+        demo.api.set_faults(api_faults);
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}"))?;
         let addr = listener.local_addr()?;
         let namespace = demo
@@ -171,13 +194,13 @@ pub fn sim_cluster(
         std::fs::write(talosconfig, demo.fleet.talosconfig(&["os:admin"])?)
             .with_context(|| format!("writing {}", talosconfig.display()))?;
         let served = tokio::spawn(demo.api.clone().serve_http(listener));
-        let controller = demo.controller(render::embedded::RELEASE_SET_KUBERNETES, None)?;
+        let controller = demo.controller(&sim.release_set_kubernetes, None)?;
         let config = RunConfig {
             namespace: namespace.clone(),
             lease_name: "ichor-controller".into(),
             identity: "ichor-sim".into(),
             listen: None,
-            requeue: Duration::from_millis(300),
+            requeue: Duration::from_millis(300) + step,
             dump_snapshots: None,
         };
         let shutdown = crate::io::shutdown_signal();
@@ -187,14 +210,15 @@ pub fn sim_cluster(
                 let _ = stopped.await;
             }))
         });
-        let kubelets = tokio::spawn(demo.clone().kubelets_forever(Duration::from_millis(100)));
+        let kubelets = tokio::spawn(demo.clone().kubelets_forever(Duration::from_millis(100) + step));
         let api = demo.api.clone();
         let nodes = demo.machines.len();
         let workload = tokio::spawn(async move {
             loop {
                 runtime::sim::demo::run_cilium_jobs(&api);
+                runtime::sim::demo::sync_argo_cd(&api);
                 runtime::sim::demo::roll_out_daemonsets(&api, nodes);
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(Duration::from_millis(200) + step).await;
             }
         });
         println!(

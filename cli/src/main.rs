@@ -212,6 +212,23 @@ enum SimCommand {
         /// can be stopped, killed and started again; two replicas share the Lease).
         #[arg(long)]
         no_controller: bool,
+        /// Inject a fault on a machine's Talos API: MACHINE=hang|unavailable|gone|latency:MS
+        /// (repeatable; `cp1=unavailable`).
+        #[arg(long)]
+        node_fault: Vec<String>,
+        /// Inject a fault on the Kubernetes API (repeatable): a fraction of writes answered
+        /// 409, 500 or 429 with Retry-After (`429=0.2`), every watch cut after a while
+        /// (`drop-watch=30s`), or latency on every request (`latency=200ms`).
+        #[arg(long)]
+        api_fault: Vec<String>,
+        /// Slow every step down by this many milliseconds (the controller's requeue and the
+        /// stand-ins' pace), to watch an operation progress.
+        #[arg(long, default_value_t = 0)]
+        step_latency_ms: u64,
+        /// The Kubernetes version of the release set the simulated Ichor ships (what an
+        /// upgrade may target); raise it to rehearse a second upgrade.
+        #[arg(long, default_value = render::embedded::RELEASE_SET_KUBERNETES)]
+        release_set_kubernetes: String,
     },
     /// Serve a simulated Talos fleet (Talos's gRPC API over mTLS on loopback, each node
     /// behaving as its Talos version does) until interrupted. A fixture, not Talos.
@@ -357,8 +374,26 @@ fn main() -> ExitCode {
         Command::Operation(OperationCommand::Abort { name, output, kube }) => {
             op_cmd::resume_or_abort(&name, false, output, &kube)
         }
-        Command::Sim(SimCommand::Cluster { manifests, kubeconfig, talosconfig, listen, handover, no_controller }) => {
-            let sim = controller_cmd::SimCluster { handover_done: handover == "done", controller: !no_controller };
+        Command::Sim(SimCommand::Cluster {
+            manifests,
+            kubeconfig,
+            talosconfig,
+            listen,
+            handover,
+            no_controller,
+            node_fault,
+            api_fault,
+            step_latency_ms,
+            release_set_kubernetes,
+        }) => {
+            let sim = controller_cmd::SimCluster {
+                handover_done: handover == "done",
+                controller: !no_controller,
+                node_faults: node_fault,
+                api_faults: api_fault,
+                step_latency: std::time::Duration::from_millis(step_latency_ms),
+                release_set_kubernetes,
+            };
             controller_cmd::sim_cluster(&manifests, &kubeconfig, &talosconfig, &listen, sim)
         }
         Command::Install { namespace, image } => {

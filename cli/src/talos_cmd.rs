@@ -152,6 +152,24 @@ pub fn apply(
     finish(report, !dry_run, lines)
 }
 
+/// A node fault as `--fault` (and `ichor sim cluster --node-fault`) names it:
+/// `NODE=hang|unavailable|gone|latency:MS`.
+pub fn node_fault(flag: &str, f: &str) -> Result<(String, runtime::sim::talos::Fault)> {
+    use runtime::sim::talos::Fault;
+    let expected = || format!("{flag} {f:?}: expected NODE=hang|unavailable|gone|latency:MS");
+    let (node, what) = f.split_once('=').with_context(expected)?;
+    let fault = match what {
+        "hang" => Fault::Hang,
+        "unavailable" => Fault::Unavailable,
+        "gone" => Fault::Gone,
+        l => match l.strip_prefix("latency:").and_then(|ms| ms.parse().ok()) {
+            Some(ms) => Fault::Latency(Duration::from_millis(ms)),
+            None => bail!("{}", expected()),
+        },
+    };
+    Ok((node.to_string(), fault))
+}
+
 /// `ichor sim talos`: serves a simulated fleet until interrupted.
 pub fn sim(
     nodes: usize,
@@ -161,29 +179,14 @@ pub fn sim(
     talosconfig: &Path,
     faults: &[String],
 ) -> Result<Report> {
-    use runtime::sim::talos::{Fault, Fleet, fleet_spec};
+    use runtime::sim::talos::{Fleet, fleet_spec};
     if nodes == 0 {
         bail!("--nodes: a fleet needs at least one node");
     }
     let addr: std::net::SocketAddr =
         listen.parse().with_context(|| format!("--listen {listen:?}: not an address (host:port)"))?;
     let versions: Vec<String> = if talos.is_empty() { vec!["v1.14.3".into()] } else { talos.to_vec() };
-    let mut parsed = vec![];
-    for f in faults {
-        let (node, what) = f
-            .split_once('=')
-            .with_context(|| format!("--fault {f:?}: expected NODE=hang|unavailable|gone|latency:MS"))?;
-        let fault = match what {
-            "hang" => Fault::Hang,
-            "unavailable" => Fault::Unavailable,
-            "gone" => Fault::Gone,
-            l => match l.strip_prefix("latency:").and_then(|ms| ms.parse().ok()) {
-                Some(ms) => Fault::Latency(Duration::from_millis(ms)),
-                None => bail!("--fault {f:?}: expected NODE=hang|unavailable|gone|latency:MS"),
-            },
-        };
-        parsed.push((node.to_string(), fault));
-    }
+    let parsed = faults.iter().map(|f| node_fault("--fault", f)).collect::<Result<Vec<_>>>()?;
     let rt = io_runtime()?;
     rt.block_on(async {
         let fleet = Fleet::start(fleet_spec(nodes, controlplanes.min(nodes), &versions), addr).await?;

@@ -512,7 +512,11 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
     assert_ne!(code, 0);
     assert!(err.contains("kubectl create -f"), "{err}");
     let file = sim.dir.join("notes.yaml");
-    std::fs::write(&file, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n  namespace: default\ndata:\n  a: \"1\"\n").unwrap();
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n  namespace: default\ndata:\n  a: \"1\"\n",
+    )
+    .unwrap();
     let (code, _, err) = sim.kubectl(&["create", "-f", &file.to_string_lossy()]).unwrap();
     assert_eq!(code, 0, "kubectl create -f: {err}");
     let (code, _, err) = sim
@@ -548,6 +552,32 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
     assert_eq!(code, 0, "{err}");
     assert!(out.lines().next().is_some_and(|h| h.contains("STATUS") && h.contains("ROLES")), "{out}");
 
+    // The README's "On a real cluster" lines: the CRDs applied server-side, the install dry-run
+    // on the server.
+    for (what, args) in [
+        ("crds", &["apply", "--server-side", "-f", "-"][..]),
+        ("install", &["apply", "--dry-run=server", "-f", "-"][..]),
+    ] {
+        let (_, yaml, _) = sim.ichor(&[what]);
+        let out = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", sim.dir.join("kubeconfig"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(yaml.as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "ichor {what} | kubectl {args:?}: {err}");
+    }
+    let (_, out, _) = sim.kubectl(&["get", "crd", "talosclusters.ichor.maesh.dev"]).unwrap();
+    assert!(out.contains("talosclusters.ichor.maesh.dev"), "{out}");
+
     // kubectl validates strictly by default: an unknown field is refused, named.
     let cluster = std::fs::read_to_string(root().join("examples/clusters/lab-v1.14/cluster.yaml")).unwrap();
     let file = sim.dir.join("typo.yaml");
@@ -555,4 +585,34 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
     let (code, _, err) = sim.kubectl(&["apply", "-f", &file.to_string_lossy()]).unwrap();
     assert_ne!(code, 0);
     assert!(err.contains("strict decoding error: unknown field \"spec.kubernetesVersoin\""), "{err}");
+}
+
+/// With `--handover done`, Argo CD's stand-in owns Cilium: a kube-proxy switch waits for the
+/// change in Git, the user edits the Application's Helm values (here with kubectl, as they
+/// would commit to Git), the stand-in syncs them to Cilium, and the switch completes.
+#[test]
+fn a_kube_proxy_switch_completes_once_the_argo_cd_values_say_so() {
+    let sim = Sim::start_with("argo-switch", "done");
+    if sim.kubectl(&["version", "--client"]).is_none() {
+        eprintln!("skipped: no kubectl on PATH (the machine image and CI have one)");
+        return;
+    }
+    let (code, out, err) = sim.kubectl(&["get", "applications", "-n", "argocd"]).unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("cilium") && out.contains("Synced") && out.contains("Healthy"), "{out}");
+    let (code, _, err) = sim.ichor(&["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    let waiting = (0..60).any(|_| {
+        let (_, out, _) = sim.ichor(&["status", "--cluster", "lab"]);
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        out.contains("AwaitingCNIChange") || out.contains("Git")
+    });
+    assert!(waiting, "the switch waits for the values in Git");
+    let values = r#"{"spec":{"source":{"helm":{"valuesObject":{"kubeProxyReplacement":true,"k8sServiceHost":"localhost","k8sServicePort":7445}}}}}"#;
+    let (code, _, err) =
+        sim.kubectl(&["patch", "application", "cilium", "-n", "argocd", "--type", "merge", "-p", values]).unwrap();
+    assert_eq!(code, 0, "{err}");
+    let p = sim.wait_phase(&|p| matches!(p, Phase::Completed | Phase::Paused));
+    let (_, out, _) = sim.ichor(&["status", "--cluster", "lab"]);
+    assert_eq!(p, Phase::Completed, "{out}");
 }

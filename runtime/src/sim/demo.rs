@@ -118,6 +118,11 @@ impl Demo {
                 }
             }
         }
+        if handover_done {
+            // Argo CD owns Cilium: its Application, in sync with what runs (kube-proxy on).
+            api.put("apiextensions.k8s.io", "customresourcedefinitions", super::discovery::argo_cd_application_crd());
+            api.put("argoproj.io", "applications", argo_cd_application(false));
+        }
         for (name, _, _) in &machines {
             api.put("", "nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}}));
         }
@@ -229,5 +234,65 @@ pub fn run_cilium_jobs(api: &kubeapi::Api) {
         }
         job["metadata"]["annotations"] = json!({"sim/ran": "true"});
         api.put("batch", "jobs", job);
+    }
+}
+
+/// Argo CD's Application `argocd/cilium` as the stand-in seeds it: the Cilium chart, its Helm
+/// values (`valuesObject`, what a user edits as they would edit Git), synced and healthy.
+pub fn argo_cd_application(kube_proxy_replacement: bool) -> serde_json::Value {
+    json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": "cilium", "namespace": "argocd"},
+        "spec": {"project": "default",
+            "source": {"repoURL": "https://helm.cilium.io", "chart": "cilium", "targetRevision": render::embedded::CILIUM_CHART_VERSION,
+                "helm": {"releaseName": "cilium", "valuesObject": {"kubeProxyReplacement": kube_proxy_replacement}}},
+            "destination": {"server": "https://kubernetes.default.svc", "namespace": "kube-system"}},
+        "status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}})
+}
+
+/// What Argo CD does with the Application `argocd/cilium` (the stand-in of `--handover done`):
+/// its Helm values (`valuesObject`, or the `values` YAML) synced to Cilium's objects:
+/// cilium-config says `kubeProxyReplacement`, `k8sServiceHost` and `k8sServicePort`, and the
+/// agents get a new spec to roll out; the Application reads Synced and Healthy.
+pub fn sync_argo_cd(api: &kubeapi::Api) {
+    let Some(mut app) = api.get("argoproj.io", "applications", "argocd", "cilium") else { return };
+    let helm = app.pointer("/spec/source/helm").cloned().unwrap_or_default();
+    let values = match (helm.get("valuesObject"), helm.get("values").and_then(|v| v.as_str())) {
+        (Some(v), _) => v.clone(),
+        (None, Some(text)) => serde_yaml::from_str(text).unwrap_or_default(),
+        _ => json!({}),
+    };
+    let text = |k: &str| match values.get(k) {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Null) | None => None,
+        Some(other) => Some(other.to_string()),
+    };
+    let Some(mut cm) = api.get("", "configmaps", "kube-system", "cilium-config") else { return };
+    let mut data = cm.get("data").cloned().unwrap_or_else(|| json!({}));
+    let want = [
+        ("kube-proxy-replacement", text("kubeProxyReplacement").unwrap_or_else(|| "false".into())),
+        ("k8s-service-host", text("k8sServiceHost").unwrap_or_default()),
+        ("k8s-service-port", text("k8sServicePort").unwrap_or_default()),
+    ];
+    let mut changed = false;
+    for (k, v) in want {
+        let have = data.get(k).and_then(|x| x.as_str()).unwrap_or_default().to_string();
+        if have != v && !(v.is_empty() && data.get(k).is_none()) {
+            data[k] = json!(v);
+            changed = true;
+        }
+    }
+    if changed {
+        cm["data"] = data.clone();
+        api.put("", "configmaps", cm);
+        if let Some(mut cilium) = api.get("apps", "daemonsets", "kube-system", "cilium") {
+            cilium["spec"]["template"]["metadata"]["annotations"] =
+                json!({"kpr": data["kube-proxy-replacement"].clone()});
+            api.put("apps", "daemonsets", cilium);
+        }
+    }
+    let synced = json!({"sync": {"status": "Synced"}, "health": {"status": "Healthy"}});
+    if app.get("status") != Some(&synced) {
+        app["status"] = synced;
+        api.put("argoproj.io", "applications", app);
     }
 }

@@ -9,6 +9,10 @@
 
 use serde_json::{Value as Json, json};
 
+const JOB_COMPLETE: &str = "Complete"; // Kubernetes' word, not an operation phase
+const JOB_FAILED: &str = "Failed"; // Kubernetes' word, not an operation phase
+const JOB_RUNNING: &str = "Running"; // Kubernetes' word, not an operation phase
+
 /// One column: its definition and how a cell is read from an object.
 #[derive(Clone, Debug)]
 struct Column {
@@ -302,11 +306,11 @@ impl Columns {
                     let done = n(v, "/status/succeeded") > 0;
                     let failed = n(v, "/status/failed") > 0;
                     json!(if done {
-                        "Complete"
+                        JOB_COMPLETE
                     } else if failed {
-                        "Failed"
+                        JOB_FAILED
                     } else {
-                        "Running"
+                        JOB_RUNNING
                     })
                 }),
                 b("Completions", |v, _| {
