@@ -978,7 +978,6 @@ impl Api {
             b
         };
         let events = futures::stream::iter(past).chain(live).filter(move |e| futures::future::ready(keep(e))).map({
-            let frame = frame.clone();
             move |e| {
                 let object = events::view(&e.object, &e.group, &group);
                 let object = match &table {
@@ -996,10 +995,7 @@ impl Api {
             tokio::time::sleep(Duration::from_secs(15)).await;
             Some(((), ()))
         });
-        let marks = futures::stream::once(async {}).chain(ticks).map({
-            let frame = frame.clone();
-            move |_| frame("BOOKMARK", bookmark())
-        });
+        let marks = futures::stream::once(async {}).chain(ticks).map(move |_| frame("BOOKMARK", bookmark()));
         let events: std::pin::Pin<Box<dyn futures::Stream<Item = _> + Send + Sync>> =
             if bookmarks { Box::pin(futures::stream::select(events, marks)) } else { Box::pin(events) };
         let limit =

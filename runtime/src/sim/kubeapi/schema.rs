@@ -223,6 +223,6 @@ mod tests {
         );
         let (code, body) = e.status();
         assert_eq!((code, body["details"]["causes"][0]["field"].as_str()), (422, Some("spec.version")));
-        assert_eq!(Validation::parse(Some("Loose")).unwrap_err().contains("supported values"), true);
+        assert!(Validation::parse(Some("Loose")).unwrap_err().contains("supported values"));
     }
 }

@@ -148,7 +148,7 @@ pub fn json_path<'a>(v: &'a Json, path: &str) -> Vec<&'a Json> {
                     .filter(|e| {
                         e.pointer(&format!("/{}", field.trim().replace('.', "/"))).is_some_and(|x| match x {
                             Json::String(s) => s == want,
-                            other => other.to_string() == want,
+                            other => *other == want,
                         })
                     })
                     .collect();
