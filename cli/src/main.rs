@@ -120,10 +120,14 @@ enum Command {
     /// the cluster's spec and a TalosOperation.
     #[command(subcommand)]
     Upgrade(UpgradeCommand),
-    /// Operations and their machines: phase, stage, clocks; `--watch` follows them with a
-    /// progress bar each (exit 0 when they complete, 1 when one pauses or is aborted).
-    #[command(after_help = "Example:\n  ichor status --cluster lab --watch")]
+    /// Operations and their machines: phase, stage, what each waits for (its words, clock and
+    /// deadline); NAME shows one operation with its recent Events. `--watch` follows the
+    /// operations not ended when it starts (or NAME) with a progress bar each: exit 0 when they
+    /// complete, 1 when one of them pauses or is aborted.
+    #[command(after_help = "Examples:\n  ichor status --cluster lab --watch\n  ichor status kube-proxy-replaced")]
     Status {
+        /// One operation: its status and its recent Events.
+        name: Option<String>,
         #[arg(long)]
         cluster: Option<String>,
         #[arg(long)]
@@ -133,7 +137,7 @@ enum Command {
         #[command(flatten)]
         kube: op_cmd::KubeArgs,
     },
-    /// Resume a paused operation, or abort one.
+    /// Operations: list them, resume a paused one, abort one, delete an ended one.
     #[command(subcommand)]
     Operation(OperationCommand),
     /// Serve the validating webhook (HTTPS, AdmissionReview v1 at /validate): kube-proxy
@@ -179,6 +183,24 @@ enum OperationCommand {
         name: String,
         #[arg(long, value_enum, default_value_t)]
         output: Output,
+        #[command(flatten)]
+        kube: op_cmd::KubeArgs,
+    },
+    /// The operations: name, cluster, kind, target, phase, age.
+    List {
+        #[arg(long)]
+        cluster: Option<String>,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+        #[command(flatten)]
+        kube: op_cmd::KubeArgs,
+    },
+    /// Delete an ended operation (its record goes; what it changed stays). One that has not
+    /// ended is refused unless `--force`, which says what it leaves behind.
+    Delete {
+        name: String,
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         kube: op_cmd::KubeArgs,
     },
@@ -367,10 +389,16 @@ fn main() -> ExitCode {
         Command::Upgrade(UpgradeCommand::Kubernetes { to, max_unavailable, start }) => {
             op_cmd::start(op_cmd::Start::Upgrade { to, max_unavailable }, &start)
         }
-        Command::Status { cluster, watch, output, kube } => op_cmd::status(cluster.as_deref(), watch, output, &kube),
+        Command::Status { name, cluster, watch, output, kube } => {
+            op_cmd::status(name.as_deref(), cluster.as_deref(), watch, output, &kube)
+        }
         Command::Operation(OperationCommand::Resume { name, output, kube }) => {
             op_cmd::resume_or_abort(&name, true, output, &kube)
         }
+        Command::Operation(OperationCommand::List { cluster, output, kube }) => {
+            op_cmd::list(cluster.as_deref(), output, &kube)
+        }
+        Command::Operation(OperationCommand::Delete { name, force, kube }) => op_cmd::delete(&name, force, &kube),
         Command::Operation(OperationCommand::Abort { name, output, kube }) => {
             op_cmd::resume_or_abort(&name, false, output, &kube)
         }

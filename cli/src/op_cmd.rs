@@ -100,10 +100,13 @@ pub fn start(what: Start, a: &StartArgs) -> Result<Report> {
 async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     let (client, ns) = connect(&a.kube).await?;
     let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
-    let cluster = clusters
-        .get(&a.cluster)
-        .await
-        .with_context(|| format!("--cluster: reading TalosCluster {ns}/{}", a.cluster))?;
+    let cluster = match clusters.get(&a.cluster).await {
+        Ok(c) => c,
+        Err(kube_client::Error::Api(e)) if e.code == 404 => {
+            bail!("TalosCluster {ns}/{} not found: `kubectl get talosclusters -n {ns}` lists the clusters", a.cluster)
+        }
+        Err(e) => return Err(anyhow!(e).context(format!("--cluster: reading TalosCluster {ns}/{}", a.cluster))),
+    };
     // The cluster as it will be, and the operation to create.
     let mut target = cluster.clone();
     let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
@@ -129,6 +132,42 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             (format!("kube-proxy-{}", mode.name()), json!({"spec": {"cni": {"kubeProxy": mode.name()}}}))
         }
     };
+    // Another operation of the cluster that has not ended is in the way (it holds the lock, or
+    // is Paused with work left): nothing is written, and the three ways forward are named.
+    let planner = runtime::plan::Planner::embedded()?;
+    let (terminal, _) = planner.phase_sets()?;
+    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), &ns);
+    let existing = ops.list(&Default::default()).await.with_context(|| format!("listing TalosOperations in {ns}"))?;
+    let ended = |o: &TalosOperation| terminal.contains(&o.status.as_ref().map(|s| s.phase()).unwrap_or_default());
+    if let Some(o) = existing.items.iter().find(|o| o.spec.cluster_ref.name == a.cluster && !ended(o)) {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let phase = o.status.as_ref().map(|s| s.phase()).unwrap_or_default();
+        let same = name == op_name;
+        let stderr = if same {
+            format!(
+                "TalosOperation {ns}/{name} already runs this ({phase}): follow it with `ichor status --cluster {} --watch`; nothing was written.\n",
+                a.cluster
+            )
+        } else {
+            format!(
+                "TalosOperation {ns}/{name} ({phase}) has not ended on cluster {}: only one operation runs on a cluster at a time, and nothing was written. Either wait for it (`ichor status --cluster {} --watch`), resume it if it is Paused (`ichor operation resume {name}`), or abort it (`ichor operation abort {name}`); then start this one again.\n",
+                a.cluster, a.cluster
+            )
+        };
+        return Ok(Report { stderr, findings: true, ..Report::default() });
+    }
+    // The same target started again after an abort or a failure: a fresh name (`-2`, `-3` ...).
+    let op_name = {
+        let taken = |n: &str| existing.items.iter().any(|o| o.metadata.name.as_deref() == Some(n));
+        let mut name = op_name;
+        let base = name.clone();
+        let mut i = 2;
+        while taken(&name) {
+            name = format!("{base}-{i}");
+            i += 1;
+        }
+        name
+    };
     let mut op = TalosOperation::new(&op_name, spec);
     op.metadata.namespace = Some(ns.clone());
     // The preview: the controller's own read and the rules' plan for the operation's first
@@ -136,7 +175,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     let controller = runtime::controller::Controller::new(
         client.clone(),
         talos_client(&a.talosconfig)?,
-        runtime::plan::Planner::embedded()?,
+        planner,
         disk::classifier(None)?,
     );
     let read = controller
@@ -185,12 +224,45 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             "created": created,
         })
     };
+    // Nothing to do: the cluster already runs the target (the spec says it, and every machine
+    // runs it, or the status records the mode): nothing is written.
+    let runs_target = match &what {
+        Start::Upgrade { to, .. } => {
+            &cluster.spec.kubernetes_version == to
+                && !read.snapshot.machines.is_empty()
+                && read.snapshot.machines.iter().all(|m| &m.kubelet_version == to)
+        }
+        Start::KubeProxy { mode } => {
+            cluster.spec.cni.kube_proxy == *mode && render::render::status_kube_proxy(&cluster) == Some(*mode)
+        }
+    };
+    if runs_target {
+        let what = match &what {
+            Start::Upgrade { to, .. } => format!("Kubernetes {to}"),
+            Start::KubeProxy { mode } => format!("kube-proxy {}", mode.name()),
+        };
+        return Ok(Report {
+            stdout: format!("Nothing to do: cluster {ns}/{} already runs {what}; nothing was written.\n", a.cluster),
+            ..Report::default()
+        });
+    }
     if a.dry_run {
         let stdout = match a.output {
             Output::Json => serde_json::to_string_pretty(&json_out(false))? + "\n",
             Output::Text => format!("{text}\nThe TalosOperation (not created, --dry-run):\n{op_yaml}"),
         };
         return Ok(Report { stdout, findings: !blocking.is_empty(), ..Report::default() });
+    }
+    // A blocked start writes nothing (ADR 0113: other targets are refused before anything is
+    // written), with or without --yes.
+    if !blocking.is_empty() {
+        return Ok(Report {
+            stderr: format!(
+                "{text}Not started: nothing was written. Clear what blocks it, then run the command again.\n"
+            ),
+            findings: true,
+            ..Report::default()
+        });
     }
     // A Git-tracked cluster: the spec change belongs in Git, with the consent annotation.
     let tracked =
@@ -239,7 +311,6 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         }
         write_with_retry(&clusters, &a.cluster, body).await?;
     }
-    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), &ns);
     match ops.create(&PostParams::default(), &op).await {
         Ok(_) => {}
         Err(kube_client::Error::Api(e)) if e.code == 409 => {
@@ -266,6 +337,18 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         ),
     };
     Ok(Report { stdout, ..Report::default() })
+}
+
+/// An API error as a sentence naming the object (`TalosOperation ichor-system/x not found`),
+/// never the client's debug dump.
+fn kube_error(e: kube_client::Error, object: &str) -> anyhow::Error {
+    match e {
+        kube_client::Error::Api(s) if s.code == 404 => {
+            anyhow!("{object} not found: `ichor status` lists the operations, `kubectl get talosclusters` the clusters")
+        }
+        kube_client::Error::Api(s) => anyhow!("{object}: {} (HTTP {})", s.message, s.code),
+        other => anyhow!(other).context(object.to_string()),
+    }
 }
 
 fn regex_version(v: &str) -> bool {
@@ -312,7 +395,15 @@ fn describe(op: &TalosOperation) -> String {
             p.started_at.as_deref().map(|x| format!(", started {x}")).unwrap_or_default()
         );
     }
-    for (clock, since) in &st.waiting_since {
+    // Each wait with its words, its clock and when that runs out; a clock no wait names now
+    // (a machine's step) by its start.
+    for w in &st.waits {
+        let until = runtime::state::epoch(&w.since)
+            .map(|t| format!(", until {}", runtime::plan::rfc3339(t + w.limit_minutes * 60)))
+            .unwrap_or_default();
+        s += &format!("\n  waiting on {} since {}{until}: {}", w.clock, w.since, w.message);
+    }
+    for (clock, since) in st.waiting_since.iter().filter(|(c, _)| !st.waits.iter().any(|w| &w.clock == *c)) {
         s += &format!("\n  waiting on {clock} since {since}");
     }
     if !st.done.is_empty() {
@@ -327,7 +418,13 @@ fn settled(phase: Phase) -> bool {
 }
 
 /// `ichor status [--cluster NAME] [--watch]`.
-pub fn status(cluster: Option<&str>, watch: bool, output: Output, kube: &KubeArgs) -> Result<Report> {
+pub fn status(
+    name: Option<&str>,
+    cluster: Option<&str>,
+    watch: bool,
+    output: Output,
+    kube: &KubeArgs,
+) -> Result<Report> {
     let rt = crate::io::io_runtime()?;
     rt.block_on(async {
         let (client, ns) = connect(kube).await?;
@@ -340,16 +437,26 @@ pub fn status(cluster: Option<&str>, watch: bool, output: Output, kube: &KubeArg
                 .items
                 .into_iter()
                 .filter(|o| cluster.is_none_or(|c| o.spec.cluster_ref.name == c))
+                .filter(|o| name.is_none_or(|n| o.metadata.name.as_deref() == Some(n)))
                 .collect();
             items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
             Ok::<_, anyhow::Error>(items)
         };
         let phase = |o: &TalosOperation| o.status.as_ref().map(|s| s.phase()).unwrap_or_default();
         let mut items = list(ops.clone()).await?;
+        if let Some(n) = name
+            && items.is_empty()
+        {
+            bail!("TalosOperation {ns}/{n} not found: `ichor status` lists the operations");
+        }
+        // Only the operations not ended yet are followed, and only they decide the exit code: an
+        // operation aborted or paused before the watch began does not fail it.
+        let names: Vec<String> = if watch {
+            items.iter().filter(|o| !settled(phase(o))).filter_map(|o| o.metadata.name.clone()).collect()
+        } else {
+            vec![]
+        };
         if watch {
-            // Only the operations not ended yet are followed.
-            let names: Vec<String> =
-                items.iter().filter(|o| !settled(phase(o))).filter_map(|o| o.metadata.name.clone()).collect();
             let bars = indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
             let style = indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
@@ -384,7 +491,10 @@ pub fn status(cluster: Option<&str>, watch: bool, output: Output, kube: &KubeArg
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
-        let ended_badly = items.iter().any(|o| matches!(phase(o), Phase::Paused | Phase::Aborted));
+        let ended_badly = items
+            .iter()
+            .filter(|o| o.metadata.name.as_ref().is_some_and(|n| names.contains(n)))
+            .any(|o| matches!(phase(o), Phase::Paused | Phase::Aborted));
         let stdout = match output {
             Output::Json => {
                 let v: Vec<serde_json::Value> = items
@@ -394,10 +504,50 @@ pub fn status(cluster: Option<&str>, watch: bool, output: Output, kube: &KubeArg
                 serde_json::to_string_pretty(&json!({"namespace": ns, "operations": v}))? + "\n"
             }
             Output::Text if items.is_empty() => format!("No TalosOperations in {ns}.\n"),
-            Output::Text => items.iter().map(describe).collect(),
+            Output::Text => {
+                let mut text: String = items.iter().map(describe).collect();
+                if let Some(n) = name {
+                    text += &events_of(&client, &ns, n).await?;
+                }
+                text
+            }
         };
         Ok(Report { stdout, findings: watch && ended_badly, ..Report::default() })
     })
+}
+
+/// An operation's recent Events, as `kubectl describe` lists them (core/v1, oldest first).
+async fn events_of(client: &kube_client::Client, ns: &str, name: &str) -> Result<String> {
+    use k8s_openapi::api::core::v1::Event;
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let selector = format!("involvedObject.kind=TalosOperation,involvedObject.name={name}");
+    let mut list = events
+        .list(&ListParams::default().fields(&selector))
+        .await
+        .map_err(|e| kube_error(e, &format!("the Events of TalosOperation {ns}/{name}")))?
+        .items;
+    let when = |e: &Event| {
+        e.last_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
+            .unwrap_or_default()
+    };
+    list.sort_by_key(when);
+    if list.is_empty() {
+        return Ok("Events: <none>\n".into());
+    }
+    let mut out = String::from("Events:\n");
+    for e in list.iter().rev().take(20).rev() {
+        let count = e.count.filter(|c| *c > 1).map(|c| format!(" (x{c})")).unwrap_or_default();
+        out += &format!(
+            "  {} {}{count}: {}\n",
+            e.type_.as_deref().unwrap_or("Normal"),
+            e.reason.as_deref().unwrap_or(""),
+            e.message.as_deref().unwrap_or("")
+        );
+    }
+    Ok(out)
 }
 
 async fn machine_count(client: &kube_client::Client, ns: &str, cluster: &str) -> usize {
@@ -420,7 +570,7 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
         let ops: Api<TalosOperation> = Api::namespaced(client, &ns);
         let mut attempts = 0;
         let (op, wanted) = loop {
-            let op = ops.get(name).await.with_context(|| format!("reading TalosOperation {ns}/{name}"))?;
+            let op = ops.get(name).await.map_err(|e| kube_error(e, &format!("TalosOperation {ns}/{name}")))?;
             let st = op.status.clone().unwrap_or_default();
             let phase = st.phase();
             let annotations = op.metadata.annotations.clone().unwrap_or_default();
@@ -460,7 +610,7 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
         // The controller moves the phase; wait a little for it to be seen.
         let mut now = None;
         for _ in 0..50 {
-            let o = ops.get(name).await.with_context(|| format!("reading TalosOperation {ns}/{name}"))?;
+            let o = ops.get(name).await.map_err(|e| kube_error(e, &format!("TalosOperation {ns}/{name}")))?;
             let s = o.status.unwrap_or_default();
             let acted = if resume { s.resumed.to_string() == wanted } else { s.phase() == Phase::Aborted };
             if acted {
@@ -482,5 +632,127 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
             format!("Aborted TalosOperation {ns}/{name} (it was {was}); it does nothing more and holds no lock. Machines already changed stay as they are.\n")
         };
         Ok(Report { stdout, ..Report::default() })
+    })
+}
+
+/// An operation's target, as `status` and `operation list` name it.
+fn target_of(op: &TalosOperation) -> String {
+    match op.spec.kind {
+        OperationKind::Kubernetes => op.spec.target.kubernetes_version.clone().unwrap_or_default(),
+        OperationKind::Cni => op.spec.target.kube_proxy.map(|m| format!("kube-proxy {}", m.name())).unwrap_or_default(),
+        _ => String::new(),
+    }
+}
+
+/// `ichor operation list [--cluster NAME]`: one line per operation, oldest first.
+pub fn list(cluster: Option<&str>, output: Output, kube: &KubeArgs) -> Result<Report> {
+    let rt = crate::io::io_runtime()?;
+    rt.block_on(async {
+        let (client, ns) = connect(kube).await?;
+        let ops: Api<TalosOperation> = Api::namespaced(client, &ns);
+        let mut items: Vec<TalosOperation> = ops
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| kube_error(e, &format!("the TalosOperations of {ns}")))?
+            .items
+            .into_iter()
+            .filter(|o| cluster.is_none_or(|c| o.spec.cluster_ref.name == c))
+            .collect();
+        let created = |o: &TalosOperation| o.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+        items.sort_by_key(|o| (created(o), o.metadata.name.clone()));
+        let now = crate::io::now();
+        let rows: Vec<[String; 6]> = items
+            .iter()
+            .map(|o| {
+                let age = o
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| age(now - t.0.as_second()))
+                    .unwrap_or_default();
+                [
+                    o.metadata.name.clone().unwrap_or_default(),
+                    o.spec.cluster_ref.name.clone(),
+                    o.spec.kind.name().to_string(),
+                    target_of(o),
+                    o.status.as_ref().map(|s| s.phase()).unwrap_or_default().to_string(),
+                    age,
+                ]
+            })
+            .collect();
+        let stdout = match output {
+            Output::Json => {
+                let v: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|r| json!({"name": r[0], "cluster": r[1], "kind": r[2], "target": r[3], "phase": r[4], "age": r[5]}))
+                    .collect();
+                serde_json::to_string_pretty(&json!({"namespace": ns, "operations": v}))? + "\n"
+            }
+            Output::Text if rows.is_empty() => format!("No TalosOperations in {ns}.\n"),
+            Output::Text => {
+                let header = ["NAME", "CLUSTER", "KIND", "TARGET", "PHASE", "AGE"].map(str::to_string);
+                let all: Vec<&[String; 6]> = std::iter::once(&header).chain(rows.iter()).collect();
+                let widths: Vec<usize> = (0..6).map(|i| all.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+                all.iter()
+                    .map(|r| {
+                        let cells: Vec<String> = (0..6).map(|i| format!("{:w$}", r[i], w = widths[i])).collect();
+                        cells.join("   ").trim_end().to_string() + "\n"
+                    })
+                    .collect()
+            }
+        };
+        Ok(Report { stdout, ..Report::default() })
+    })
+}
+
+/// An age as kubectl prints it (`45s`, `12m`, `3h`, `2d`).
+fn age(secs: i64) -> String {
+    match secs.max(0) {
+        s if s < 120 => format!("{s}s"),
+        s if s < 3 * 3600 => format!("{}m", s / 60),
+        s if s < 48 * 3600 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+/// `ichor operation delete NAME [--force]`.
+pub fn delete(name: &str, force: bool, kube: &KubeArgs) -> Result<Report> {
+    let rt = crate::io::io_runtime()?;
+    rt.block_on(async {
+        let (client, ns) = connect(kube).await?;
+        let ops: Api<TalosOperation> = Api::namespaced(client, &ns);
+        let op = ops.get(name).await.map_err(|e| kube_error(e, &format!("TalosOperation {ns}/{name}")))?;
+        let st = op.status.clone().unwrap_or_default();
+        let phase = st.phase();
+        // What it changed so far: machines whose step started, cluster-wide steps done.
+        let touched: Vec<String> = st.machines.iter().map(|(m, p)| format!("{m} ({})", p.phase)).collect();
+        let changed = if touched.is_empty() && st.done.is_empty() {
+            "nothing on the machines yet".to_string()
+        } else {
+            let mut parts = vec![];
+            if !touched.is_empty() {
+                parts.push(format!("machines {}", touched.join(", ")));
+            }
+            if !st.done.is_empty() {
+                parts.push(format!("cluster steps {}", st.done.join(", ")));
+            }
+            parts.join("; ")
+        };
+        if !phase.is_terminal() && !force {
+            return Ok(Report {
+                stderr: format!(
+                    "TalosOperation {ns}/{name} is {phase} and has not ended: it has changed {changed}. Abort it first (`ichor operation abort {name}`), then delete it; or delete it anyway with --force (what it changed stays as it is, and the cluster's spec keeps its target).\n"
+                ),
+                findings: true,
+                ..Report::default()
+            });
+        }
+        ops.delete(name, &Default::default()).await.map_err(|e| kube_error(e, &format!("TalosOperation {ns}/{name}")))?;
+        let left = if phase.is_terminal() {
+            String::new()
+        } else {
+            format!(" It had not ended ({phase}): it had changed {changed}, which stays as it is; the cluster's spec keeps its target, so the next operation of the same target finds its machines where this one left them.")
+        };
+        Ok(Report { stdout: format!("Deleted TalosOperation {ns}/{name}.{left}\n"), ..Report::default() })
     })
 }

@@ -732,3 +732,67 @@ fn fuzz_every_parser_in_process() {
         }
     }
 }
+
+/// Issue 23: every `ichor ...` a message or a CLI text names exists: each word after `ichor`
+/// is a subcommand of the words before it, as long as those have subcommands (then come the
+/// arguments). The rules' messages and the CLI's sources are read.
+#[test]
+fn every_ichor_command_a_message_names_exists() {
+    let help = |words: &[&str]| -> Option<Vec<String>> {
+        let out = Command::new(env!("CARGO_BIN_EXE_ichor")).args(words).arg("--help").output().ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let commands = text.split("Commands:").nth(1).map(|rest| {
+            rest.lines()
+                .skip(1)
+                .take_while(|l| l.starts_with("  "))
+                .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+                .filter(|c| c != "help")
+                .collect()
+        });
+        Some(commands.unwrap_or_default())
+    };
+    let re = regex::Regex::new(r"\bichor((?: [a-z][a-z0-9-]*)+)").unwrap();
+    let mut texts =
+        vec![("rules/messages.yaml".to_string(), std::fs::read_to_string(root().join("rules/messages.yaml")).unwrap())];
+    let mut files = vec![];
+    rust_files(&root().join("cli/src"), &mut files);
+    for f in files {
+        let text: String = std::fs::read_to_string(&f)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        texts.push((f.strip_prefix(root()).unwrap().display().to_string(), text));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut problems = vec![];
+    for (file, text) in &texts {
+        for c in re.captures_iter(text) {
+            let words: Vec<&str> = c[1].split_whitespace().collect();
+            let mut path: Vec<&str> = vec![];
+            for w in &words {
+                let Some(subs) = help(&path) else { break };
+                if subs.is_empty() {
+                    break;
+                }
+                if !subs.iter().any(|s| s == w) {
+                    problems.push(format!(
+                        "{file}: `ichor {}`: no subcommand {w:?} of `ichor {}` ({})",
+                        words.join(" "),
+                        path.join(" "),
+                        subs.join(", ")
+                    ));
+                    break;
+                }
+                path.push(w);
+            }
+            seen.insert(path.join(" "));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(seen.contains("operation resume") && seen.contains("status"), "{seen:?}");
+}

@@ -504,6 +504,26 @@ pub struct TalosOperationStatus {
     /// How many resume requests (the `ichor.maesh.dev/resume` counter) the controller has acted on.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub resumed: u64,
+    /// What the operation waits for now: each wait's reason, words, clock, start and limit (what
+    /// `ichor status` shows).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<WaitStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+/// One wait of an operation, as the rules planned it.
+pub struct WaitStatus {
+    /// The wait's reason (`AwaitingCNIChange`).
+    pub reason: String,
+    /// What it waits for, in the rules' words (what to change and where).
+    pub message: String,
+    /// The clock it runs on.
+    pub clock: String,
+    /// When the clock started (RFC 3339).
+    pub since: String,
+    /// Minutes the clock allows before the operation pauses.
+    pub limit_minutes: i64,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -102,6 +102,7 @@ fn main() {
                 machines: BTreeMap::new(),
                 waiting_since: BTreeMap::new(),
                 done: vec!["manifestsSynced".into()],
+                waits: vec![],
             },
             other_operations: vec![],
             inputs_rejected: None,

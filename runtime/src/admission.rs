@@ -114,7 +114,15 @@ pub fn needs(r: &Request) -> Needs {
     match r.kind.as_str() {
         "TalosCluster" if matches!(r.operation.as_str(), "CREATE" | "UPDATE") => {
             let (new, old) = (cluster(&r.object), cluster(&r.old_object));
-            Needs { values_right: values(&new) != values(&old) && !values(&new).is_null(), operations_of: None }
+            // A change of the target (version, kube-proxy mode) needs the cluster's operations.
+            let target = |c: &Option<TalosCluster>| {
+                c.as_ref().map(|c| (c.spec.kubernetes_version.clone(), c.spec.cni.kube_proxy))
+            };
+            let retarget = old.is_some() && target(&new) != target(&old);
+            Needs {
+                values_right: values(&new) != values(&old) && !values(&new).is_null(),
+                operations_of: retarget.then(|| new.as_ref().and_then(|c| c.metadata.name.clone())).flatten(),
+            }
         }
         "TalosOperation" if r.operation == "CREATE" => Needs {
             values_right: false,
@@ -148,6 +156,7 @@ struct Rels {
     request: engine::Input<2>,
     undecodable: engine::Input<0>,
     kube_proxy_change: engine::Input<2>,
+    version_change: engine::Input<2>,
     consent: engine::Input<1>,
     values_problem: engine::Input<1>,
     values_changed: engine::Input<0>,
@@ -174,6 +183,7 @@ struct Decoded {
     object: String,
     cluster: String,
     kube_proxy_change: Option<(KubeProxyMode, KubeProxyMode)>,
+    version_change: Option<(String, String)>,
     consent: Option<String>,
     values_problems: Vec<String>,
     values_changed: bool,
@@ -189,6 +199,7 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
         object: format!("{} {}/{name}", r.kind, r.namespace),
         cluster: String::new(),
         kube_proxy_change: None,
+        version_change: None,
         consent: None,
         values_problems: vec![],
         values_changed: false,
@@ -207,6 +218,10 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
                 .as_ref()
                 .filter(|o| o.spec.cni.kube_proxy != new.spec.cni.kube_proxy)
                 .map(|o| (o.spec.cni.kube_proxy, new.spec.cni.kube_proxy));
+            d.version_change = old
+                .as_ref()
+                .filter(|o| o.spec.kubernetes_version != new.spec.kubernetes_version)
+                .map(|o| (o.spec.kubernetes_version.clone(), new.spec.kubernetes_version.clone()));
             d.consent = new.metadata.annotations.as_ref().and_then(|a| a.get(CONFIRM_KUBE_PROXY_SWITCH)).cloned();
             let user = values(&Some(new.clone()));
             d.values_set = !user.is_null();
@@ -239,6 +254,7 @@ impl Rules {
             request: b.input("ad_request", [("kind", S), ("operation", S)]),
             undecodable: b.input("ad_undecodable", []),
             kube_proxy_change: b.input("ad_kube_proxy_change", [("from", S), ("to", S)]),
+            version_change: b.input("ad_version_change", [("from", S), ("to", S)]),
             consent: b.input("ad_consent", [("mode", S)]),
             values_problem: b.input("ad_values_problem", [("problem", S)]),
             values_changed: b.input("ad_values_changed", []),
@@ -277,6 +293,10 @@ impl Rules {
         if let Some((from, to)) = d.kube_proxy_change {
             let row = [b.sym(from.name()), b.sym(to.name())];
             rels.kube_proxy_change.push(&mut b, row);
+        }
+        if let Some((from, to)) = &d.version_change {
+            let row = [b.sym(from), b.sym(to)];
+            rels.version_change.push(&mut b, row);
         }
         if let Some(c) = &d.consent {
             let row = [b.sym(c)];
@@ -439,7 +459,22 @@ mod tests {
             &Facts { operations: vec![("a".into(), render::api::Phase::Running)], ..Facts::default() },
             &keys(),
         );
-        assert!(!v.allowed && v.messages[0].contains("locked by TalosOperation ichor-system/a (Running)"), "{v:?}");
+        assert!(
+            !v.allowed && v.messages[0].contains("TalosOperation ichor-system/a (Running) has not ended on cluster lab"),
+            "{v:?}"
+        );
+        // A Paused one is in the way too (it holds no lock, but is resumed or aborted first).
+        let paused = Facts { operations: vec![("a".into(), render::api::Phase::Paused)], ..Facts::default() };
+        let v = review(&r, &paused, &keys());
+        assert!(!v.allowed && v.messages[0].contains("ichor operation resume a"), "{v:?}");
+        // The cluster write that would start another meanwhile is refused, naming it.
+        let old = tc("enabled", None, Json::Null);
+        let mut new = old.clone();
+        new["spec"]["kubernetesVersion"] = json!("v1.37.0");
+        let w = req("TalosCluster", "UPDATE", new, old);
+        assert_eq!(needs(&w).operations_of.as_deref(), Some("lab"));
+        let v = review(&w, &paused, &keys());
+        assert!(!v.allowed && v.messages[0].contains("would start an operation while TalosOperation ichor-system/a (Paused)"), "{v:?}");
         assert!(
             review(
                 &r,

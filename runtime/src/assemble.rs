@@ -484,6 +484,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .collect(),
             waiting_since: st.waiting_since.clone(),
             done: st.done.clone(),
+            waits: st.waits.clone(),
         },
         other_operations: others,
         inputs_rejected: rejected,

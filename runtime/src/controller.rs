@@ -447,6 +447,7 @@ impl Controller {
                 "waitingSince": clocks,
                 "done": op.done,
                 "resumed": (op.intent.resumed > 0).then_some(op.intent.resumed),
+                "waits": op.waits,
             }
         });
         let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);

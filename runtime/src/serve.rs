@@ -124,6 +124,16 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, Rec
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
     let name = op.metadata.name.clone().unwrap_or_default();
+    // Quiet when there is nothing to do (issue 23): an ended operation with nothing left to
+    // tidy (no clock, no wait in its status) is neither read, planned, written nor requeued,
+    // whatever else changes in the cluster (a Node's heartbeat wakes every operation).
+    if let Some(st) = &op.status
+        && st.phase().is_terminal()
+        && st.waiting_since.is_empty()
+        && st.waits.is_empty()
+    {
+        return Ok(Action::await_change());
+    }
     let started = std::time::Instant::now();
     ctx.metrics.reconciles.inc();
     let span = tracing::info_span!("reconcile", namespace = %ctx.config.namespace, operation = %name);
@@ -160,17 +170,27 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, Rec
                 (EventType::Warning, render::api::Phase::Paused.name())
             }
             PlanAction::Wait { .. } | PlanAction::ClearClock { .. } => continue,
-            _ => (EventType::Normal, "Action"),
+            _ => (EventType::Normal, ""),
         };
-        publish(&ctx, &op, ty, reason, a.kind(), a.to_string()).await;
-        // A step's action is also an Event on its machine, naming the operation.
-        if let Some(machine) = a.machine() {
-            let machines: Api<render::api::TalosMachine> =
-                Api::namespaced(ctx.controller.kube.clone(), &ctx.config.namespace);
-            if let Ok(Some(m)) = machines.get_opt(machine).await {
-                use kube_client::Resource;
-                publish_on(&ctx, &m.object_ref(&()), ty, reason, a.kind(), format!("{name}: {a}")).await;
+        // A reason per action kind (`Start`, `Drain`, `ApplyNoReboot` ...): the recorder groups
+        // repeats by reason and object, never one machine's event under another's.
+        let kind_reason = capitalized(a.kind());
+        let reason = if reason.is_empty() { kind_reason.as_str() } else { reason };
+        use kube_client::Resource;
+        let op_ref = op.object_ref(&());
+        // A step's action is an Event on the operation related to its machine, and one on the
+        // machine related to the operation.
+        let machine_ref = match a.machine() {
+            Some(machine) => {
+                let machines: Api<render::api::TalosMachine> =
+                    Api::namespaced(ctx.controller.kube.clone(), &ctx.config.namespace);
+                machines.get_opt(machine).await.ok().flatten().map(|m| m.object_ref(&()))
             }
+            None => None,
+        };
+        publish_on(&ctx, &op_ref, machine_ref.clone(), ty, reason, a.kind(), a.to_string()).await;
+        if let Some(m) = &machine_ref {
+            publish_on(&ctx, m, Some(op_ref.clone()), ty, reason, a.kind(), format!("{name}: {a}")).await;
         }
     }
     for (machine, why) in &r.outcome.failed() {
@@ -198,13 +218,20 @@ pub fn requeue_after(phase: render::api::Phase, running: Duration) -> Option<Dur
 
 async fn publish(ctx: &Ctx, op: &TalosOperation, type_: EventType, reason: &str, action: &str, note: String) {
     use kube_client::Resource;
-    publish_on(ctx, &op.object_ref(&()), type_, reason, action, note).await;
+    publish_on(ctx, &op.object_ref(&()), None, type_, reason, action, note).await;
+}
+
+/// `applyNoReboot` -> `ApplyNoReboot`: an action kind as an Event reason.
+fn capitalized(kind: &str) -> String {
+    let mut c = kind.chars();
+    c.next().map(|f| f.to_uppercase().chain(c).collect()).unwrap_or_default()
 }
 
 /// Publishes an Event regarding `reference` (an operation, a machine).
 async fn publish_on(
     ctx: &Ctx,
     reference: &k8s_openapi::api::core::v1::ObjectReference,
+    related: Option<k8s_openapi::api::core::v1::ObjectReference>,
     type_: EventType,
     reason: &str,
     action: &str,
@@ -215,7 +242,7 @@ async fn publish_on(
         reason: reason.to_string(),
         note: Some(note.chars().take(1000).collect()),
         action: action.to_string(),
-        secondary: None,
+        secondary: related,
     };
     if let Err(e) = ctx.recorder.publish(&ev, reference).await {
         tracing::warn!(error = %e, "publishing an event");
@@ -236,8 +263,16 @@ async fn reconcile_machine(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>) -> 
             if before.is_none_or(|b| b.status != condition.status || b.reason != condition.reason) {
                 use kube_client::Resource;
                 let ty = if condition.status == "True" { EventType::Normal } else { EventType::Warning };
-                publish_on(&ctx, &m.object_ref(&()), ty, &condition.reason, "Reconcile", condition.message.clone())
-                    .await;
+                publish_on(
+                    &ctx,
+                    &m.object_ref(&()),
+                    None,
+                    ty,
+                    &condition.reason,
+                    "Reconcile",
+                    condition.message.clone(),
+                )
+                .await;
             }
             Ok(Action::requeue(Duration::from_secs(30)))
         }

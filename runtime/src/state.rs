@@ -241,6 +241,9 @@ pub struct Operation {
     /// Steps done once for the whole cluster (manifestsSynced, kubeProxyDeleted, ...).
     #[serde(default)]
     pub done: Vec<String>,
+    /// The waits the last plan made (status.waits): what `ichor status` shows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<render::api::WaitStatus>,
 }
 
 fn one() -> i64 {

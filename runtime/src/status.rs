@@ -14,6 +14,21 @@ use render::api::{MachinePhase, Phase};
 pub fn record(s: &ObservedState, plan: &Plan, failed: &[(String, String)]) -> ObservedState {
     let mut after = s.clone();
     let op = &mut after.operation;
+    // The waits are this plan's, each with its words and clock; none once none runs.
+    op.waits = plan
+        .actions
+        .iter()
+        .filter_map(|(a, _)| match a {
+            Action::Wait { reason, message, clock, since, limit_minutes } => Some(render::api::WaitStatus {
+                reason: reason.clone(),
+                message: message.clone(),
+                clock: clock.clone(),
+                since: since.clone(),
+                limit_minutes: *limit_minutes,
+            }),
+            _ => None,
+        })
+        .collect();
     for (a, _) in &plan.actions {
         match a {
             Action::Abort { was } => {

@@ -222,6 +222,17 @@ async fn two_replicas_only_the_lease_holder_acts() {
         assert!(started.elapsed() < Duration::from_secs(120), "not completed: {phase:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Quiet when there is nothing to do (issue 23): over 10 s after completion, no write to an
+    // operation or a machine, while the kubelets keep reporting.
+    let done_at = w.api.log().len();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let writes: Vec<String> = w.api.log()[done_at..]
+        .iter()
+        .filter(|l| !l.starts_with("GET "))
+        .filter(|l| l.contains("/talosoperations") || l.contains("/talosmachines") || l.contains("/talosclusters"))
+        .cloned()
+        .collect();
+    assert!(writes.is_empty(), "{} writes after completion: {writes:#?}", writes.len());
     kubelet_task.abort();
     // The lease, events, watches and everything reconciles did: within the ClusterRole.
     let polls = format!("GET /apis/ichor.maesh.dev/v1alpha1/namespaces/{NS}/talosoperations/upgrade");

@@ -137,7 +137,7 @@ async fn a_second_operation_on_a_locked_cluster_is_refused_naming_the_running_on
     let r = h.review("talosoperation-create.json", |_| {}).await;
     assert_eq!(r["allowed"], false);
     assert!(
-        message(&r).contains("cluster lab is locked by TalosOperation ichor-system/upgrade-kubernetes-1-37-0 (Running); wait for it (`ichor status --cluster lab --watch`) or abort it (`ichor operation abort upgrade-kubernetes-1-37-0`)"),
+        message(&r).contains("TalosOperation ichor-system/upgrade-kubernetes-1-37-0 (Running) has not ended on cluster lab, and one operation runs on a cluster at a time: wait for it (`ichor status --cluster lab --watch`), resume it if it is Paused (`ichor operation resume upgrade-kubernetes-1-37-0`), or abort it (`ichor operation abort upgrade-kubernetes-1-37-0`)"),
         "{r}"
     );
 }

@@ -417,6 +417,17 @@ fn manager_of(q: &BTreeMap<String, String>, agent: &str) -> String {
     }
 }
 
+/// The selectors of a list, watch or collection delete, or the 400 refusing them.
+fn selector(group: &str, plural: &str, q: &BTreeMap<String, String>) -> Result<select::Selector, Response<Body>> {
+    select::Selector::parse(
+        group,
+        plural,
+        q.get("labelSelector").map(String::as_str),
+        q.get("fieldSelector").map(String::as_str),
+    )
+    .map_err(|e| status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()))
+}
+
 /// What a write carries besides its body.
 struct Write {
     api_version: String,
@@ -826,14 +837,9 @@ impl Api {
         q: &BTreeMap<String, String>,
         table: Option<(table::Columns, bool)>,
     ) -> Response<Body> {
-        let sel = match select::Selector::parse(
-            group,
-            plural,
-            q.get("labelSelector").map(String::as_str),
-            q.get("fieldSelector").map(String::as_str),
-        ) {
+        let sel = match selector(group, plural, q) {
             Ok(s) => s,
-            Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+            Err(refused) => return refused,
         };
         let s = self.store.lock().expect("kubeapi store");
         let groups: Vec<&str> =
@@ -884,14 +890,9 @@ impl Api {
         table: Option<(table::Columns, bool)>,
     ) -> Response<Body> {
         use futures::StreamExt;
-        let sel = match select::Selector::parse(
-            group,
-            plural,
-            q.get("labelSelector").map(String::as_str),
-            q.get("fieldSelector").map(String::as_str),
-        ) {
+        let sel = match selector(group, plural, q) {
             Ok(s) => s,
-            Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+            Err(refused) => return refused,
         };
         let from: u64 = match q.get("resourceVersion").filter(|v| !v.is_empty()) {
             None => 0,
@@ -1372,14 +1373,9 @@ impl Api {
         api_version: &str,
         q: &BTreeMap<String, String>,
     ) -> Response<Body> {
-        let sel = match select::Selector::parse(
-            group,
-            plural,
-            q.get("labelSelector").map(String::as_str),
-            q.get("fieldSelector").map(String::as_str),
-        ) {
+        let sel = match selector(group, plural, q) {
             Ok(s) => s,
-            Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+            Err(refused) => return refused,
         };
         let mut s = self.store.lock().expect("kubeapi store");
         let doomed: Vec<(Key, Json)> = s

@@ -109,6 +109,17 @@ fn terms(s: &str) -> Vec<String> {
     out.into_iter().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect()
 }
 
+/// `k!=v`, `k==v` or `k=v`: (key, value, negated).
+fn equality(term: &str) -> Option<(&str, &str, bool)> {
+    if let Some((k, v)) = term.split_once("!=") {
+        Some((k, v, true))
+    } else if let Some((k, v)) = term.split_once("==") {
+        Some((k, v, false))
+    } else {
+        term.split_once('=').map(|(k, v)| (k, v, false))
+    }
+}
+
 fn label_req(term: &str) -> Result<Req, SelectorError> {
     let bad = |why: &str| SelectorError::Label(format!("{term}: {why}"));
     let set = |rest: &str| -> Result<Vec<String>, SelectorError> {
@@ -137,13 +148,7 @@ fn label_req(term: &str) -> Result<Req, SelectorError> {
             return Ok(Req::In(k.to_string(), set(r)?));
         }
     }
-    let (k, v, ne) = if let Some((k, v)) = term.split_once("!=") {
-        (k, v, true)
-    } else if let Some((k, v)) = term.split_once("==") {
-        (k, v, false)
-    } else if let Some((k, v)) = term.split_once('=') {
-        (k, v, false)
-    } else {
+    let Some((k, v, ne)) = equality(term) else {
         return if valid_key(term) { Ok(Req::Exists(term.into())) } else { Err(bad("invalid label key")) };
     };
     let (k, v) = (k.trim(), v.trim());
@@ -157,13 +162,7 @@ fn label_req(term: &str) -> Result<Req, SelectorError> {
 }
 
 fn field_req(term: &str, group: &str, plural: &str, all: &str) -> Result<Req, SelectorError> {
-    let (k, v, ne) = if let Some((k, v)) = term.split_once("!=") {
-        (k, v, true)
-    } else if let Some((k, v)) = term.split_once("==") {
-        (k, v, false)
-    } else if let Some((k, v)) = term.split_once('=') {
-        (k, v, false)
-    } else {
+    let Some((k, v, ne)) = equality(term) else {
         return Err(SelectorError::Field(all.into(), term.into()));
     };
     let k = k.trim();

@@ -64,24 +64,11 @@ fn none_or(v: String) -> Json {
     if v.is_empty() { json!("<none>") } else { json!(v) }
 }
 
-/// Seconds since the epoch of an RFC 3339 time (`2026-11-30T00:00:00Z`, fractions ignored).
+/// Seconds since the epoch of an RFC 3339 time (`2026-11-30T00:00:00Z`; a fraction, as an
+/// Event's `eventTime` has, ignored).
 pub fn epoch(t: &str) -> Option<i64> {
-    let (date, time) = t.split_once('T')?;
-    let mut d = date.split('-').map(|x| x.parse::<i64>());
-    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
-    let time = time.trim_end_matches('Z');
-    let time = time.split(['.', '+']).next()?;
-    let mut hms = time.split(':').map(|x| x.parse::<i64>());
-    let (h, mi, se) = (hms.next()?.ok()?, hms.next()?.ok()?, hms.next()?.ok()?);
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146097 + doe - 719468;
-    Some(days * 86400 + h * 3600 + mi * 60 + se)
+    let whole = t.split(['.', 'Z', '+']).next()?;
+    crate::state::epoch(&format!("{whole}Z"))
 }
 
 /// An age as kubectl prints it (`5m`, `3h12m`, `2d`), Kubernetes' `duration.HumanDuration`.
