@@ -277,6 +277,25 @@ fn kube_proxy_switch_is_created_with_its_consent_then_aborted() {
     let after = sim.get("/apis/ichor.maesh.dev/v1alpha1/namespaces/ichor-system/talosclusters/lab");
     let version = |t: &str| t.contains(r#""kubernetesVersion":"v1.36.4""#);
     assert!(version(&before) && version(&after), "the spec is unchanged");
+    // The operations, listed (ages redacted); one that has not ended is not deleted without
+    // --force, naming what it changed; an ended one is.
+    let (code, out, err) = sim.ichor(&["operation", "list"]);
+    assert_eq!(code, 0, "{err}");
+    let ages = regex::Regex::new(r"(?m)\b\d+[smhd]$").unwrap();
+    golden("operation-list.stdout", &ages.replace_all(&out, "<age>"));
+    let (code, out, _) = sim.ichor(&["status", "kube-proxy-replaced-2"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("waiting on AwaitingCNIChange since") && out.contains(", until "), "{out}");
+    assert!(out.contains("set kubeProxyReplacement: true") && out.contains("Events:"), "{out}");
+    let (code, _, err) = sim.ichor(&["operation", "delete", "kube-proxy-replaced-2"]);
+    assert_eq!(code, 1, "{err}");
+    golden("operation-delete-not-ended.stderr", &err);
+    let (code, out, err) = sim.ichor(&["operation", "delete", "kube-proxy-replaced"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "Deleted TalosOperation ichor-system/kube-proxy-replaced.\n");
+    let (code, _, err) = sim.ichor(&["status", "kube-proxy-replaced"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("TalosOperation ichor-system/kube-proxy-replaced not found"), "{err}");
     // A cluster that does not exist: a sentence, no debug dump.
     let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "nowhere", "--to", "v1.37.0", "--yes"]);
     assert_eq!(code, 2);
@@ -289,8 +308,11 @@ fn kube_proxy_switch_is_created_with_its_consent_then_aborted() {
 #[test]
 fn walk_through_upgrade_then_switch_kube_proxy_there_and_back() {
     let sim = Sim::start_with("walk", "disabled");
+    // There and back twice: the second round trip's operations get fresh names.
     for start in [
         vec!["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"],
+        vec!["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"],
+        vec!["cni", "kube-proxy", "enabled", "--cluster", "lab", "--yes"],
         vec!["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"],
         vec!["cni", "kube-proxy", "enabled", "--cluster", "lab", "--yes"],
     ] {

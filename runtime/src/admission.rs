@@ -460,7 +460,8 @@ mod tests {
             &keys(),
         );
         assert!(
-            !v.allowed && v.messages[0].contains("TalosOperation ichor-system/a (Running) has not ended on cluster lab"),
+            !v.allowed
+                && v.messages[0].contains("TalosOperation ichor-system/a (Running) has not ended on cluster lab"),
             "{v:?}"
         );
         // A Paused one is in the way too (it holds no lock, but is resumed or aborted first).
@@ -474,7 +475,11 @@ mod tests {
         let w = req("TalosCluster", "UPDATE", new, old);
         assert_eq!(needs(&w).operations_of.as_deref(), Some("lab"));
         let v = review(&w, &paused, &keys());
-        assert!(!v.allowed && v.messages[0].contains("would start an operation while TalosOperation ichor-system/a (Paused)"), "{v:?}");
+        assert!(
+            !v.allowed
+                && v.messages[0].contains("would start an operation while TalosOperation ichor-system/a (Paused)"),
+            "{v:?}"
+        );
         assert!(
             review(
                 &r,

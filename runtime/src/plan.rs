@@ -614,7 +614,14 @@ impl Planner {
             let user = s.cluster.cilium_values.clone().unwrap_or(Json::Null);
             let tunnel = s.cluster.cilium_tunnel.clone().unwrap_or_else(|| "vxlan".into());
             let values = render::cilium::layered(&user, mode == KubeProxyMode::Replaced, &tunnel);
-            let name = format!("ichor-cni-{}", render::cilium::values_hash(&values));
+            // Named by its values and its operation: the same Job again within an operation is
+            // the one already there (a failed one is not run again blindly), and the next round
+            // trip of a switch runs its own (issue 23: a completed Job of the same values
+            // would otherwise stand for it, and cilium-config would never change).
+            let name = format!(
+                "ichor-cni-{}",
+                render::cilium::values_hash(&serde_json::json!({"values": values, "operation": s.operation.name}))
+            );
             push(Action::CiliumJob { mode, name, values, user, tunnel }, proof(r.act_cilium_job.id(), &row));
         }
         for row @ [st] in r.act_step_done.rows(&db) {

@@ -418,14 +418,14 @@ fn manager_of(q: &BTreeMap<String, String>, agent: &str) -> String {
 }
 
 /// The selectors of a list, watch or collection delete, or the 400 refusing them.
-fn selector(group: &str, plural: &str, q: &BTreeMap<String, String>) -> Result<select::Selector, Response<Body>> {
+fn selector(group: &str, plural: &str, q: &BTreeMap<String, String>) -> Result<select::Selector, Box<Response<Body>>> {
     select::Selector::parse(
         group,
         plural,
         q.get("labelSelector").map(String::as_str),
         q.get("fieldSelector").map(String::as_str),
     )
-    .map_err(|e| status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()))
+    .map_err(|e| Box::new(status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string())))
 }
 
 /// What a write carries besides its body.
@@ -839,7 +839,7 @@ impl Api {
     ) -> Response<Body> {
         let sel = match selector(group, plural, q) {
             Ok(s) => s,
-            Err(refused) => return refused,
+            Err(refused) => return *refused,
         };
         let s = self.store.lock().expect("kubeapi store");
         let groups: Vec<&str> =
@@ -892,7 +892,7 @@ impl Api {
         use futures::StreamExt;
         let sel = match selector(group, plural, q) {
             Ok(s) => s,
-            Err(refused) => return refused,
+            Err(refused) => return *refused,
         };
         let from: u64 = match q.get("resourceVersion").filter(|v| !v.is_empty()) {
             None => 0,
@@ -1375,7 +1375,7 @@ impl Api {
     ) -> Response<Body> {
         let sel = match selector(group, plural, q) {
             Ok(s) => s,
-            Err(refused) => return refused,
+            Err(refused) => return *refused,
         };
         let mut s = self.store.lock().expect("kubeapi store");
         let doomed: Vec<(Key, Json)> = s
