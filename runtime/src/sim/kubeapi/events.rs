@@ -29,6 +29,15 @@ pub fn other_group(group: &str) -> &'static str {
     if group.is_empty() { "events.k8s.io" } else { "" }
 }
 
+/// The groups a list or watch of `group`/`plural` reads: both views for Events, else its own.
+pub fn groups(group: &str, plural: &str) -> Vec<String> {
+    if is_event(group, plural) {
+        vec![group.to_string(), other_group(group).to_string()]
+    } else {
+        vec![group.to_string()]
+    }
+}
+
 /// `event`, stored in `from` (the group it was written in), as a client of `to` reads it.
 pub fn view(event: &Json, from: &str, to: &str) -> Json {
     if from == to {

@@ -842,12 +842,11 @@ impl Api {
             Err(refused) => return *refused,
         };
         let s = self.store.lock().expect("kubeapi store");
-        let groups: Vec<&str> =
-            if events::is_event(group, plural) { vec![group, events::other_group(group)] } else { vec![group] };
+        let groups = events::groups(group, plural);
         let mut items: Vec<((String, String), Json)> = s
             .objects
             .iter()
-            .filter(|(k, _)| groups.contains(&k.0.as_str()) && k.1 == plural && (ns.is_empty() || k.2 == ns))
+            .filter(|(k, _)| groups.contains(&k.0) && k.1 == plural && (ns.is_empty() || k.2 == ns))
             .map(|(k, v)| ((k.2.clone(), k.3.clone()), events::view(v, &k.0, group)))
             .filter(|(_, o)| sel.matches(o))
             .collect();
@@ -909,11 +908,7 @@ impl Api {
         };
         let timeout = q.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(1800u64);
         let bookmarks = q.get("allowWatchBookmarks").is_some_and(|b| b == "true");
-        let groups: Vec<String> = if events::is_event(group, plural) {
-            vec![group.to_string(), events::other_group(group).to_string()]
-        } else {
-            vec![group.to_string()]
-        };
+        let groups = events::groups(group, plural);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let (past, drop_after) = {
             let s = self.store.lock().expect("kubeapi store");
