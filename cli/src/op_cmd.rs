@@ -406,6 +406,9 @@ fn describe(op: &TalosOperation) -> String {
     for (clock, since) in st.waiting_since.iter().filter(|(c, _)| !st.waits.iter().any(|w| &w.clock == *c)) {
         s += &format!("\n  waiting on {clock} since {since}");
     }
+    if !st.machines_left.is_empty() {
+        s += &format!("\n  work left on: {}", st.machines_left.join(", "));
+    }
     if !st.done.is_empty() {
         s += &format!("\n  done: {}", st.done.join(", "));
     }
@@ -462,6 +465,8 @@ pub fn status(
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
                 .progress_chars("=> ");
             let mut progress = std::collections::BTreeMap::new();
+            // The wait messages last printed, per operation: a line each time they change.
+            let mut said: std::collections::BTreeMap<String, Vec<String>> = Default::default();
             loop {
                 items = list(ops.clone()).await?;
                 let mut open = 0;
@@ -474,9 +479,25 @@ pub fn status(
                         b
                     });
                     let st = o.status.clone().unwrap_or_default();
-                    let machines = machine_count(&client, &ns, &o.spec.cluster_ref.name).await.max(st.machines.len());
-                    bar.set_length(machines as u64);
-                    bar.set_position(st.machines.values().filter(|p| p.phase == MachinePhase::Done).count() as u64);
+                    let (counted, done) = counted_machines(&st);
+                    bar.set_length(counted as u64);
+                    bar.set_position(done as u64);
+                    let waits: Vec<String> = st
+                        .waits
+                        .iter()
+                        .map(|w| format!("{name}: waiting on {}: {}", w.clock, w.message))
+                        .collect();
+                    if said.get(&name) != Some(&waits) {
+                        for line in waits.iter().filter(|w| !said.get(&name).is_some_and(|s| s.contains(w))) {
+                            // Hidden bars (not a terminal) print nothing: the line goes to stderr.
+                            if bars.is_hidden() {
+                                eprintln!("{line}");
+                            } else {
+                                let _ = bars.println(line);
+                            }
+                        }
+                        said.insert(name.clone(), waits);
+                    }
                     bar.set_message(format!("{}{}", phase(o), st.stage.map(|s| format!(" ({s})")).unwrap_or_default()));
                     if !settled(phase(o)) {
                         open += 1;
@@ -550,12 +571,14 @@ async fn events_of(client: &kube_client::Client, ns: &str, name: &str) -> Result
     Ok(out)
 }
 
-async fn machine_count(client: &kube_client::Client, ns: &str, cluster: &str) -> usize {
-    let api: Api<render::api::TalosMachine> = Api::namespaced(client.clone(), ns);
-    api.list(&ListParams::default())
-        .await
-        .map(|l| l.items.iter().filter(|m| m.spec.cluster_ref.name == cluster).count())
-        .unwrap_or(0)
+/// The machines an operation's progress counts (those it started and those it still has work
+/// on, `status.machinesLeft`), and how many of them are done: a machine no step touches is not
+/// counted, and one done in a stage with work left in another is not done.
+fn counted_machines(st: &render::api::TalosOperationStatus) -> (usize, usize) {
+    let left = |m: &String| st.machines_left.contains(m);
+    let counted = st.machines.keys().filter(|m| !left(m)).count() + st.machines_left.len();
+    let done = st.machines.iter().filter(|(m, p)| p.phase == MachinePhase::Done && !left(m)).count();
+    (counted, done)
 }
 
 /// `ichor operation resume|abort NAME`: writes the user's intent as an annotation on the
@@ -755,4 +778,32 @@ pub fn delete(name: &str, force: bool, kube: &KubeArgs) -> Result<Report> {
         };
         Ok(Report { stdout: format!("Deleted TalosOperation {ns}/{name}.{left}\n"), ..Report::default() })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use render::api::{MachineProgress, TalosOperationStatus};
+
+    fn progress(phase: MachinePhase) -> MachineProgress {
+        MachineProgress { phase, ..MachineProgress::default() }
+    }
+
+    #[test]
+    fn the_progress_counts_machines_with_a_step_and_done_only_without_work_left() {
+        // A switch on three control planes of a four-machine cluster: cp1 done, cp2 applying,
+        // cp3 still to go; the worker has no step and is not counted.
+        let mut st = TalosOperationStatus::default();
+        st.machines.insert("cp1".into(), progress(MachinePhase::Done));
+        st.machines.insert("cp2".into(), progress(MachinePhase::Applying));
+        st.machines_left = vec!["cp2".into(), "cp3".into()];
+        assert_eq!(counted_machines(&st), (3, 1));
+        // An upgrade's control plane done with its apiserver, its kubelet still to go: not done.
+        st.machines.insert("cp3".into(), progress(MachinePhase::Done));
+        assert_eq!(counted_machines(&st), (3, 1));
+        // Completed: nothing left, every started machine done.
+        st.machines_left.clear();
+        st.machines.insert("cp2".into(), progress(MachinePhase::Done));
+        assert_eq!(counted_machines(&st), (3, 3));
+    }
 }

@@ -508,6 +508,10 @@ pub struct TalosOperationStatus {
     /// `ichor status` shows).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waits: Vec<WaitStatus>,
+    /// The machines the operation still has work on: with `machines`, the ones its progress
+    /// counts (a machine no step touches is in neither).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machines_left: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]

@@ -86,6 +86,69 @@ fn in_patch(line: usize, document: &str) -> String {
     }
 }
 
+/// The bootstrap home of the CNI's values (ADR 0024, 0066): the TalosConfigPatch carrying the
+/// inline manifest `cilium`, and what that manifest's cilium-config says of kube-proxy
+/// replacement. Before the hand-over, a switch asks for its change there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CniHome {
+    /// `namespace/name` of the TalosConfigPatch.
+    pub patch: String,
+    /// `kube-proxy-replacement` of the ConfigMap cilium-config in the manifest (`true`,
+    /// `false`); None when the manifest carries no such ConfigMap or key.
+    pub kube_proxy_replacement: Option<String>,
+}
+
+/// Finds the CNI's home among a cluster's patches: the last patch (by `order`, then name) with
+/// the inline manifest `cilium`, as a v1alpha1 `cluster.inlineManifests` entry or a
+/// `KubeInlineManifestConfig` document. A patch that does not parse is skipped (the render
+/// reports it); None when no patch carries the manifest.
+pub fn cni_home(patches: &[&TalosConfigPatch]) -> Option<CniHome> {
+    let mut sorted = patches.to_vec();
+    sorted.sort_by(|a, b| (a.spec.order, &a.metadata.name).cmp(&(b.spec.order, &b.metadata.name)));
+    let text = |v: &Value| match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    };
+    let mut home = None;
+    for p in sorted {
+        let Ok(docs) = crate::yaml::parse_documents(&p.spec.patch, crate::config::MAX_CONFIG_BYTES) else { continue };
+        for d in &docs {
+            let manifest = match id_of(d) {
+                (Some(kind), Some(name)) if kind == "KubeInlineManifestConfig" && name == CNI_INLINE_MANIFEST => {
+                    d.get("manifest").and_then(text)
+                }
+                (None, _) => d
+                    .get("cluster")
+                    .and_then(|c| c.get("inlineManifests"))
+                    .and_then(Value::as_sequence)
+                    .and_then(|l| l.iter().find(|e| e.get("name").and_then(Value::as_str) == Some(CNI_INLINE_MANIFEST)))
+                    .and_then(|e| e.get("contents").and_then(text)),
+                _ => None,
+            };
+            let Some(manifest) = manifest else { continue };
+            let objects = crate::yaml::parse_documents(&manifest, crate::config::MAX_CONFIG_BYTES).unwrap_or_default();
+            let kube_proxy_replacement = objects
+                .iter()
+                .find(|o| {
+                    o.get("kind").and_then(Value::as_str) == Some("ConfigMap")
+                        && o.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str)
+                            == Some("cilium-config")
+                })
+                .and_then(|o| o.get("data")?.get("kube-proxy-replacement").and_then(text));
+            home = Some(CniHome {
+                patch: format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref().unwrap_or_default()
+                ),
+                kube_proxy_replacement,
+            });
+        }
+    }
+    home
+}
+
 /// An object's name as messages show it: `Kind namespace/name`.
 pub fn object_name(kind: &str, meta: &kube_core::ObjectMeta) -> String {
     format!("{kind} {}/{}", meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
@@ -738,4 +801,45 @@ pub fn inputs_hash(i: &Inputs, patches: &[&TalosConfigPatch]) -> String {
     }
     let digest = Sha256::digest(text.as_bytes());
     digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn patch(name: &str, order: i32, text: &str) -> TalosConfigPatch {
+        let mut p = TalosConfigPatch::new(name, Default::default());
+        p.metadata.namespace = Some("ichor-system".into());
+        p.spec.order = order;
+        p.spec.patch = text.into();
+        p
+    }
+
+    #[test]
+    fn the_cni_home_is_the_patch_with_the_cilium_inline_manifest_and_its_cilium_config() {
+        let legacy = patch(
+            "cilium-bootstrap",
+            10,
+            "cluster:\n  inlineManifests:\n    - name: cilium\n      contents: |\n        apiVersion: v1\n        kind: ConfigMap\n        metadata:\n          name: cilium-config\n          namespace: kube-system\n        data:\n          kube-proxy-replacement: \"false\"\n",
+        );
+        let time = patch("time", 20, "machine:\n  time:\n    servers: [time.cloudflare.com]\n");
+        assert_eq!(
+            cni_home(&[&time, &legacy]),
+            Some(CniHome {
+                patch: "ichor-system/cilium-bootstrap".into(),
+                kube_proxy_replacement: Some("false".into())
+            })
+        );
+        // The v1.14 document; a manifest without cilium-config is a home that says nothing.
+        let doc = patch(
+            "cni",
+            30,
+            "apiVersion: v1alpha1\nkind: KubeInlineManifestConfig\nname: cilium\nmanifest: |\n  apiVersion: v1\n  kind: ServiceAccount\n  metadata:\n    name: cilium\n",
+        );
+        assert_eq!(
+            cni_home(&[&legacy, &doc]),
+            Some(CniHome { patch: "ichor-system/cni".into(), kube_proxy_replacement: None })
+        );
+        assert_eq!(cni_home(&[&time]), None);
+    }
 }

@@ -103,6 +103,7 @@ fn main() {
                 waiting_since: BTreeMap::new(),
                 done: vec!["manifestsSynced".into()],
                 waits: vec![],
+                machines_left: vec![],
             },
             other_operations: vec![],
             inputs_rejected: None,

@@ -444,6 +444,12 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
         }
     }
     let st = op.status.clone().unwrap_or_default();
+    let patches: Vec<&TalosConfigPatch> = o
+        .patches
+        .iter()
+        .filter(|p| p.metadata.namespace == cluster.metadata.namespace && p.spec.cluster_ref.name == cluster_name)
+        .collect();
+    let bootstrap = render::render::cni_home(&patches);
     let snapshot = ObservedState {
         now: now.to_string(),
         cluster: Cluster {
@@ -455,8 +461,14 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 kube_proxy: cluster.spec.cni.kube_proxy,
                 handover: cluster.spec.cni.handover,
                 handover_done: render::render::handover_done(cluster),
-                bootstrap_patch: None,
-                home_kube_proxy_replacement: None,
+                bootstrap_patch: bootstrap.as_ref().map(|h| h.patch.clone()),
+                // The values' home: Git (the Application's Helm values) once handed over, else
+                // the bootstrap patch's manifest; None when it does not say.
+                home_kube_proxy_replacement: if render::render::handover_done(cluster) {
+                    o.workload.argocd_application.as_ref().and_then(|a| a.kube_proxy_replacement.clone())
+                } else {
+                    bootstrap.and_then(|h| h.kube_proxy_replacement)
+                },
             },
             status_kube_proxy: render::render::status_kube_proxy(cluster),
             annotations: cluster.metadata.annotations.clone().unwrap_or_default(),
@@ -485,6 +497,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
             waiting_since: st.waiting_since.clone(),
             done: st.done.clone(),
             waits: st.waits.clone(),
+            machines_left: st.machines_left.clone(),
         },
         other_operations: others,
         inputs_rejected: rejected,

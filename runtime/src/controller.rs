@@ -448,6 +448,7 @@ impl Controller {
                 "done": op.done,
                 "resumed": (op.intent.resumed > 0).then_some(op.intent.resumed),
                 "waits": op.waits,
+                "machinesLeft": op.machines_left,
             }
         });
         let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);

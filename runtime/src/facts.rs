@@ -92,6 +92,7 @@ pub struct Rels {
     pub current_kube_proxy_mode: Output<1>,
     pub cilium_job_mode: Output<1>,
     pub upgrade_order: Output<3>,
+    pub work_left: Output<1>,
 }
 
 impl Rels {
@@ -180,6 +181,7 @@ impl Rels {
             current_kube_proxy_mode: b.output("current_kube_proxy_mode", [("mode", S)]),
             cilium_job_mode: b.output("cilium_job_mode", [("mode", S)]),
             upgrade_order: b.output("upgrade_order", [("machine", S), ("rank", N), ("index", N)]),
+            work_left: b.output("work_left", [("machine", S)]),
         };
         b.finish()?;
         Ok(rels)

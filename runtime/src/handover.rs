@@ -25,20 +25,48 @@ pub struct Application {
     pub health: String,
     /// The Application installs the `cilium` release in `kube-system` (chart `cilium`).
     pub owns_release: bool,
+    /// What its Helm values (`valuesObject`, else the `values` text) say of
+    /// `kubeProxyReplacement` (`true`, `false`): the values' home after the hand-over. None
+    /// when they do not say (a value file in Git, which Ichor does not read).
+    pub kube_proxy_replacement: Option<String>,
 }
 
 impl Application {
-    /// Reads an Application object (as JSON).
+    /// Reads an Application object (as JSON): its source of the `cilium` chart is `spec.source`
+    /// or one of `spec.sources`.
     pub fn from_json(v: &serde_json::Value) -> Application {
         let s = |p: &str| v.pointer(p).and_then(|x| x.as_str()).unwrap_or_default().to_string();
-        let release = v.pointer("/spec/source/helm/releaseName").and_then(|x| x.as_str()).unwrap_or(APPLICATION_NAME);
+        let chart = |x: &serde_json::Value| x.get("chart").and_then(|c| c.as_str()) == Some("cilium");
+        let source = v.pointer("/spec/source").filter(|x| chart(x)).or_else(|| {
+            v.pointer("/spec/sources").and_then(|l| l.as_array()).and_then(|l| l.iter().find(|x| chart(x)))
+        });
+        let helm = source.and_then(|x| x.get("helm"));
+        let release = helm.and_then(|h| h.get("releaseName")).and_then(|x| x.as_str()).unwrap_or(APPLICATION_NAME);
         Application {
             sync: s("/status/sync/status"),
             health: s("/status/health/status"),
-            owns_release: s("/spec/source/chart") == "cilium"
-                && release == "cilium"
-                && s("/spec/destination/namespace") == "kube-system",
+            owns_release: source.is_some() && release == "cilium" && s("/spec/destination/namespace") == "kube-system",
+            kube_proxy_replacement: helm.and_then(helm_kube_proxy_replacement),
         }
+    }
+}
+
+/// `kubeProxyReplacement` in an Argo CD Helm source: `valuesObject` first (Argo CD gives it
+/// precedence over `values`), then the `values` YAML text. A string or a boolean, as text.
+fn helm_kube_proxy_replacement(helm: &serde_json::Value) -> Option<String> {
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    };
+    if let Some(v) = helm.get("valuesObject").and_then(|o| o.get("kubeProxyReplacement")) {
+        return text(v);
+    }
+    let values = helm.get("values")?.as_str()?;
+    match render::yaml::parse(values, render::config::MAX_CONFIG_BYTES).ok()?.get("kubeProxyReplacement")? {
+        serde_yaml::Value::String(s) => Some(s.clone()),
+        serde_yaml::Value::Bool(b) => Some(b.to_string()),
+        _ => None,
     }
 }
 
@@ -231,7 +259,7 @@ mod tests {
     use super::*;
 
     fn app(sync: &str, health: &str) -> Application {
-        Application { sync: sync.into(), health: health.into(), owns_release: true }
+        Application { sync: sync.into(), health: health.into(), owns_release: true, kube_proxy_replacement: None }
     }
 
     #[test]
@@ -283,5 +311,22 @@ mod tests {
             "status": {"sync": {"status": "Synced"}, "health": {"status": "Healthy"}}
         });
         assert_eq!(Application::from_json(&v), app("Synced", "Healthy"));
+    }
+
+    #[test]
+    fn the_application_s_helm_values_say_the_kube_proxy_replacement() {
+        let with = |helm: serde_json::Value| {
+            let v = serde_json::json!({"spec": {"sources": [{"repoURL": "https://git.example/values"}, {"chart": "cilium", "helm": helm}], "destination": {"namespace": "kube-system"}}});
+            Application::from_json(&v)
+        };
+        let a = with(
+            serde_json::json!({"valuesObject": {"kubeProxyReplacement": true}, "values": "kubeProxyReplacement: false"}),
+        );
+        assert_eq!((a.owns_release, a.kube_proxy_replacement.as_deref()), (true, Some("true")));
+        assert_eq!(
+            with(serde_json::json!({"values": "kubeProxyReplacement: \"false\"\n"})).kube_proxy_replacement.as_deref(),
+            Some("false")
+        );
+        assert_eq!(with(serde_json::json!({"valueFiles": ["values.yaml"]})).kube_proxy_replacement, None);
     }
 }

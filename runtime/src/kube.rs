@@ -400,7 +400,29 @@ pub async fn read_workload(
             );
         }
     }
+    // Argo CD's Application for Cilium: its health and sync, and what its values say (the
+    // values' home after the hand-over). No Argo CD (its CRD absent) is no Application.
+    let ar = kube_client::api::ApiResource::from_gvk_with_plural(
+        &kube_client::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+        "applications",
+    );
+    let apps: Api<kube_client::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), crate::handover::APPLICATION_NAMESPACE, &ar);
+    let what = format!(
+        "Argo CD's Application {}/{}",
+        crate::handover::APPLICATION_NAMESPACE,
+        crate::handover::APPLICATION_NAME
+    );
+    let argocd_application = opt(apps.get(crate::handover::APPLICATION_NAME).await, &what)?.map(|o| {
+        let a = crate::handover::Application::from_json(&serde_json::to_value(&o).unwrap_or_default());
+        crate::state::ArgoApplication {
+            health: a.health,
+            sync: a.sync,
+            kube_proxy_replacement: a.kube_proxy_replacement,
+        }
+    });
     Ok(Workload {
+        argocd_application,
         cilium_jobs_failed,
         cilium_kube_proxy_replacement: data.get("kube-proxy-replacement").cloned(),
         cilium_k8s_service_host: data.get("k8s-service-host").cloned(),

@@ -337,6 +337,9 @@ pub struct Plan {
     pub proofs: ProofGraph,
     /// The mode every Cilium Job outside a switch uses (`cilium_job_mode` in rules/switch.rules).
     pub cilium_job_mode: Option<KubeProxyMode>,
+    /// The machines the operation still has work on (`work_left` in rules/backbone.rules),
+    /// sorted: with those it started, the machines its progress counts.
+    pub work_left: Vec<String>,
 }
 
 impl Plan {
@@ -514,6 +517,7 @@ impl Planner {
             "maxUnavailable": s.operation.max_unavailable,
             "live": s.workload.cilium_kube_proxy_replacement.clone().unwrap_or_else(|| "unknown".into()),
             "wantReplacement": if target == "replaced" { "true" } else { "false" },
+            "homeReplacement": s.cluster.cni.home_kube_proxy_replacement.clone().unwrap_or_else(|| "unknown".into()),
         });
         let data = |extra: Json| -> Json {
             let mut d = base.clone();
@@ -680,6 +684,8 @@ impl Planner {
             Some([m]) => Some(mode(&db, "cilium_job_mode", m)?),
             None => None,
         };
+        let mut work_left: Vec<String> = r.work_left.rows(&db).map(|[m]| db.sym(m).to_string()).collect();
+        work_left.sort_unstable();
         Ok(Plan {
             operation: s.operation.name.clone(),
             kind: s.operation.kind,
@@ -688,6 +694,7 @@ impl Planner {
             actions,
             proofs,
             cilium_job_mode,
+            work_left,
         })
     }
 

@@ -189,6 +189,10 @@ pub struct ArgoApplication {
     pub health: String,
     /// sync.status: Synced, OutOfSync, Unknown.
     pub sync: String,
+    /// What its Helm values say of kubeProxyReplacement (`true`/`false`); absent when they do
+    /// not say (the values' home after the hand-over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_proxy_replacement: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -244,6 +248,9 @@ pub struct Operation {
     /// The waits the last plan made (status.waits): what `ichor status` shows.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waits: Vec<render::api::WaitStatus>,
+    /// The machines the last plan still had work on (status.machinesLeft).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machines_left: Vec<String>,
 }
 
 fn one() -> i64 {

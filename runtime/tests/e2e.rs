@@ -164,6 +164,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         waiting_since: BTreeMap::new(),
         done: vec![],
         waits: vec![],
+        machines_left: vec![],
     };
     let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
     for i in 0..300 {

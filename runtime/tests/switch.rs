@@ -112,6 +112,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
         waiting_since: BTreeMap::new(),
         done: vec![],
         waits: vec![],
+        machines_left: vec![],
     };
     let t0 = runtime::state::epoch("2026-11-30T12:00:00Z").unwrap();
     for i in 0..200 {
