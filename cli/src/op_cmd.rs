@@ -154,7 +154,16 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 a.cluster, a.cluster
             )
         };
-        return Ok(Report { stderr, findings: true, ..Report::default() });
+        // With --output json the refusal is also data on stdout: what is in the way, and why.
+        let stdout = match a.output {
+            Output::Json => {
+                let v =
+                    json!({"created": false, "inTheWay": {"name": name, "phase": phase}, "message": stderr.trim_end()});
+                serde_json::to_string_pretty(&v)? + "\n"
+            }
+            Output::Text => String::new(),
+        };
+        return Ok(Report { stdout, stderr, findings: true, ..Report::default() });
     }
     // The same target started again after an abort or a failure: a fresh name (`-2`, `-3` ...).
     let op_name = {
@@ -256,7 +265,12 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     // A blocked start writes nothing (ADR 0113: other targets are refused before anything is
     // written), with or without --yes.
     if !blocking.is_empty() {
+        let stdout = match a.output {
+            Output::Json => serde_json::to_string_pretty(&json_out(false))? + "\n",
+            Output::Text => String::new(),
+        };
         return Ok(Report {
+            stdout,
             stderr: format!(
                 "{text}Not started: nothing was written. Clear what blocks it, then run the command again.\n"
             ),

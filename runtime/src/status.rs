@@ -29,8 +29,8 @@ pub fn record(s: &ObservedState, plan: &Plan, failed: &[(String, String)]) -> Ob
             _ => None,
         })
         .collect();
-    // What is left is this plan's: a completed operation has none.
-    op.machines_left = if plan.phase == Phase::Completed { vec![] } else { plan.work_left.clone() };
+    // What is left is this plan's: an ended operation (completed, aborted) has none.
+    op.machines_left = if plan.phase.is_terminal() { vec![] } else { plan.work_left.clone() };
     for (a, _) in &plan.actions {
         match a {
             Action::Abort { was } => {
