@@ -163,7 +163,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             }
             Output::Text => String::new(),
         };
-        return Ok(Report { stdout, stderr, findings: true, ..Report::default() });
+        return Ok(Report { stdout, stderr, findings: true });
     }
     // The same target started again after an abort or a failure: a fresh name (`-2`, `-3` ...).
     let op_name = {
@@ -275,7 +275,6 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 "{text}Not started: nothing was written. Clear what blocks it, then run the command again.\n"
             ),
             findings: true,
-            ..Report::default()
         });
     }
     // A Git-tracked cluster: the spec change belongs in Git, with the consent annotation.
