@@ -45,12 +45,15 @@ struct Rels {
     drift_policy: Input<1>,
     render_failed: Input<1>,
     node_unreachable: Input<1>,
+    entry_applied_by: Input<2>,
+    operation_in_progress: Input<1>,
     class_of: Output<3>,
     decided_by: Output<3>,
     verdict: Output<1>,
     rejected: Output<2>,
     machine_ready: Output<3>,
     reboot_path: Output<1>,
+    apply_live: Output<1>,
 }
 
 impl Rels {
@@ -81,12 +84,15 @@ impl Rels {
             drift_policy: b.input("drift_policy", [("policy", S)]),
             render_failed: b.input("render_failed", [("problem", S)]),
             node_unreachable: b.input("node_unreachable", [("why", S)]),
+            entry_applied_by: b.input("entry_applied_by", [("entry", N), ("operation", S)]),
+            operation_in_progress: b.input("operation_in_progress", [("name", S)]),
             class_of: b.output("class_of", [("path", S), ("class", S), ("reason", S)]),
             decided_by: b.output("decided_by", [("path", S), ("class", S), ("entry", N)]),
             verdict: b.output("verdict", [("verdict", S)]),
             rejected: b.output("rejected", [("message", S), ("at", S)]),
             machine_ready: b.output("machine_ready", [("status", S), ("reason", S), ("message", S)]),
             reboot_path: b.output("reboot_path", [("path", S)]),
+            apply_live: b.output("apply_live", [("path", S)]),
         };
         b.finish()?;
         Ok(rels)
@@ -242,6 +248,8 @@ pub struct MachineContext {
     pub render_failed: Option<String>,
     /// The node could not be read, with why: the rules make it `Unknown` / `NodeUnreachable`.
     pub node_unreachable: Option<String>,
+    /// An operation of the cluster that has not ended (its name): the machine is left to it.
+    pub operation_in_progress: Option<String>,
 }
 
 /// Why a classification could not run.
@@ -290,6 +298,8 @@ pub struct MachineVerdict {
     pub message: String,
     /// The paths that need a reboot to converge.
     pub reboot_paths: Vec<String>,
+    /// The paths the machine controller applies live (`apply_live` in rules/machine.rules).
+    pub apply_paths: Vec<String>,
 }
 
 /// Talos would refuse the desired config.
@@ -370,7 +380,8 @@ impl Classifier {
         }
         let read = [rels.class_of.id(), rels.decided_by.id(), rels.verdict.id(), rels.rejected.id()];
         let changes_demand = engine.demand(&read);
-        let machine_demand = engine.demand(&[&read[..], &[rels.machine_ready.id(), rels.reboot_path.id()]].concat());
+        let machine_demand = engine
+            .demand(&[&read[..], &[rels.machine_ready.id(), rels.reboot_path.id(), rels.apply_live.id()]].concat());
         Ok(Classifier {
             meta,
             fieldmeta_file: meta_file.clone(),
@@ -545,6 +556,10 @@ impl Classifier {
                         let row = [b.num(e as i64), b.sym(svc)];
                         r.entry_restarts.push(&mut b, row);
                     }
+                    if let Some(op) = &entry.applied_by {
+                        let row = [b.num(e as i64), b.sym(op)];
+                        r.entry_applied_by.push(&mut b, row);
+                    }
                 }
             }
             let mut one = |rel: Input<1>, v: &str| {
@@ -565,6 +580,9 @@ impl Classifier {
             }
             if let Some(s) = m.status_kube_proxy {
                 one(r.status_kube_proxy, s.name());
+            }
+            if let Some(o) = &m.operation_in_progress {
+                one(r.operation_in_progress, o);
             }
             if m.inputs_unchanged {
                 r.inputs_unchanged.push(&mut b, []);
@@ -603,11 +621,14 @@ impl Classifier {
             let [status, reason, message] = r.machine_ready.rows(&db).next()?;
             let mut reboot_paths: Vec<String> = r.reboot_path.rows(&db).map(|[p]| db.sym(p).to_string()).collect();
             reboot_paths.sort();
+            let mut apply_paths: Vec<String> = r.apply_live.rows(&db).map(|[p]| db.sym(p).to_string()).collect();
+            apply_paths.sort();
             Some(MachineVerdict {
                 status: db.sym(status).to_string(),
                 reason: db.sym(reason).to_string(),
                 message: db.sym(message).to_string(),
                 reboot_paths,
+                apply_paths,
             })
         });
         Ok(Outcome { contract, verdict, changes: out, rejected, machine, db })

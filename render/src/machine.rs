@@ -153,6 +153,7 @@ pub fn context(m: &Manifests, mch: &TalosMachine, rendered: &Rendered) -> Machin
         drift_policy: cluster.spec.drift_policy,
         render_failed: None,
         node_unreachable: None,
+        operation_in_progress: None,
     }
 }
 
@@ -169,5 +170,6 @@ pub fn rejected_context(m: &Manifests, mch: &TalosMachine, problem: String) -> M
         drift_policy: cluster.spec.drift_policy,
         render_failed: Some(problem),
         node_unreachable: None,
+        operation_in_progress: None,
     }
 }

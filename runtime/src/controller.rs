@@ -93,6 +93,15 @@ pub struct Controller {
     pub renders: RenderCache,
 }
 
+/// What one machine reconcile found and did.
+#[derive(Clone, Debug)]
+pub struct MachineReconciled {
+    /// The machine's Ready condition (the rules').
+    pub condition: render::api::Condition,
+    /// The paths applied live this time (none when nothing was, or the apply did not happen).
+    pub applied: Vec<String>,
+}
+
 /// A render's refusal with every problem it names (the patch and field at fault).
 fn render_problem(e: &render::machine::MachineError) -> String {
     let problems = e.problems();
@@ -277,13 +286,16 @@ impl Controller {
 
     /// The Machine controller's reconcile: the machine's `Ready` condition and hashes, from the
     /// same code as `ichor config diff --manifests` (its render against the node's running
-    /// config, classified with the machine's context). An unreachable node is `Unknown`.
+    /// config, classified with the machine's context). An unreachable node is `Unknown`. The
+    /// paths the rules give to apply live (`apply_live`, rules/machine.rules) are applied with
+    /// NO_REBOOT, through the executor and its precondition (the node's config unchanged since
+    /// it was read); the reconcile after shows whether the node runs them.
     pub async fn reconcile_machine(
         &self,
         namespace: &str,
         machine: &str,
         now: &str,
-    ) -> Result<render::api::Condition, ControllerError> {
+    ) -> Result<MachineReconciled, ControllerError> {
         let machines_api: Api<TalosMachine> = Api::namespaced(self.kube.clone(), namespace);
         let mch =
             machines_api.get(machine).await.map_err(kube_err(format!("reading TalosMachine {namespace}/{machine}")))?;
@@ -294,6 +306,19 @@ impl Controller {
             .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
         let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
         let secret = self.secret(namespace, &cluster).await?;
+        // An operation of the cluster that has not ended: the machine is left to it.
+        let (terminal, _) = self.planner.phase_sets()?;
+        let in_progress = Api::<TalosOperation>::namespaced(self.kube.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err(format!("listing TalosOperations in {namespace}")))?
+            .items
+            .into_iter()
+            .find(|o| {
+                o.spec.cluster_ref.name == cluster_name
+                    && !terminal.contains(&o.status.as_ref().map(|s| s.phase()).unwrap_or_default())
+            })
+            .and_then(|o| o.metadata.name);
         let contracts: Vec<String> = self.classifier.known().iter().map(|c| c.to_string()).collect();
         let manifests = render::manifests::Manifests::from_objects(
             vec![cluster.clone()],
@@ -315,6 +340,7 @@ impl Controller {
                     .classify_machine(contract, changes, desired, Some(mctx), false)
                     .map_err(|source| ControllerError::Classify { machine: machine.into(), source })
             };
+        let mut live: Option<(String, Arc<render::render::Rendered>)> = None;
         let (outcome, hash) = match self.renders.render(&self.classifier, &manifests, machine) {
             Err(e) => {
                 let contract = self
@@ -326,12 +352,18 @@ impl Controller {
             }
             Ok(rendered) => {
                 let mut mctx = render::machine::context(&manifests, mch_in, &rendered);
+                mctx.operation_in_progress = in_progress.clone();
                 let changes = match self.talos.running_config(&mch.spec.address).await {
                     Err(e) => {
                         mctx.node_unreachable = Some(e.to_string());
                         vec![]
                     }
-                    Ok(text) => render::diff::changes(&Config::parse(&text).unwrap_or_default(), &rendered.config),
+                    Ok(text) => {
+                        let changes =
+                            render::diff::changes(&Config::parse(&text).unwrap_or_default(), &rendered.config);
+                        live = Some((text, rendered.clone()));
+                        changes
+                    }
                 };
                 (
                     classify(rendered.contract, &changes, Some(&rendered.config), &mctx)?,
@@ -340,6 +372,23 @@ impl Controller {
             }
         };
         let v = outcome.machine.unwrap_or_default();
+        // The live apply: only the rules' paths, the running config's other paths as they are.
+        let mut applied_live = vec![];
+        if let Some((running, rendered)) = live.filter(|_| !v.apply_paths.is_empty()) {
+            let action = crate::plan::Action::Apply {
+                machine: machine.into(),
+                node: Some(mch.spec.address.clone()),
+                paths: v.apply_paths.clone(),
+                payload: crate::plan::apply_payload(&running, &rendered.config, &v.apply_paths),
+            };
+            let mut kube =
+                KubeCluster { client: self.kube.clone(), talos: self.talos.clone(), drain_timeout: self.drain_timeout };
+            match (Executor { talos: &self.talos, kube: &mut kube }).perform(&action).await {
+                crate::exec::Performed::Done => applied_live = v.apply_paths.clone(),
+                // The node changed under the read, or Talos refused: looked at again after.
+                other => tracing::warn!(machine, outcome = ?other, "the live apply did not happen"),
+            }
+        }
         let condition = render::api::Condition {
             type_: "Ready".into(),
             status: v.status,
@@ -372,13 +421,13 @@ impl Controller {
         let mut next = serde_json::to_value(&current).unwrap_or_default();
         crate::kube::merge_patch(&mut next, &status["status"]);
         if serde_json::from_value::<render::api::TalosMachineStatus>(next).ok().as_ref() == Some(&current) {
-            return Ok(condition);
+            return Ok(MachineReconciled { condition, applied: applied_live });
         }
         machines_api
             .patch_status(machine, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .map_err(kube_err(format!("writing the status of TalosMachine {namespace}/{machine}")))?;
-        Ok(condition)
+        Ok(MachineReconciled { condition, applied: applied_live })
     }
 
     /// One reconcile: read, plan, execute, write status (re-read and re-planned on a conflict).

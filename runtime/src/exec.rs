@@ -127,7 +127,8 @@ impl<K: KubePort> Executor<'_, K> {
         out
     }
 
-    async fn perform(&mut self, a: &Action) -> Performed {
+    /// Performs one action (the machine controller's live apply uses it alone).
+    pub async fn perform(&mut self, a: &Action) -> Performed {
         let kube = |r: Result<(), K::Error>| match r {
             Ok(()) => Performed::Done,
             Err(e) => Performed::Interrupted { why: crate::error_chain(&e) },

@@ -350,14 +350,18 @@ impl Plan {
         for (a, _) in &mut self.actions {
             let Action::Apply { machine, paths, payload, .. } = a else { continue };
             let Some(c) = configs.get(machine.as_str()) else { continue };
-            let Ok(running) = render::config::Config::parse(&c.running) else { continue };
-            let parsed: Vec<render::path::Path> =
-                paths.iter().filter_map(|p| render::path::Path::parse(p).ok()).collect();
-            let config = running.with_paths(&c.desired, &parsed).to_yaml();
-            *payload =
-                Some(ApplyPayload { config_hash: config_hash(&config), config, running_hash: config_hash(&c.running) });
+            *payload = apply_payload(&c.running, &c.desired, paths);
         }
     }
+}
+
+/// What an apply of `paths` sends: the running config with those paths set from the render,
+/// and the hashes of both. None when the running config does not parse. Pure.
+pub fn apply_payload(running: &str, desired: &render::config::Config, paths: &[String]) -> Option<ApplyPayload> {
+    let parsed_running = render::config::Config::parse(running).ok()?;
+    let parsed: Vec<render::path::Path> = paths.iter().filter_map(|p| render::path::Path::parse(p).ok()).collect();
+    let config = parsed_running.with_paths(desired, &parsed).to_yaml();
+    Some(ApplyPayload { config_hash: config_hash(&config), config, running_hash: config_hash(running) })
 }
 
 /// Why the planner cannot be built or cannot plan.

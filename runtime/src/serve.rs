@@ -256,7 +256,7 @@ async fn reconcile_machine(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>) -> 
     }
     let name = m.metadata.name.clone().unwrap_or_default();
     match ctx.controller.reconcile_machine(&ctx.config.namespace, &name, &now()).await {
-        Ok(condition) => {
+        Ok(crate::controller::MachineReconciled { condition, applied }) => {
             // A change of the machine's Ready condition is an Event on the machine (what
             // `kubectl describe talosmachine` shows): its reason and message are the rules'.
             let before = m.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
@@ -273,6 +273,13 @@ async fn reconcile_machine(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>) -> 
                     condition.message.clone(),
                 )
                 .await;
+            }
+            // After a live apply, soon again: the node shows whether it runs the change.
+            if !applied.is_empty() {
+                use kube_client::Resource;
+                let note = format!("applied live (no reboot): {}", applied.join(", "));
+                publish_on(&ctx, &m.object_ref(&()), None, EventType::Normal, "AppliedLive", "Apply", note).await;
+                return Ok(Action::requeue(Duration::from_secs(2)));
             }
             Ok(Action::requeue(Duration::from_secs(30)))
         }
@@ -303,6 +310,24 @@ async fn reconcile_handover(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx>) ->
 fn handover_error_policy(_: Arc<render::api::TalosCluster>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
     tracing::warn!(error = %crate::error_chain(e), "hand-over reconcile failed; retrying in 15 s");
     Action::requeue(Duration::from_secs(15))
+}
+
+/// What a watch maps a change of `cluster` to: the objects of `store` that belong to it.
+fn of_cluster_in<K>(
+    store: kube_runtime::reflector::Store<K>,
+    cluster_of: fn(&K) -> &String,
+) -> impl Fn(String) -> Vec<kube_runtime::reflector::ObjectRef<K>>
+where
+    K: kube_client::Resource<DynamicType = ()> + Clone + 'static,
+{
+    move |cluster: String| {
+        store
+            .state()
+            .iter()
+            .filter(|o| *cluster_of(o) == cluster)
+            .map(|o| kube_runtime::reflector::ObjectRef::from_obj(o.as_ref()))
+            .collect()
+    }
 }
 
 fn machine_error_policy(_: Arc<render::api::TalosMachine>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
@@ -373,16 +398,7 @@ pub async fn run(
     // the kube-system DaemonSets and ConfigMaps (cilium, kube-proxy, cilium-config).
     let controller_ops = kube_runtime::Controller::new(ops, watcher::Config::default());
     let store = controller_ops.store();
-    let of_cluster = |store: kube_runtime::reflector::Store<TalosOperation>| {
-        move |cluster: String| {
-            store
-                .state()
-                .iter()
-                .filter(|o| o.spec.cluster_ref.name == cluster)
-                .map(|o| kube_runtime::reflector::ObjectRef::from_obj(o.as_ref()))
-                .collect::<Vec<_>>()
-        }
-    };
+    let of_cluster = |store| of_cluster_in(store, |o: &TalosOperation| &o.spec.cluster_ref.name);
     let every = |store: kube_runtime::reflector::Store<TalosOperation>| {
         move || {
             store.state().iter().map(|o| kube_runtime::reflector::ObjectRef::from_obj(o.as_ref())).collect::<Vec<_>>()
@@ -433,7 +449,27 @@ pub async fn run(
             tracing::debug!(error = %crate::error_chain(&e), "hand-over reconcile");
         }
     });
-    let machine_conditions = kube_runtime::Controller::new(machines, watcher::Config::default())
+    // A machine is woken by what its render reads and by its cluster's operations ending (an
+    // ended one hands the machine back; a running one's status writes wake nothing): its
+    // cluster, the cluster's patches and operations.
+    let controller_machines = kube_runtime::Controller::new(machines, watcher::Config::default());
+    let mstore = controller_machines.store();
+    let machines_of = |store| of_cluster_in(store, |m: &render::api::TalosMachine| &m.spec.cluster_ref.name);
+    let (m1, m2, m3) = (machines_of(mstore.clone()), machines_of(mstore.clone()), machines_of(mstore));
+    let k = ctx.controller.kube.clone();
+    let machine_conditions = controller_machines
+        .watches(Api::<render::api::TalosCluster>::namespaced(k.clone(), &ns), watcher::Config::default(), move |c| {
+            m1(c.metadata.name.unwrap_or_default())
+        })
+        .watches(
+            Api::<render::api::TalosConfigPatch>::namespaced(k.clone(), &ns),
+            watcher::Config::default(),
+            move |p| m2(p.spec.cluster_ref.name),
+        )
+        .watches(Api::<TalosOperation>::namespaced(k, &ns), watcher::Config::default(), move |o| {
+            let ended = o.status.as_ref().is_some_and(|s| s.phase().is_terminal());
+            if ended { m3(o.spec.cluster_ref.name) } else { vec![] }
+        })
         .graceful_shutdown_on(shutdown)
         .run(reconcile_machine, machine_error_policy, ctx)
         .for_each(|r| async move {

@@ -223,16 +223,19 @@ async fn two_replicas_only_the_lease_holder_acts() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Quiet when there is nothing to do (issue 23): over 10 s after completion, no write to an
-    // operation or a machine, while the kubelets keep reporting.
+    // operation or the cluster, while the kubelets keep reporting; each machine, handed back by
+    // the operation's end (issue 24), is written at most once, for its status change.
     let done_at = w.api.log().len();
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let writes: Vec<String> = w.api.log()[done_at..]
-        .iter()
-        .filter(|l| !l.starts_with("GET "))
-        .filter(|l| l.contains("/talosoperations") || l.contains("/talosmachines") || l.contains("/talosclusters"))
-        .cloned()
-        .collect();
-    assert!(writes.is_empty(), "{} writes after completion: {writes:#?}", writes.len());
+    let log = w.api.log()[done_at..].to_vec();
+    let writes = |what: &str| -> Vec<String> {
+        log.iter().filter(|l| !l.starts_with("GET ") && l.contains(what)).cloned().collect()
+    };
+    let ops_writes = [writes("/talosoperations"), writes("/talosclusters")].concat();
+    assert!(ops_writes.is_empty(), "{} writes after completion: {ops_writes:#?}", ops_writes.len());
+    let machine_writes = writes("/talosmachines");
+    let once: std::collections::BTreeSet<&String> = machine_writes.iter().collect();
+    assert_eq!(once.len(), machine_writes.len(), "a machine written twice after completion: {machine_writes:#?}");
     kubelet_task.abort();
     // The lease, events, watches and everything reconciles did: within the ClusterRole.
     let polls = format!("GET /apis/ichor.maesh.dev/v1alpha1/namespaces/{NS}/talosoperations/upgrade");
@@ -266,18 +269,18 @@ async fn two_replicas_only_the_lease_holder_acts() {
 async fn machine_conditions_come_from_the_render_against_the_node() {
     let w = cluster().await;
     let now = "2026-11-30T10:00:00Z";
-    let c = w.controller.reconcile_machine(NS, "cp1", now).await.unwrap();
+    let c = w.controller.reconcile_machine(NS, "cp1", now).await.unwrap().condition;
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Converged"), "{c:?}");
     let m = w.api.get("ichor.maesh.dev", "talosmachines", NS, "cp1").unwrap();
     assert_eq!(m["status"]["desiredInputsHash"], m["status"]["appliedInputsHash"]);
     // The cluster moves to v1.37.0: the node now differs from its render.
     move_to_1_37(&w.api.client()).await;
-    let c = w.controller.reconcile_machine(NS, "cp1", now).await.unwrap();
+    let c = w.controller.reconcile_machine(NS, "cp1", now).await.unwrap().condition;
     assert_ne!(c.status, "True", "{c:?}");
     let m = w.api.get("ichor.maesh.dev", "talosmachines", NS, "cp1").unwrap();
     assert_ne!(m["status"]["desiredInputsHash"], m["status"]["appliedInputsHash"]);
     w.demo.fleet.set_fault("10.0.0.21", Some(runtime::sim::talos::Fault::Gone));
-    let c = w.controller.reconcile_machine(NS, "w1", now).await.unwrap();
+    let c = w.controller.reconcile_machine(NS, "w1", now).await.unwrap().condition;
     assert_eq!((c.status.as_str(), c.reason.as_str()), ("Unknown", "NodeUnreachable"), "{c:?}");
     assert!(c.message.contains("10.0.0.21"), "{c:?}");
 }
@@ -639,4 +642,45 @@ async fn an_apply_whose_node_changed_since_planning_is_refused() {
     let r = w.controller.reconcile(NS, "upgrade", "2026-11-30T10:00:10Z").await.unwrap();
     assert!(!r.outcome.refused(), "the new plan is made from the changed node: {:?}", r.outcome);
     assert_ne!(ops.get("upgrade").await.unwrap().metadata.resource_version, before);
+}
+
+/// Issue 24: the machine controller applies what is live. A safe patch (a node label) is
+/// applied with NO_REBOOT, only its path, and the machine is Converged at the next look; a
+/// reboot-class patch (a kernel module) is RebootRequired and never applied; while an
+/// operation of the cluster is under way nothing is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_machine_controller_applies_a_safe_patch_live_and_never_a_reboot_class_one() {
+    let w = cluster().await;
+    let now = "2026-11-30T10:00:00Z";
+    let patches: Api<render::api::TalosConfigPatch> = Api::namespaced(w.api.client(), NS);
+    let patch = |name: &str, order: i32, text: &str| {
+        let mut spec = render::api::TalosConfigPatchSpec { order, patch: text.into(), ..Default::default() };
+        spec.cluster_ref.name = "lab".into();
+        render::api::TalosConfigPatch::new(name, spec)
+    };
+    // v1.14: the labels are KubeNodeConfig's (machine.nodeLabels beside it is refused by Talos).
+    let label = patch("team-label", 50, "apiVersion: v1alpha1\nkind: KubeNodeConfig\nlabels:\n  team: storage\n");
+    patches.create(&PostParams::default(), &label).await.unwrap();
+    let r = w.controller.reconcile_machine(NS, "w1", now).await.unwrap();
+    assert_eq!(r.applied, ["KubeNodeConfig.labels.team"], "{r:?}");
+    let running = w.controller.talos.running_config("10.0.0.21").await.unwrap();
+    assert!(running.contains("team: storage"), "{running}");
+    let r = w.controller.reconcile_machine(NS, "w1", now).await.unwrap();
+    assert_eq!((r.condition.reason.as_str(), r.applied.len()), ("Converged", 0), "{r:?}");
+    // A kernel module needs a reboot on v1.14: reported, never applied.
+    let module = patch("module", 60, "machine:\n  kernel:\n    modules:\n      - name: br_netfilter\n");
+    patches.create(&PostParams::default(), &module).await.unwrap();
+    let r = w.controller.reconcile_machine(NS, "w1", now).await.unwrap();
+    assert_eq!((r.condition.reason.as_str(), r.applied.len()), ("RebootRequired", 0), "{r:?}");
+    let running = w.controller.talos.running_config("10.0.0.21").await.unwrap();
+    assert!(!running.contains("br_netfilter"), "{running}");
+    let m = w.api.get("ichor.maesh.dev", "talosmachines", NS, "w1").unwrap();
+    assert!(m["status"]["rebootPaths"].to_string().contains("machine.kernel.modules"), "{m}");
+    // An operation under way: a second safe change waits for it to end.
+    patches.delete("module", &Default::default()).await.unwrap();
+    let _ops = create_upgrade(&w.api.client(), "upgrade").await;
+    let other = patch("zone-label", 70, "apiVersion: v1alpha1\nkind: KubeNodeConfig\nlabels:\n  zone: a\n");
+    patches.create(&PostParams::default(), &other).await.unwrap();
+    let r = w.controller.reconcile_machine(NS, "w1", now).await.unwrap();
+    assert!(r.applied.is_empty(), "{r:?}");
 }
