@@ -105,11 +105,7 @@ pub struct CniHome {
 pub fn cni_home(patches: &[&TalosConfigPatch]) -> Option<CniHome> {
     let mut sorted = patches.to_vec();
     sorted.sort_by(|a, b| (a.spec.order, &a.metadata.name).cmp(&(b.spec.order, &b.metadata.name)));
-    let text = |v: &Value| match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Bool(b) => Some(b.to_string()),
-        _ => None,
-    };
+    let text = crate::yaml::scalar_text;
     let mut home = None;
     for p in sorted {
         let Ok(docs) = crate::yaml::parse_documents(&p.spec.patch, crate::config::MAX_CONFIG_BYTES) else { continue };

@@ -29,6 +29,16 @@ impl fmt::Display for YamlError {
     }
 }
 
+/// A scalar as text, the way a ConfigMap or a Helm value reads it: a string as it is, a
+/// boolean as `true`/`false`; None for anything else.
+pub fn scalar_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
 /// Parses one YAML document, refusing it when its values (aliases expanded) exceed `limit`
 /// bytes, then resolves merge keys, refuses tags and turns number and boolean keys into text.
 pub fn parse(text: &str, limit: usize) -> Result<Value, YamlError> {

@@ -306,8 +306,9 @@ impl Controller {
             .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
         let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
         let secret = self.secret(namespace, &cluster).await?;
-        // An operation of the cluster that has not ended: the machine is left to it.
-        let (terminal, _) = self.planner.phase_sets()?;
+        // An operation of the cluster that has not ended: the machine is left to it. (The
+        // rules' terminal set, which `Phase::is_terminal` is pinned to by a test: no evaluation
+        // per reconcile.)
         let in_progress = Api::<TalosOperation>::namespaced(self.kube.clone(), namespace)
             .list(&ListParams::default())
             .await
@@ -316,7 +317,7 @@ impl Controller {
             .into_iter()
             .find(|o| {
                 o.spec.cluster_ref.name == cluster_name
-                    && !terminal.contains(&o.status.as_ref().map(|s| s.phase()).unwrap_or_default())
+                    && !o.status.as_ref().map(|s| s.phase()).unwrap_or_default().is_terminal()
             })
             .and_then(|o| o.metadata.name);
         let contracts: Vec<String> = self.classifier.known().iter().map(|c| c.to_string()).collect();

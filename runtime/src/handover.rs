@@ -63,11 +63,9 @@ fn helm_kube_proxy_replacement(helm: &serde_json::Value) -> Option<String> {
         return text(v);
     }
     let values = helm.get("values")?.as_str()?;
-    match render::yaml::parse(values, render::config::MAX_CONFIG_BYTES).ok()?.get("kubeProxyReplacement")? {
-        serde_yaml::Value::String(s) => Some(s.clone()),
-        serde_yaml::Value::Bool(b) => Some(b.to_string()),
-        _ => None,
-    }
+    render::yaml::scalar_text(
+        render::yaml::parse(values, render::config::MAX_CONFIG_BYTES).ok()?.get("kubeProxyReplacement")?,
+    )
 }
 
 /// The CNIHandover condition to hold, and when to look again.
