@@ -1,4 +1,5 @@
-//! `ichor config explain|diff`: field metadata on Talos configs (interfaces.md).
+//! `ichor config explain|diff`: field metadata on Talos configs (interfaces.md); `ichor config
+//! apply` starts a config rollout (the operation commands' `op_cmd::start`).
 //!
 //! Both classify with the rules this binary embeds, or with `--rules DIR` from disk. Values of
 //! sensitive paths are shown as `<redacted>` in every output: the change list, the unified
@@ -69,11 +70,34 @@ pub enum ConfigCommand {
         #[arg(long)]
         rules: Option<PathBuf>,
     },
+    /// Start a config rollout: the changes the machine controller does not apply because they
+    /// need a reboot (each TalosMachine's `status.rebootPaths`), one node at a time: cordon,
+    /// drain, apply, reboot, back Ready, uncordon; control planes first, the controller's node
+    /// last.
+    #[command(after_help = "Examples:
+  ichor config apply --cluster lab --talosconfig talosconfig --dry-run
+  ichor config apply --cluster lab --machines w1,w2 --max-unavailable 2 --yes
+
+Exit: 0 started, previewed or nothing to do, 1 not started (blocked or declined), 2 error (an unknown machine).")]
+    Apply {
+        /// Only these TalosMachines (comma-separated); default: every machine with a change
+        /// that needs a reboot.
+        #[arg(long, value_delimiter = ',')]
+        machines: Vec<String>,
+        /// Workers rebooted at once.
+        #[arg(long, default_value_t = 1)]
+        max_unavailable: i32,
+        #[command(flatten)]
+        start: crate::op_cmd::StartArgs,
+    },
 }
 
 pub fn run(cmd: ConfigCommand) -> Result<Report> {
     match cmd {
         ConfigCommand::Explain { path, contract, output, rules } => explain(&path, &contract, output, rules.as_deref()),
+        ConfigCommand::Apply { machines, max_unavailable, start } => {
+            crate::op_cmd::start(crate::op_cmd::Start::Rollout { machines, max_unavailable }, &start)
+        }
         ConfigCommand::Diff {
             from,
             to,

@@ -86,8 +86,18 @@ fn talos_client(path: &std::path::Path) -> Result<runtime::talos::client::Client
 
 /// What the user starts.
 pub enum Start {
-    Upgrade { to: String, max_unavailable: i32 },
-    KubeProxy { mode: KubeProxyMode },
+    Upgrade {
+        to: String,
+        max_unavailable: i32,
+    },
+    KubeProxy {
+        mode: KubeProxyMode,
+    },
+    /// `ichor config apply`: the machines named (none: every one with reboot paths).
+    Rollout {
+        machines: Vec<String>,
+        max_unavailable: i32,
+    },
 }
 
 /// `ichor upgrade kubernetes` and `ichor cni kube-proxy`: preview, consent, then the spec
@@ -130,6 +140,15 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             spec.kind = OperationKind::Cni;
             spec.target.kube_proxy = Some(*mode);
             (format!("kube-proxy-{}", mode.name()), json!({"spec": {"cni": {"kubeProxy": mode.name()}}}))
+        }
+        Start::Rollout { machines, max_unavailable } => {
+            if *max_unavailable < 1 {
+                bail!("--max-unavailable {max_unavailable}: at least 1 worker must be able to reboot at a time");
+            }
+            spec.kind = OperationKind::Config;
+            spec.target.machines = machines.clone();
+            spec.max_unavailable = *max_unavailable;
+            ("config-rollout".to_string(), json!({}))
         }
     };
     // Another operation of the cluster that has not ended is in the way (it holds the lock, or
@@ -191,6 +210,19 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         .read_operation(&ns, &op, &target, &runtime::plan::rfc3339(crate::io::now()))
         .await
         .context("reading what the operation's rules need (the preview)")?;
+    // A machine named that the cluster does not have: an error naming it, nothing written.
+    if let Start::Rollout { machines, .. } = &what {
+        let known: Vec<&str> = read.snapshot.machines.iter().map(|m| m.name.as_str()).collect();
+        let unknown: Vec<&str> = machines.iter().map(String::as_str).filter(|m| !known.contains(m)).collect();
+        if !unknown.is_empty() {
+            bail!(
+                "--machines: cluster {ns}/{} has no TalosMachine {}: `kubectl get talosmachines -n {ns}` lists them ({}); nothing was written",
+                a.cluster,
+                unknown.join(", "),
+                known.join(", ")
+            );
+        }
+    }
     let plan = controller.planner.plan_with(&read.snapshot, false)?;
     // What the first reconcile would do, sorted by what it means for the start.
     let (mut blocking, mut waits, mut riding) = (vec![], vec![], vec![]);
@@ -244,16 +276,27 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         Start::KubeProxy { mode } => {
             cluster.spec.cni.kube_proxy == *mode && render::render::status_kube_proxy(&cluster) == Some(*mode)
         }
+        Start::Rollout { .. } => plan.work_left.is_empty() && blocking.is_empty(),
     };
     if runs_target {
-        let what = match &what {
-            Start::Upgrade { to, .. } => format!("Kubernetes {to}"),
-            Start::KubeProxy { mode } => format!("kube-proxy {}", mode.name()),
+        let stdout = match &what {
+            Start::Upgrade { to, .. } => {
+                format!(
+                    "Nothing to do: cluster {ns}/{} already runs Kubernetes {to}; nothing was written.\n",
+                    a.cluster
+                )
+            }
+            Start::KubeProxy { mode } => format!(
+                "Nothing to do: cluster {ns}/{} already runs kube-proxy {}; nothing was written.\n",
+                a.cluster,
+                mode.name()
+            ),
+            Start::Rollout { .. } => format!(
+                "Nothing to do: no machine of cluster {ns}/{} has a change that needs a reboot (status.rebootPaths); nothing was written.\n",
+                a.cluster
+            ),
         };
-        return Ok(Report {
-            stdout: format!("Nothing to do: cluster {ns}/{} already runs {what}; nothing was written.\n", a.cluster),
-            ..Report::default()
-        });
+        return Ok(Report { stdout, ..Report::default() });
     }
     if a.dry_run {
         let stdout = match a.output {
@@ -283,6 +326,8 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     let spec_done = match &what {
         Start::Upgrade { to, .. } => &cluster.spec.kubernetes_version == to,
         Start::KubeProxy { mode } => cluster.spec.cni.kube_proxy == *mode,
+        // A rollout changes no spec: it applies what the spec already says.
+        Start::Rollout { .. } => true,
     };
     if tracked && !spec_done {
         let mut out = format!(
@@ -296,6 +341,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 mode.name(),
                 mode.name()
             ),
+            Start::Rollout { .. } => String::new(),
         };
         return Ok(Report { stdout: out, findings: true, ..Report::default() });
     }
@@ -391,6 +437,8 @@ fn describe(op: &TalosOperation) -> String {
     let target = match op.spec.kind {
         OperationKind::Kubernetes => op.spec.target.kubernetes_version.clone().unwrap_or_default(),
         OperationKind::Cni => op.spec.target.kube_proxy.map(|m| format!("kube-proxy {}", m.name())).unwrap_or_default(),
+        OperationKind::Config if op.spec.target.machines.is_empty() => "rollout".to_string(),
+        OperationKind::Config => format!("rollout of {}", op.spec.target.machines.join(", ")),
         _ => String::new(),
     };
     let mut s = format!("{name} ({} {target}) on {}: {phase}", op.spec.kind.name(), op.spec.cluster_ref.name);
@@ -676,6 +724,8 @@ fn target_of(op: &TalosOperation) -> String {
     match op.spec.kind {
         OperationKind::Kubernetes => op.spec.target.kubernetes_version.clone().unwrap_or_default(),
         OperationKind::Cni => op.spec.target.kube_proxy.map(|m| format!("kube-proxy {}", m.name())).unwrap_or_default(),
+        OperationKind::Config if op.spec.target.machines.is_empty() => "rollout".to_string(),
+        OperationKind::Config => format!("rollout of {}", op.spec.target.machines.join(", ")),
         _ => String::new(),
     }
 }

@@ -418,6 +418,10 @@ pub struct OperationTarget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// The kube-proxy mode, for a CNI change.
     pub kube_proxy: Option<KubeProxyMode>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The TalosMachines a config rollout takes (`ichor config apply --machines`); empty: every
+    /// machine with a change that needs a reboot.
+    pub machines: Vec<String>,
 }
 
 /// The phase of a TalosOperation (ADR 0026's status-held state machine). The rules move it
@@ -553,6 +557,10 @@ pub struct MachineProgress {
     /// When the step started (RFC 3339): the verification clock's start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
+    /// The boot the node was on when the step started (its Node's `status.nodeInfo.bootID`):
+    /// a config rollout knows the node rebooted when it reports another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 /// The CRDs of every kind, in a fixed order, with their CEL rules (`CEL_RULES`).

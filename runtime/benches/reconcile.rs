@@ -66,6 +66,7 @@ fn main() {
                 static_pods: BTreeMap::new(),
                 kube_proxy_manifest: None,
                 address: None,
+                boot_id: None,
             };
             snap.push(cache.machine(&classifier, &read, Some(text), rendered).unwrap());
         }
@@ -95,6 +96,7 @@ fn main() {
                 kind: render::api::OperationKind::Kubernetes,
                 target_kubernetes: Some("v1.36.5".into()),
                 target_kube_proxy: None,
+                target_machines: vec![],
                 max_unavailable: 10,
                 phase: render::api::Phase::Running,
                 intent: Default::default(),

@@ -65,6 +65,8 @@ pub struct MachineRead {
     pub kube_proxy_manifest: Option<bool>,
     /// How the Talos API reaches it (the TalosMachine's `spec.address`).
     pub address: Option<String>,
+    /// Its Node's boot ID, when the kubelet reported one.
+    pub boot_id: Option<String>,
 }
 
 /// The machine's snapshot entry; `running` is its running config, `None` when the node could
@@ -97,6 +99,7 @@ fn entry(m: &MachineRead, contract: Contract, pending: Option<Vec<PendingPath>>)
         kube_proxy_manifest_rendered: m.kube_proxy_manifest,
         conditions: BTreeMap::new(),
         address: m.address.clone(),
+        boot_id: m.boot_id.clone(),
     }
 }
 
@@ -432,6 +435,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .filter(|_| m.spec.role == Role::Controlplane)
                 .map(|t| t.manifests.iter().any(|x| x == crate::plan::KUBE_PROXY_MANIFEST)),
             address: Some(m.spec.address.clone()),
+            boot_id: status.and_then(|s| s.node_info.as_ref()).map(|i| i.boot_id.clone()).filter(|b| !b.is_empty()),
         };
         let running = talos.map(|t| t.running_config.as_str());
         machines.push(
@@ -482,6 +486,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
             kind: op.spec.kind,
             target_kubernetes: op.spec.target.kubernetes_version.clone(),
             target_kube_proxy: op.spec.target.kube_proxy,
+            target_machines: op.spec.target.machines.clone(),
             max_unavailable: op.spec.max_unavailable.into(),
             phase: st.phase(),
             intent: Intent::of(op.metadata.annotations.as_ref(), st.resumed),
@@ -491,7 +496,13 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .iter()
                 .map(|(k, v)| {
                     let started_at = v.started_at.clone().unwrap_or_else(|| now.to_string());
-                    (k.clone(), MachineProgress { phase: v.phase, stage: v.stage.clone(), started_at })
+                    let p = MachineProgress {
+                        phase: v.phase,
+                        stage: v.stage.clone(),
+                        started_at,
+                        boot_id: v.boot_id.clone(),
+                    };
+                    (k.clone(), p)
                 })
                 .collect(),
             waiting_since: st.waiting_since.clone(),

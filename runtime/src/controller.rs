@@ -480,7 +480,9 @@ impl Controller {
         let machines: serde_json::Map<String, serde_json::Value> = op
             .machines
             .iter()
-            .map(|(k, v)| (k.clone(), json!({"phase": v.phase, "stage": v.stage, "startedAt": v.started_at})))
+            .map(|(k, v)| {
+                (k.clone(), json!({"phase": v.phase, "stage": v.stage, "startedAt": v.started_at, "bootId": v.boot_id}))
+            })
             .collect();
         // A merge patch only removes a key sent as null: a cleared clock is sent so.
         let mut clocks: serde_json::Map<String, serde_json::Value> =

@@ -3,8 +3,8 @@
 //! observed state, no render. Talos's side goes through the Talos client; the Kubernetes side
 //! through `KubePort` (the controller's kube-rs implementation, or a test's).
 //!
-//! Start at `Executor::run`. An apply sends the config its action carries, in mode NO_REBOOT,
-//! and only while the node still runs the config the plan was made from (its hash, a
+//! Start at `Executor::run`. An apply sends the config its action carries, in mode NO_REBOOT
+//! (or STAGED, before a reboot on Talos older than 1.14), and only while the node still runs the config the plan was made from (its hash, a
 //! precondition: otherwise nothing is applied, the run stops, and the next reconcile plans
 //! again). A Talos refusal fails that machine's step (the operation pauses next reconcile,
 //! naming it); a transient error stops the run. Each action gets a typed `Performed`; status
@@ -141,28 +141,15 @@ impl<K: KubePort> Executor<'_, K> {
                 }
             }
             Action::Apply { machine, node, payload, .. } => {
-                let Some(payload) = payload else {
-                    return Performed::Refused {
-                        why: format!("the apply to {machine} carries no config (a plan made without the renders)"),
-                    };
-                };
-                let node = reach(machine, node);
-                let running = match self.talos.running_config(node).await {
-                    Ok(t) => t,
-                    Err(e) => return talos_failed(machine, e),
-                };
-                if config_hash(&running) != payload.running_hash {
-                    return Performed::Refused {
-                        why: format!(
-                            "{machine}'s running config changed since this plan was made: nothing applied; the next reconcile plans again"
-                        ),
-                    };
-                }
-                match self.talos.apply(node, payload.config.as_bytes(), ApplyMode::NoReboot, false).await {
-                    Ok(_) => Performed::Done,
-                    Err(e) => talos_failed(machine, e),
-                }
+                self.apply(machine, node, payload, ApplyMode::NoReboot).await
             }
+            Action::ApplyStaged { machine, node, payload, .. } => {
+                self.apply(machine, node, payload, ApplyMode::Staged).await
+            }
+            Action::Reboot { machine, node } => match self.talos.reboot(reach(machine, node)).await {
+                Ok(()) => Performed::Done,
+                Err(e) => talos_failed(machine, e),
+            },
             Action::Cordon { machine } => kube(self.kube.cordon(machine).await),
             Action::Drain { machine } => match self.kube.drain(machine).await {
                 Ok(()) => Performed::Done,
@@ -196,6 +183,40 @@ impl<K: KubePort> Executor<'_, K> {
             | Action::ClearClock { .. }
             | Action::Warn { .. }
             | Action::Complete => Performed::Recorded,
+        }
+    }
+}
+
+impl<K: KubePort> Executor<'_, K> {
+    /// An apply (NO_REBOOT) or a stage (STAGED) of the config the action carries, only while
+    /// the node still runs the config the plan was made from.
+    async fn apply(
+        &mut self,
+        machine: &str,
+        node: &Option<String>,
+        payload: &Option<crate::plan::ApplyPayload>,
+        mode: ApplyMode,
+    ) -> Performed {
+        let Some(payload) = payload else {
+            return Performed::Refused {
+                why: format!("the apply to {machine} carries no config (a plan made without the renders)"),
+            };
+        };
+        let node = reach(machine, node);
+        let running = match self.talos.running_config(node).await {
+            Ok(t) => t,
+            Err(e) => return talos_failed(machine, e),
+        };
+        if config_hash(&running) != payload.running_hash {
+            return Performed::Refused {
+                why: format!(
+                    "{machine}'s running config changed since this plan was made: nothing applied; the next reconcile plans again"
+                ),
+            };
+        }
+        match self.talos.apply(node, payload.config.as_bytes(), mode, false).await {
+            Ok(_) => Performed::Done,
+            Err(e) => talos_failed(machine, e),
         }
     }
 }

@@ -31,6 +31,9 @@ pub struct Rels {
     pub next_in_order: Input<2>,
     pub last_in_order: Input<1>,
     pub pending_value: Input<3>,
+    pub node_boot: Input<2>,
+    pub progress_boot: Input<2>,
+    pub rollout_machine: Input<1>,
     pub pending_restart: Input<3>,
     pub cilium_values_refused: Input<2>,
     pub target_kubernetes: Input<1>,
@@ -72,6 +75,8 @@ pub struct Rels {
     pub act_cordon: Output<1>,
     pub act_drain: Output<1>,
     pub act_apply: Output<2>,
+    pub act_apply_staged: Output<2>,
+    pub act_reboot: Output<1>,
     pub act_done: Output<1>,
     pub act_uncordon: Output<1>,
     pub act_sync_manifests: Output<1>,
@@ -91,7 +96,7 @@ pub struct Rels {
     pub action_order: Output<2>,
     pub current_kube_proxy_mode: Output<1>,
     pub cilium_job_mode: Output<1>,
-    pub upgrade_order: Output<3>,
+    pub operation_order: Output<3>,
     pub work_left: Output<1>,
 }
 
@@ -118,6 +123,9 @@ impl Rels {
             next_in_order: b.input("next_in_order", [("a", S), ("b", S)]),
             last_in_order: b.input("last_in_order", [("machine", S)]),
             pending_value: b.input("pending_value", [("machine", S), ("path", S), ("value", S)]),
+            node_boot: b.input("node_boot", [("machine", S), ("boot", S)]),
+            progress_boot: b.input("progress_boot", [("machine", S), ("boot", S)]),
+            rollout_machine: b.input("rollout_machine", [("machine", S)]),
             pending_restart: b.input("pending_restart", [("machine", S), ("path", S), ("service", S)]),
             cilium_values_refused: b.input("cilium_values_refused", [("mode", S), ("refusal", S)]),
             target_kubernetes: b.input("target_kubernetes", [("version", S)]),
@@ -160,6 +168,8 @@ impl Rels {
             act_cordon: b.output("act_cordon", [("machine", S)]),
             act_drain: b.output("act_drain", [("machine", S)]),
             act_apply: b.output("act_apply", [("machine", S), ("path", S)]),
+            act_apply_staged: b.output("act_apply_staged", [("machine", S), ("path", S)]),
+            act_reboot: b.output("act_reboot", [("machine", S)]),
             act_done: b.output("act_done", [("machine", S)]),
             act_uncordon: b.output("act_uncordon", [("machine", S)]),
             act_sync_manifests: b.output("act_sync_manifests", [("via", S)]),
@@ -180,7 +190,7 @@ impl Rels {
             action_order: b.output("action_order", [("action", S), ("rank", N)]),
             current_kube_proxy_mode: b.output("current_kube_proxy_mode", [("mode", S)]),
             cilium_job_mode: b.output("cilium_job_mode", [("mode", S)]),
-            upgrade_order: b.output("upgrade_order", [("machine", S), ("rank", N), ("index", N)]),
+            operation_order: b.output("operation_order", [("machine", S), ("rank", N), ("index", N)]),
             work_left: b.output("work_left", [("machine", S)]),
         };
         b.finish()?;
@@ -228,6 +238,14 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
             b.num(epoch(&pr.started_at).unwrap_or(now)),
         ];
         r.progress.push(&mut b, row);
+        if let Some(boot) = &pr.boot_id {
+            let row = [b.sym(m), b.sym(boot)];
+            r.progress_boot.push(&mut b, row);
+        }
+    }
+    for m in &op.target_machines {
+        let id = b.sym(m);
+        r.rollout_machine.push(&mut b, [id]);
     }
     for (reason, t) in &op.waiting_since {
         let row = [b.sym(reason), b.num(epoch(t).unwrap_or(now))];
@@ -316,6 +334,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
                 let row = [name, b.sym(&pp.path), b.sym(v)];
                 r.pending_value.push(&mut b, row);
             }
+        }
+        if let Some(boot) = &m.boot_id {
+            let row = [name, b.sym(boot)];
+            r.node_boot.push(&mut b, row);
         }
         if let Some(c) = m.contract {
             let row = [name, b.sym(&c.to_string())];

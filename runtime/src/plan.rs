@@ -135,9 +135,13 @@ pub enum Action {
     SetKubeProxyStatus {
         mode: KubeProxyMode,
     },
+    /// Record that a machine's step starts, with the boot its node is on (what a rollout
+    /// compares to know the node rebooted).
     Start {
         machine: String,
         stage: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        boot_id: Option<String>,
     },
     PullImage {
         machine: String,
@@ -164,6 +168,22 @@ pub enum Action {
         paths: Vec<String>,
         #[serde(flatten, skip_serializing_if = "Option::is_none")]
         payload: Option<ApplyPayload>,
+    },
+    /// Stage `payload.config` (mode STAGED: written to disk, taken at the next boot), with the
+    /// same precondition as `Apply`: what a Talos older than 1.14 gets before its reboot.
+    ApplyStaged {
+        machine: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
+        paths: Vec<String>,
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        payload: Option<ApplyPayload>,
+    },
+    /// Reboot the node (MachineService.Reboot); never retried within a reconcile.
+    Reboot {
+        machine: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
     },
     Done {
         machine: String,
@@ -237,7 +257,7 @@ impl fmt::Display for Action {
             Action::Pause { message } => write!(f, "pause: {message}"),
             Action::Fail { machine, message } => write!(f, "fail {machine}'s step: {message}"),
             Action::SetKubeProxyStatus { mode } => write!(f, "set status.cni.kubeProxy = {mode}"),
-            Action::Start { machine, stage } => {
+            Action::Start { machine, stage, .. } => {
                 write!(f, "start {machine} (step {stage}; record it in status with the time)")
             }
             Action::PullImage { machine, namespace, image, .. } => {
@@ -248,6 +268,10 @@ impl fmt::Display for Action {
             Action::Apply { machine, paths, .. } => {
                 write!(f, "apply the rendered config to {machine} without a reboot, changing {}", paths.join(", "))
             }
+            Action::ApplyStaged { machine, paths, .. } => {
+                write!(f, "stage the render on {machine} (mode STAGED, taken at its next boot): {}", paths.join(", "))
+            }
+            Action::Reboot { machine, .. } => write!(f, "reboot {machine}"),
             Action::Done { machine } => write!(f, "record {machine}'s step as verified and done"),
             Action::Uncordon { machine } => write!(f, "uncordon {machine}"),
             Action::SyncManifests { via, field_manager, .. } => {
@@ -290,6 +314,8 @@ impl Action {
             Action::Cordon { .. } => "cordon",
             Action::Drain { .. } => "drain",
             Action::Apply { .. } => "applyNoReboot",
+            Action::ApplyStaged { .. } => "applyStaged",
+            Action::Reboot { .. } => "reboot",
             Action::Done { .. } => "done",
             Action::Uncordon { .. } => "uncordon",
             Action::SyncManifests { .. } => "syncManifests",
@@ -313,6 +339,8 @@ impl Action {
             | Action::Cordon { machine }
             | Action::Drain { machine }
             | Action::Apply { machine, .. }
+            | Action::ApplyStaged { machine, .. }
+            | Action::Reboot { machine, .. }
             | Action::Done { machine }
             | Action::Uncordon { machine } => Some(machine),
             _ => None,
@@ -348,7 +376,11 @@ impl Plan {
     /// executor refuses such an apply). Pure: the same inputs give the same bytes.
     pub fn complete(&mut self, configs: &BTreeMap<String, MachineConfigs>) {
         for (a, _) in &mut self.actions {
-            let Action::Apply { machine, paths, payload, .. } = a else { continue };
+            let (Action::Apply { machine, paths, payload, .. } | Action::ApplyStaged { machine, paths, payload, .. }) =
+                a
+            else {
+                continue;
+            };
             let Some(c) = configs.get(machine.as_str()) else { continue };
             *payload = apply_payload(&c.running, &c.desired, paths);
         }
@@ -522,6 +554,7 @@ impl Planner {
             "live": s.workload.cilium_kube_proxy_replacement.clone().unwrap_or_else(|| "unknown".into()),
             "wantReplacement": if target == "replaced" { "true" } else { "false" },
             "homeReplacement": s.cluster.cni.home_kube_proxy_replacement.clone().unwrap_or_else(|| "unknown".into()),
+            "kubeProxy": s.cluster.cni.kube_proxy.name(),
         });
         let data = |extra: Json| -> Json {
             let mut d = base.clone();
@@ -534,6 +567,8 @@ impl Planner {
         let addresses: HashMap<&str, &str> =
             s.machines.iter().filter_map(|x| Some((x.name.as_str(), x.address.as_deref()?))).collect();
         let node_of = |m: &str| addresses.get(m).map(|a| a.to_string());
+        let boots: HashMap<&str, &str> =
+            s.machines.iter().filter_map(|x| Some((x.name.as_str(), x.boot_id.as_deref()?))).collect();
         let mut actions: Vec<(Action, Vec<usize>)> = vec![];
         let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
         for row @ [was] in r.act_abort.rows(&db) {
@@ -556,7 +591,8 @@ impl Planner {
             push(Action::SetKubeProxyStatus { mode }, proof(r.act_set_kube_proxy_status.id(), &row));
         }
         for row @ [m, st] in r.act_start.rows(&db) {
-            push(Action::Start { machine: text(m), stage: text(st) }, proof(r.act_start.id(), &row));
+            let boot_id = boots.get(db.sym(m)).map(|b| b.to_string());
+            push(Action::Start { machine: text(m), stage: text(st), boot_id }, proof(r.act_start.id(), &row));
         }
         for row @ [m, ns, img] in r.act_pull_image.rows(&db) {
             let namespace = ContainerdNamespace::parse(db.sym(ns)).ok_or_else(|| PlanError::Decode {
@@ -585,7 +621,20 @@ impl Planner {
             paths.sort();
             actions.push((Action::Apply { node: node_of(&m), machine: m, paths, payload: None }, proofs));
         }
+        let mut staged: BTreeMap<String, (Vec<String>, Vec<usize>)> = BTreeMap::new();
+        for row @ [m, path] in r.act_apply_staged.rows(&db) {
+            let e = staged.entry(text(m)).or_default();
+            e.0.push(text(path));
+            e.1.extend(proof(r.act_apply_staged.id(), &row));
+        }
+        for (m, (mut paths, proofs)) in staged {
+            paths.sort();
+            actions.push((Action::ApplyStaged { node: node_of(&m), machine: m, paths, payload: None }, proofs));
+        }
         let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
+        for row @ [m] in r.act_reboot.rows(&db) {
+            push(Action::Reboot { machine: text(m), node: node_of(db.sym(m)) }, proof(r.act_reboot.id(), &row));
+        }
         for row @ [m] in r.act_done.rows(&db) {
             push(Action::Done { machine: text(m) }, proof(r.act_done.id(), &row));
         }
@@ -676,13 +725,17 @@ impl Planner {
             None => s.operation.phase,
         };
         let confirmation = (s.operation.phase == Phase::Pending).then(|| {
-            let t = if s.operation.kind == OperationKind::Cni { "ConfirmSwitch" } else { "ConfirmUpgrade" };
-            // The order is the rules' (`upgrade_order`): ranked there, listed here.
+            let t = match s.operation.kind {
+                OperationKind::Cni => "ConfirmSwitch",
+                OperationKind::Config => "ConfirmRollout",
+                _ => "ConfirmUpgrade",
+            };
+            // The order is the rules' (`operation_order`): ranked there, listed here.
             let mut order: Vec<(i64, i64, &str)> =
-                r.upgrade_order.rows(&db).map(|[m, rank, i]| (num(rank), num(i), db.sym(m))).collect();
+                r.operation_order.rows(&db).map(|[m, rank, i]| (num(rank), num(i), db.sym(m))).collect();
             order.sort_unstable();
             let names: Vec<&str> = order.iter().map(|o| o.2).collect();
-            self.message(t, &data(json!({"order": names.join(", ")})))
+            self.message(t, &data(json!({"order": names.join(", "), "count": names.len()})))
         });
         let cilium_job_mode = match r.cilium_job_mode.rows(&db).next() {
             Some([m]) => Some(mode(&db, "cilium_job_mode", m)?),

@@ -109,6 +109,9 @@ pub struct Machine {
     /// Talos carry it. Absent: reached by its name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// The boot the node is on (its Node's `status.nodeInfo.bootID`), when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -223,6 +226,9 @@ pub struct Operation {
     pub target_kubernetes: Option<String>,
     #[serde(default)]
     pub target_kube_proxy: Option<KubeProxyMode>,
+    /// The machines a config rollout takes (empty: every machine with a reboot-class change).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_machines: Vec<String>,
     #[serde(default = "one")]
     pub max_unavailable: i64,
     /// The phase held in status.
@@ -301,6 +307,9 @@ pub struct MachineProgress {
     #[serde(default)]
     pub stage: Option<String>,
     pub started_at: String,
+    /// The node's boot ID when the step started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -345,7 +354,7 @@ pub fn epoch(s: &str) -> Option<i64> {
 
 /// The operation kinds the rules know.
 /// The operation kinds the shipped rules plan (the others are the controller's, not yet rules).
-pub const KINDS: [OperationKind; 2] = [OperationKind::Kubernetes, OperationKind::Cni];
+pub const KINDS: [OperationKind; 3] = [OperationKind::Kubernetes, OperationKind::Cni, OperationKind::Config];
 
 fn version_ok(v: &str) -> bool {
     engine::parse_version(v).is_some()

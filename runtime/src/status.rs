@@ -41,11 +41,12 @@ pub fn record(s: &ObservedState, plan: &Plan, failed: &[(String, String)]) -> Ob
                 op.paused_reason = None;
                 op.intent.resumed = op.intent.resume;
             }
-            Action::Start { machine, stage } => {
+            Action::Start { machine, stage, boot_id } => {
                 let p = MachineProgress {
                     phase: MachinePhase::Applying,
                     stage: Some(stage.clone()),
                     started_at: s.now.clone(),
+                    boot_id: boot_id.clone(),
                 };
                 op.machines.insert(machine.clone(), p);
             }
@@ -80,6 +81,7 @@ pub fn record(s: &ObservedState, plan: &Plan, failed: &[(String, String)]) -> Ob
             phase: MachinePhase::Failed,
             stage: None,
             started_at: s.now.clone(),
+            boot_id: None,
         });
         p.phase = MachinePhase::Failed;
         op.paused_reason = Some(message.clone());

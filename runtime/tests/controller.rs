@@ -684,3 +684,155 @@ async fn the_machine_controller_applies_a_safe_patch_live_and_never_a_reboot_cla
     let r = w.controller.reconcile_machine(NS, "w1", now).await.unwrap();
     assert!(r.applied.is_empty(), "{r:?}");
 }
+
+/// Every machine of the example cluster with the worker this file adds: name and address.
+const ALL_MACHINES: [(&str, &str); 5] =
+    [("cp1", "10.0.0.11"), ("cp2", "10.0.0.12"), ("cp3", "10.0.0.13"), ("w1", "10.0.0.21"), ("w2", "10.0.0.22")];
+
+/// A config rollout of a reboot-class patch (a kernel module on every machine), by reconciles,
+/// some of them killed when `seed` is not 0. Checked at every step: at most one machine between
+/// its start and its verification, cordoned while so. Returns each node's running config and
+/// the order the machines started in.
+async fn rollout_with_kills(seed: u64) -> (BTreeMap<String, String>, Vec<String>) {
+    let w = Arc::new(cluster().await);
+    for (_, address) in ALL_MACHINES {
+        w.demo.fleet.set_reboot_time(address, Some(Duration::from_millis(120)));
+    }
+    let client = w.api.client();
+    let patches: Api<render::api::TalosConfigPatch> = Api::namespaced(client.clone(), NS);
+    let mut spec = render::api::TalosConfigPatchSpec {
+        order: 60,
+        patch: "machine:\n  kernel:\n    modules:\n      - name: br_netfilter\n".into(),
+        ..Default::default()
+    };
+    spec.cluster_ref.name = "lab".into();
+    patches.create(&PostParams::default(), &render::api::TalosConfigPatch::new("module", spec)).await.unwrap();
+    // The machine controller reports it and applies nothing.
+    let r = w.controller.reconcile_machine(NS, "cp1", "2026-11-30T10:00:00Z").await.unwrap();
+    assert_eq!(r.condition.reason, "RebootRequired", "{r:?}");
+    // `ichor config apply --yes`: a TalosOperation of kind config.
+    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
+    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
+    spec.cluster_ref.name = "lab".into();
+    spec.kind = render::api::OperationKind::Config;
+    ops.create(&PostParams::default(), &TalosOperation::new("config-rollout", spec)).await.unwrap();
+    let controller = Arc::new(w.demo.controller("v1.37.0", Some("w1".into())).unwrap());
+    let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
+    let (mut z, mut kills, mut order) = (seed, 0, Vec::<String>::new());
+    for i in 0..2000 {
+        let now = runtime::plan::rfc3339(t0 + 5 * i);
+        let c = controller.clone();
+        let task = tokio::spawn(async move { c.reconcile(NS, "config-rollout", &now).await });
+        z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if seed != 0 && (z >> 40).is_multiple_of(3) {
+            tokio::time::sleep(Duration::from_micros((z >> 20) % 30_000)).await;
+            task.abort();
+            let _ = task.await;
+            kills += 1;
+        } else {
+            let r = task.await.unwrap().unwrap();
+            assert!(r.plan.phase != Phase::Paused, "paused at reconcile {i}: {:#?}", r.plan.actions);
+            if r.plan.phase == Phase::Completed {
+                break;
+            }
+        }
+        let st = ops.get("config-rollout").await.unwrap().status.unwrap_or_default();
+        let applying: Vec<&String> = st
+            .machines
+            .iter()
+            .filter(|(_, p)| p.phase == render::api::MachinePhase::Applying)
+            .map(|(m, _)| m)
+            .collect();
+        assert!(applying.len() <= 1, "more than one machine at a time: {applying:?}");
+        // Cordoned from its start to its verification (a killed start records nothing).
+        for m in &applying {
+            let node = w.api.get("", "nodes", "", m).unwrap();
+            assert_eq!(node["spec"]["unschedulable"], json!(true), "{m} is being rebooted uncordoned");
+        }
+        for m in st.machines.keys() {
+            if !order.contains(m) {
+                order.push(m.clone());
+            }
+        }
+        kubelets(&w).await;
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    let st = ops.get("config-rollout").await.unwrap().status.unwrap_or_default();
+    assert_eq!(st.phase, Some(Phase::Completed), "after {kills} kill(s): {st:?}");
+    assert!(seed == 0 || kills > 0, "seed {seed} killed no reconcile");
+    let mut end = BTreeMap::new();
+    for (name, address) in ALL_MACHINES {
+        let running = w.controller.talos.running_config(address).await.unwrap();
+        assert!(running.contains("br_netfilter"), "{name}: {running}");
+        end.insert(name.to_string(), running);
+        // Rebooted once, whatever the kills: a node back on its render is never rebooted again.
+        assert_eq!(w.demo.fleet.reboots(address), 1, "{name} after {kills} kill(s)");
+        let node = w.api.get("", "nodes", "", name).unwrap();
+        assert_ne!(node["spec"]["unschedulable"], json!(true), "{name} left cordoned");
+        assert_eq!(node["status"]["conditions"][0]["status"], "True", "{name}");
+    }
+    // The machine controller finds every machine converged.
+    for (name, _) in ALL_MACHINES {
+        let r = w.controller.reconcile_machine(NS, name, "2026-11-30T11:00:00Z").await.unwrap();
+        assert_eq!(r.condition.reason, "Converged", "{name}: {r:?}");
+    }
+    (end, order)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_rollout_reboots_one_machine_at_a_time_control_planes_first_own_node_last() {
+    let (_, order) = rollout_with_kills(0).await;
+    assert_eq!(order, ["cp1", "cp2", "cp3", "w2", "w1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_rollout_killed_at_random_points_reboots_each_machine_once() {
+    let clean = rollout_with_kills(0).await;
+    let runs = if std::env::var_os("ICHOR_LONG_TESTS").is_some() { 6 } else { 1 };
+    for seed in 1..=runs {
+        let crashed = rollout_with_kills(seed).await;
+        assert_eq!(crashed, clean, "seed {seed}: a different end state");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_does_not_come_back_pauses_the_rollout_naming_it_and_nothing_else_reboots() {
+    let w = cluster().await;
+    // cp1 goes away on its reboot and never comes back.
+    w.demo.fleet.set_reboot_time("10.0.0.11", None);
+    let client = w.api.client();
+    let patches: Api<render::api::TalosConfigPatch> = Api::namespaced(client.clone(), NS);
+    let mut spec = render::api::TalosConfigPatchSpec {
+        order: 60,
+        patch: "machine:\n  kernel:\n    modules:\n      - name: br_netfilter\n".into(),
+        ..Default::default()
+    };
+    spec.cluster_ref.name = "lab".into();
+    patches.create(&PostParams::default(), &render::api::TalosConfigPatch::new("module", spec)).await.unwrap();
+    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
+    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
+    spec.cluster_ref.name = "lab".into();
+    spec.kind = render::api::OperationKind::Config;
+    ops.create(&PostParams::default(), &TalosOperation::new("config-rollout", spec)).await.unwrap();
+    let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
+    let mut last = None;
+    for i in 0..40 {
+        let r = w.controller.reconcile(NS, "config-rollout", &runtime::plan::rfc3339(t0 + 60 * i)).await.unwrap();
+        kubelets(&w).await;
+        last = Some(r.plan.phase);
+        if r.plan.phase == Phase::Paused {
+            break;
+        }
+    }
+    assert_eq!(last, Some(Phase::Paused));
+    let st = ops.get("config-rollout").await.unwrap().status.unwrap();
+    let why = st.paused_reason.unwrap_or_default();
+    assert!(why.contains("machine cp1") && why.contains("did not come back"), "{why}");
+    for (name, address) in ALL_MACHINES {
+        assert_eq!(w.demo.fleet.reboots(address), u32::from(name == "cp1"), "{name}");
+    }
+    // Later reconciles keep it paused and reboot nothing.
+    let r = w.controller.reconcile(NS, "config-rollout", &runtime::plan::rfc3339(t0 + 3600)).await.unwrap();
+    assert_eq!(r.plan.phase, Phase::Paused);
+    assert!(r.outcome.done().is_empty(), "{:?}", r.outcome.done());
+}

@@ -119,6 +119,7 @@ fn machine_read(o: &NodeObservation, name: &str, role: Role, runs_controller: bo
             .collect(),
         kube_proxy_manifest: (role == Role::Controlplane).then(|| o.manifests.iter().any(|m| m == "10-kube-proxy")),
         address: None,
+        boot_id: None,
     }
 }
 
@@ -156,6 +157,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         kind: OperationKind::Kubernetes,
         target_kubernetes: Some(TARGET.into()),
         target_kube_proxy: None,
+        target_machines: vec![],
         max_unavailable: 1,
         phase: render::api::Phase::Pending,
         intent: Default::default(),

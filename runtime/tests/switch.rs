@@ -104,6 +104,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
         kind: OperationKind::Cni,
         target_kubernetes: None,
         target_kube_proxy: Some(target),
+        target_machines: vec![],
         max_unavailable: 1,
         phase: render::api::Phase::Pending,
         intent: Default::default(),
@@ -136,6 +137,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 kube_proxy_manifest: (role == Role::Controlplane)
                     .then(|| o.manifests.iter().any(|m| m == "10-kube-proxy")),
                 address: None,
+                boot_id: None,
             };
             machines.push(
                 runtime::assemble::machine(

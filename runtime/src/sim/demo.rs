@@ -167,10 +167,32 @@ impl Demo {
     /// control-plane mirror pods with their images, every DaemonSet rolled out.
     pub async fn kubelets(&self) {
         for (name, address, _) in &self.machines {
+            // A node away on a reboot: its Node goes Unknown (the node controller's word when a
+            // kubelet stops posting) and its mirror pods not Ready; the rest stays as it was.
+            let Some(boot_id) = self.fleet.boot_id(address) else {
+                if let Some(mut node) = self.api.get("", "nodes", "", name) {
+                    let ready = json!([{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]);
+                    if node.pointer("/status/conditions") != Some(&ready) {
+                        node["status"]["conditions"] = ready;
+                        self.api.put("", "nodes", node);
+                    }
+                }
+                for component in ["kube-apiserver", "kube-controller-manager", "kube-scheduler"] {
+                    let Some(mut pod) = self.api.get("", "pods", "kube-system", &format!("{component}-{name}")) else {
+                        continue;
+                    };
+                    let not_ready = json!([{"type": "Ready", "status": "False"}]);
+                    if pod.pointer("/status/conditions") != Some(&not_ready) {
+                        pod["status"]["conditions"] = not_ready;
+                        self.api.put("", "pods", pod);
+                    }
+                }
+                continue;
+            };
             let Ok(o) = observe_node(&self.talos, address).await else { continue };
             let version = o.kubelet_image.rsplit(':').next().unwrap_or_default().to_string();
             if let Some(mut node) = self.api.get("", "nodes", "", name) {
-                let status = json!({"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"kubeletVersion": version, "architecture": "amd64", "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "Talos", "systemUUID": ""}});
+                let status = json!({"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"kubeletVersion": version, "architecture": "amd64", "bootID": boot_id, "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "Talos", "systemUUID": ""}});
                 if node.get("status") != Some(&status) {
                     node["status"] = status;
                     self.api.put("", "nodes", node);
@@ -182,7 +204,9 @@ impl Demo {
                     "spec": {"nodeName": name, "containers": [{"name": component, "image": image}]},
                     "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
                 let current = self.api.get("", "pods", "kube-system", &format!("{component}-{name}"));
-                let same = current.as_ref().is_some_and(|c| c.get("spec") == pod.get("spec"));
+                let same = current
+                    .as_ref()
+                    .is_some_and(|c| c.get("spec") == pod.get("spec") && c.get("status") == pod.get("status"));
                 if !same {
                     self.api.put("", "pods", pod);
                 }

@@ -4,7 +4,9 @@
 //!
 //! Start at `Fleet::start` (nodes, a generated CA, one apid-style endpoint that routes by the
 //! `node` header), `Fleet::talosconfig` (a talosconfig for it), and `Fleet::set_fault` (latency,
-//! Unavailable, a call that never answers, a node that goes away). Each node keeps COSI
+//! Unavailable, a call that never answers, a node that goes away). MachineService.Reboot (and
+//! 1.13's REBOOT apply) takes a node away for `Fleet::set_reboot_time` (or for good); it comes
+//! back on a new boot ID running its persisted config. Each node keeps COSI
 //! resources (MachineConfig `v1alpha1` and `persistent`, KubeletSpec, the control-plane
 //! `*Configs`, Services, Manifests, ManifestStatuses) that an apply updates as Talos does, and
 //! records its image pulls per containerd namespace.
@@ -29,7 +31,8 @@ use crate::talos::proto::machine::machine_service_server::{MachineService, Machi
 use crate::talos::proto::machine::{
     ApplyConfiguration, ApplyConfigurationRequest, ApplyConfigurationResponse, FeaturesInfo, ImagePull,
     ImagePullRequest, ImagePullResponse, ImageServicePullProgress, ImageServicePullRequest, ImageServicePullResponse,
-    PlatformInfo, Version, VersionInfo, VersionResponse, image_service_pull_response,
+    PlatformInfo, Reboot, RebootRequest, RebootResponse, Version, VersionInfo, VersionResponse,
+    image_service_pull_response,
 };
 use crate::talos::proto::resource::config::MachineConfigSpec;
 use crate::talos::proto::talos::resource::definitions::k8s::{
@@ -102,6 +105,12 @@ struct NodeState {
     pulls: Vec<(String, String)>,
     reboots: u32,
     fault: Option<Fault>,
+    /// How long a reboot keeps the node away; `None`: it never comes back (a fault).
+    reboot_time: Option<Duration>,
+    /// Away on a reboot, until then (`Some(None)`: for good).
+    away: Option<Option<std::time::Instant>>,
+    /// Boots so far (the boot ID is made from it).
+    boot: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -158,6 +167,8 @@ const COMPONENTS: [(&str, &str, &str, &str); 3] = [
     ),
     ("SchedulerConfigs.kubernetes.talos.dev", "kube-scheduler", "scheduler", "KubeSchedulerConfig"),
 ];
+/// How long a reboot keeps a simulated node away unless a test says otherwise.
+pub const DEFAULT_REBOOT_TIME: Duration = Duration::from_millis(500);
 /// The Kubernetes version the fleet's configs start on (when a config names no image).
 pub const SIM_KUBERNETES: &str = "v1.36.4";
 
@@ -208,7 +219,17 @@ impl NodeState {
             problem: format!("{:?} is not a Talos version v1.X.Y", spec.talos),
         })?;
         let config = spec.config.clone().unwrap_or_else(|| initial_config(minor, spec.role).to_string());
-        let mut n = NodeState { spec, minor, resources: BTreeMap::new(), pulls: vec![], reboots: 0, fault: None };
+        let mut n = NodeState {
+            spec,
+            minor,
+            resources: BTreeMap::new(),
+            pulls: vec![],
+            reboots: 0,
+            fault: None,
+            reboot_time: Some(DEFAULT_REBOOT_TIME),
+            away: None,
+            boot: 1,
+        };
         n.set_config(&config, true);
         for svc in ["apid", "machined", "kubelet", "containerd"] {
             n.put(
@@ -229,6 +250,36 @@ impl NodeState {
             );
         }
         Ok(n)
+    }
+
+    /// The kernel's boot ID for this boot (what the kubelet reports as the Node's bootID).
+    fn boot_id(&self) -> String {
+        format!("sim-{}-boot-{}", self.spec.name, self.boot)
+    }
+
+    /// Starts a reboot: the node goes away now.
+    fn go_down(&mut self) {
+        self.reboots += 1;
+        self.away = Some(self.reboot_time.map(|d| std::time::Instant::now() + d));
+    }
+
+    /// A node whose reboot is over comes back on a new boot, running its persisted config.
+    /// Returns what changed.
+    fn settle(&mut self) -> Vec<(Key, Res)> {
+        let Some(Some(until)) = self.away else { return vec![] };
+        if std::time::Instant::now() < until {
+            return vec![];
+        }
+        self.away = None;
+        self.boot += 1;
+        let key = ("config".to_string(), MACHINE_CONFIG.to_string(), "persistent".to_string());
+        let text = self
+            .resources
+            .get(&key)
+            .and_then(|r| MachineConfigSpec::decode(r.proto.as_slice()).ok())
+            .map(|m| String::from_utf8_lossy(&m.yaml_marshalled).into_owned())
+            .unwrap_or_default();
+        self.set_config(&text, true)
     }
 
     fn put(&mut self, ns: &str, kind: &str, id: &str, proto: Vec<u8>, yaml: String) -> Option<(Key, Res)> {
@@ -473,13 +524,20 @@ impl Svc {
             [one] => one.to_str().map_err(|_| Status::invalid_argument("node metadata is not text"))?.to_string(),
             _ => return Err(Status::invalid_argument("node metadata can only have one value")),
         };
-        let fault = {
-            let nodes = self.0.nodes.lock().map_err(|_| Status::internal("simulated fleet state poisoned"))?;
-            match nodes.get(&node) {
-                Some(n) => n.fault,
+        let (fault, away, changed) = {
+            let mut nodes = self.0.nodes.lock().map_err(|_| Status::internal("simulated fleet state poisoned"))?;
+            match nodes.get_mut(&node) {
+                Some(n) => {
+                    let changed = n.settle();
+                    (n.fault, n.away.is_some(), changed)
+                }
                 None => return Err(Status::unavailable(format!("connection error: no route to {node}"))),
             }
         };
+        self.publish(&node, changed);
+        if away {
+            return Err(Status::unavailable(format!("connection error: {node} is rebooting")));
+        }
         match fault {
             None => {}
             Some(Fault::Latency(d)) => tokio::time::sleep(d).await,
@@ -612,11 +670,13 @@ impl MachineService for Svc {
         let details =
             if r.dry_run { format!("Dry run summary:\n{details} (dry run: nothing was applied)") } else { details };
         if !r.dry_run {
+            // REBOOT (1.13) persists the config and reboots: the node comes back running it.
             let changed = self.with_node(&node, |n| {
+                let changed = n.set_config(&text, mode != Mode::Staged && mode != Mode::Reboot);
                 if mode == Mode::Reboot {
-                    n.reboots += 1;
+                    n.go_down();
                 }
-                n.set_config(&text, mode != Mode::Staged)
+                changed
             })?;
             self.publish(&node, changed);
         }
@@ -649,6 +709,16 @@ impl MachineService for Svc {
                 features: Some(FeaturesInfo { rbac: true }),
             }],
         }))
+    }
+
+    async fn reboot(&self, req: Request<RebootRequest>) -> Result<Response<RebootResponse>, Status> {
+        let node = self.route(&req).await?;
+        allowed(&req, &["os:operator"])?;
+        let actor = self.with_node(&node, |n| {
+            n.go_down();
+            format!("reboot-{}-{}", n.spec.name, n.reboots)
+        })?;
+        Ok(Response::new(RebootResponse { messages: vec![Reboot { metadata: None, actor_id: actor }] }))
     }
 
     type KubeconfigStream = BoxStream<Data>;
@@ -895,9 +965,31 @@ impl Fleet {
         self.shared.nodes.lock().ok().and_then(|n| n.get(node).map(|n| n.pulls.clone())).unwrap_or_default()
     }
 
-    /// How many applies made the node reboot (Talos 1.13's AUTO or REBOOT).
+    /// How many times the node rebooted (MachineService.Reboot, or Talos 1.13's AUTO or REBOOT apply).
     pub fn reboots(&self, node: &str) -> u32 {
         self.shared.nodes.lock().ok().and_then(|n| n.get(node).map(|n| n.reboots)).unwrap_or_default()
+    }
+
+    /// How long a reboot keeps the node away (default `DEFAULT_REBOOT_TIME`); `None`: a fault,
+    /// the node never comes back.
+    pub fn set_reboot_time(&self, node: &str, time: Option<Duration>) {
+        if let Ok(mut nodes) = self.shared.nodes.lock()
+            && let Some(n) = nodes.get_mut(node)
+        {
+            n.reboot_time = time;
+        }
+    }
+
+    /// The node's boot ID, `None` while it is away rebooting. A node whose reboot is over comes
+    /// back here as on a call.
+    pub fn boot_id(&self, node: &str) -> Option<String> {
+        let mut nodes = self.shared.nodes.lock().ok()?;
+        let n = nodes.get_mut(node)?;
+        let changed = n.settle();
+        let id = n.away.is_none().then(|| n.boot_id());
+        drop(nodes);
+        Svc(self.shared.clone()).publish(node, changed);
+        id
     }
 }
 

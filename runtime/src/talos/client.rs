@@ -13,8 +13,8 @@ use super::proto::cosi::resource::{GetRequest, ListRequest, Resource, state_clie
 use super::proto::machine::apply_configuration_request::Mode;
 use super::proto::machine::image_service_pull_response::Response as PullResponse;
 use super::proto::machine::{
-    ApplyConfigurationRequest, ImagePullRequest, ImageServicePullRequest, image_service_client::ImageServiceClient,
-    machine_service_client::MachineServiceClient,
+    ApplyConfigurationRequest, ImagePullRequest, ImageServicePullRequest, RebootRequest,
+    image_service_client::ImageServiceClient, machine_service_client::MachineServiceClient, reboot_request,
 };
 use crate::plan::ContainerdNamespace;
 use prost::Message;
@@ -129,7 +129,7 @@ pub struct Client {
 pub fn role_needed(call: &str) -> &'static str {
     match call {
         "ApplyConfiguration" | "Kubeconfig" | "MachineConfig" => "os:admin",
-        "ImagePull" | "ImageService.Pull" => "os:operator",
+        "ImagePull" | "ImageService.Pull" | "Reboot" => "os:operator",
         _ => "os:reader",
     }
 }
@@ -391,6 +391,16 @@ impl Client {
             }
             r => r,
         }
+    }
+
+    /// Reboots the node (MachineService.Reboot, mode DEFAULT): Talos answers at once and the
+    /// node goes away, coming back on a new boot. Never retried: a second call could reboot a
+    /// node that already came back.
+    pub async fn reboot(&self, node: &str) -> Result<(), TalosError> {
+        let req = RebootRequest { mode: reboot_request::Mode::Default as i32 };
+        self.once(node, "Reboot", 0, MachineServiceClient::new(self.channel(0)).reboot(self.request(node, req)))
+            .await
+            .map(|_| ())
     }
 
     /// The admin kubeconfig a control plane issues (the `kubeconfig` file of the .tar.gz).
