@@ -238,6 +238,10 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         plan.confirmation.clone().unwrap_or_else(|| format!("Start {op_name} on cluster {ns}/{}.", a.cluster));
     let op_yaml = serde_yaml::to_string(&op)?;
     let mut text = format!("{confirmation}\n");
+    // A rollout's preview names, per machine it takes, the changes the reboot is for.
+    for (machine, paths) in &plan.reboot_paths {
+        text += &format!("  {machine}: {}\n", paths.join(", "));
+    }
     if blocking.is_empty() {
         text += "Nothing blocks it now.\n";
     } else {
@@ -262,6 +266,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             "blocking": blocking,
             "waits": waits,
             "notes": riding,
+            "rebootPaths": plan.reboot_paths,
             "created": created,
         })
     };

@@ -368,6 +368,9 @@ pub struct Plan {
     /// The machines the operation still has work on (`work_left` in rules/backbone.rules),
     /// sorted: with those it started, the machines its progress counts.
     pub work_left: Vec<String>,
+    /// A config rollout's changes that need the reboot, per machine (`roll_path` in
+    /// rules/rollout.rules), sorted: what its preview lists.
+    pub reboot_paths: BTreeMap<String, Vec<String>>,
 }
 
 impl Plan {
@@ -743,6 +746,11 @@ impl Planner {
         };
         let mut work_left: Vec<String> = r.work_left.rows(&db).map(|[m]| db.sym(m).to_string()).collect();
         work_left.sort_unstable();
+        let mut reboot_paths: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for [m, path] in r.roll_path.rows(&db) {
+            reboot_paths.entry(text(m)).or_default().push(text(path));
+        }
+        reboot_paths.values_mut().for_each(|v| v.sort_unstable());
         Ok(Plan {
             operation: s.operation.name.clone(),
             kind: s.operation.kind,
@@ -752,6 +760,7 @@ impl Planner {
             proofs,
             cilium_job_mode,
             work_left,
+            reboot_paths,
         })
     }
 

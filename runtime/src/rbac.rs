@@ -62,8 +62,8 @@ pub const CONTROLLER_RULES: &[Rule] = &[
     Rule {
         group: "",
         resources: &["secrets"],
-        verbs: &["get"],
-        why: "the Talos secrets bundle a TalosCluster names (secretsRef), to render",
+        verbs: &["get", "list", "watch"],
+        why: "the Talos secrets bundle a TalosCluster names (secretsRef), to render; its changes wake the machines (watched by metadata only)",
     },
     Rule {
         group: "",

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use kube_client::api::Api;
 use kube_runtime::controller::Action;
 use kube_runtime::events::{Event, EventType, Recorder, Reporter};
-use kube_runtime::watcher;
+use kube_runtime::{WatchStreamExt, watcher};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -451,7 +451,15 @@ pub async fn run(
     });
     // A machine is woken by what its render reads and by its cluster's operations ending (an
     // ended one hands the machine back; a running one's status writes wake nothing): its
-    // cluster, the cluster's patches and operations.
+    // cluster, the cluster's patches and operations, and the namespace's Secrets (watched by
+    // their metadata alone: a Secret's data never enters a cache; a change wakes every machine
+    // of the namespace, as secrets change rarely).
+    let secrets = watcher::metadata_watcher(
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(ctx.controller.kube.clone(), &ns),
+        watcher::Config::default(),
+    )
+    .touched_objects()
+    .filter_map(|r| async move { r.ok().map(|_| ()) });
     let controller_machines = kube_runtime::Controller::new(machines, watcher::Config::default());
     let mstore = controller_machines.store();
     let machines_of = |store| of_cluster_in(store, |m: &render::api::TalosMachine| &m.spec.cluster_ref.name);
@@ -470,6 +478,7 @@ pub async fn run(
             let ended = o.status.as_ref().is_some_and(|s| s.phase().is_terminal());
             if ended { m3(o.spec.cluster_ref.name) } else { vec![] }
         })
+        .reconcile_all_on(secrets)
         .graceful_shutdown_on(shutdown)
         .run(reconcile_machine, machine_error_policy, ctx)
         .for_each(|r| async move {

@@ -301,6 +301,7 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
         proofs: Default::default(),
         cilium_job_mode: None,
         work_left: vec![],
+        reboot_paths: Default::default(),
     };
     let talos = k.talos.clone();
     let before = talos.running_config("w1").await.unwrap();

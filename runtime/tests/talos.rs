@@ -109,6 +109,19 @@ fn wire_responses_and_common_messages_use_facts_field_numbers() {
 }
 
 #[test]
+fn wire_reboot_messages_use_facts_field_numbers() {
+    use runtime::talos::proto::machine::{Reboot, RebootRequest, RebootResponse, reboot_request};
+    // RebootRequest{mode 1}: DEFAULT=0 (omitted), POWERCYCLE=1, FORCE=2.
+    let r = RebootRequest { mode: reboot_request::Mode::Powercycle as i32 };
+    assert_eq!(r.encode_to_vec(), [0x08, 0x01]);
+    assert_eq!(RebootRequest { mode: reboot_request::Mode::Default as i32 }.encode_to_vec(), [0u8; 0]);
+    assert_eq!(reboot_request::Mode::Force as i32, 2);
+    // RebootResponse{messages 1: Reboot{metadata 1, actor_id 2}}.
+    let resp = RebootResponse { messages: vec![Reboot { metadata: None, actor_id: "a".into() }] };
+    assert_eq!(resp.encode_to_vec(), [0x0a, 3, 0x12, 1, b'a']);
+}
+
+#[test]
 fn wire_cosi_messages_use_facts_field_numbers() {
     use runtime::talos::proto::cosi::resource::*;
     let g = GetRequest { namespace: "n".into(), r#type: "t".into(), id: "i".into(), options: Some(GetOptions {}) };
@@ -518,4 +531,42 @@ async fn talosconfig_errors_name_the_file_and_field_and_never_the_key() {
     let e = ctx.credentials(n, "tc.yaml", now()).unwrap_err();
     assert_eq!(e.field, "contexts.sim.crt");
     assert!(e.problem.contains("expired"), "{e}");
+}
+
+#[tokio::test]
+async fn a_reboot_takes_the_node_away_and_it_comes_back_on_a_new_boot_running_its_persisted_config() {
+    let f = fleet().await;
+    let c = admin(&f);
+    f.set_reboot_time("w1", Some(Duration::from_millis(200)));
+    let boot = f.boot_id("w1").unwrap();
+    let before = c.running_config("w1").await.unwrap();
+    let desired = bump_kubelet(&before);
+    c.apply("w1", desired.as_bytes(), ApplyMode::Staged, false).await.unwrap();
+    c.reboot("w1").await.unwrap();
+    // Away: every call answers Unavailable (as apid does for a node it cannot reach).
+    assert!(matches!(c.version("w1").await, Err(e) if e.is_transient()));
+    assert_eq!(f.boot_id("w1"), None);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // Back: a new boot, running what was staged.
+    let after = f.boot_id("w1").unwrap();
+    assert_ne!(after, boot);
+    assert_eq!(c.running_config("w1").await.unwrap(), desired);
+    assert_eq!(f.reboots("w1"), 1);
+    // The others never went away.
+    assert_eq!(c.version("cp1").await.unwrap().tag, "v1.14.3");
+    assert_eq!(f.reboots("cp1"), 0);
+}
+
+#[tokio::test]
+async fn a_node_that_never_comes_back_stays_unavailable_and_a_reader_cannot_reboot() {
+    let f = fleet().await;
+    let reader = client_for(&f.talosconfig(&["os:reader"]).unwrap(), Duration::from_secs(5));
+    assert!(matches!(reader.reboot("w1").await, Err(TalosError::PermissionDenied { needed: "os:operator", .. })));
+    assert_eq!(f.reboots("w1"), 0);
+    let c = admin(&f);
+    f.set_reboot_time("w1", None);
+    c.reboot("w1").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(matches!(c.version("w1").await, Err(e) if e.is_transient()));
+    assert_eq!(f.boot_id("w1"), None);
 }

@@ -16,6 +16,7 @@ use crate::talos::config::TalosConfig;
 use crate::talos::observe::observe_node;
 use render::api::Role;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -191,7 +192,25 @@ impl Demo {
             };
             let Ok(o) = observe_node(&self.talos, address).await else { continue };
             let version = o.kubelet_image.rsplit(':').next().unwrap_or_default().to_string();
+            // The node labels the running config sets (Talos's node-labels controller puts them
+            // on the Node live).
+            let labels = match self.talos.running_config(address).await {
+                Ok(text) => config_node_labels(&text),
+                Err(_) => BTreeMap::new(),
+            };
             if let Some(mut node) = self.api.get("", "nodes", "", name) {
+                let mut relabelled = false;
+                for (k, v) in &labels {
+                    if node.pointer(&format!("/metadata/labels/{}", k.replace('~', "~0").replace('/', "~1")))
+                        != Some(&json!(v))
+                    {
+                        node["metadata"]["labels"][k] = json!(v);
+                        relabelled = true;
+                    }
+                }
+                if relabelled {
+                    self.api.put("", "nodes", node.clone());
+                }
                 let status = json!({"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"kubeletVersion": version, "architecture": "amd64", "bootID": boot_id, "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "Talos", "systemUUID": ""}});
                 if node.get("status") != Some(&status) {
                     node["status"] = status;
@@ -222,6 +241,31 @@ impl Demo {
             tokio::time::sleep(every).await;
         }
     }
+}
+
+/// The node labels a machine config sets: v1.14's `KubeNodeConfig.labels`, else the legacy
+/// `machine.nodeLabels`.
+fn config_node_labels(text: &str) -> BTreeMap<String, String> {
+    use serde::Deserialize;
+    let mut out = BTreeMap::new();
+    for d in serde_yaml::Deserializer::from_str(text) {
+        let Ok(v) = serde_yaml::Value::deserialize(d) else { continue };
+        let labels = if v.get("kind").and_then(|k| k.as_str()) == Some("KubeNodeConfig") {
+            v.get("labels")
+        } else if v.get("kind").is_none() {
+            v.get("machine").and_then(|m| m.get("nodeLabels"))
+        } else {
+            None
+        };
+        if let Some(serde_yaml::Value::Mapping(m)) = labels {
+            for (k, val) in m {
+                if let (Some(k), Some(val)) = (k.as_str(), render::yaml::scalar_text(val)) {
+                    out.insert(k.to_string(), val);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Every DaemonSet rolled out on `nodes` nodes at its current generation (what the
