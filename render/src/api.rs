@@ -331,6 +331,28 @@ pub struct TalosMachineStatus {
     /// render reads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_inputs_hash: Option<String>,
+    /// The node's boot as the machine controller first saw it: what its reboot-class paths held
+    /// then (`render::boot`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<BootRecord>,
+    /// Reboot-class paths whose running value changed within this boot (applied live, by Ichor
+    /// or by hand): applied, they take effect after the next reboot. A config rollout takes
+    /// the machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applied_awaiting_reboot: Vec<String>,
+}
+
+/// A node's boot, recorded when the machine controller first sees it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BootRecord {
+    /// The kernel's boot ID (Talos's `BootIDs` resource).
+    pub id: String,
+    /// A hash of the running config seen on that boot.
+    pub config_hash: String,
+    /// A salted digest of each reboot-class value of that config, by path.
+    #[serde(default)]
+    pub reboot_values: BTreeMap<String, String>,
 }
 
 /// A strategic-merge patch (Talos's format) applied to the machines it selects.

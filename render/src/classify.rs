@@ -47,6 +47,7 @@ struct Rels {
     node_unreachable: Input<1>,
     entry_applied_by: Input<2>,
     operation_in_progress: Input<1>,
+    applied_awaiting_reboot: Input<1>,
     class_of: Output<3>,
     decided_by: Output<3>,
     verdict: Output<1>,
@@ -86,6 +87,7 @@ impl Rels {
             node_unreachable: b.input("node_unreachable", [("why", S)]),
             entry_applied_by: b.input("entry_applied_by", [("entry", N), ("operation", S)]),
             operation_in_progress: b.input("operation_in_progress", [("name", S)]),
+            applied_awaiting_reboot: b.input("applied_awaiting_reboot", [("path", S)]),
             class_of: b.output("class_of", [("path", S), ("class", S), ("reason", S)]),
             decided_by: b.output("decided_by", [("path", S), ("class", S), ("entry", N)]),
             verdict: b.output("verdict", [("verdict", S)]),
@@ -250,6 +252,9 @@ pub struct MachineContext {
     pub node_unreachable: Option<String>,
     /// An operation of the cluster that has not ended (its name): the machine is left to it.
     pub operation_in_progress: Option<String>,
+    /// Reboot-class paths whose running value changed within the node's current boot
+    /// (`render::boot`): applied, they take effect after the next reboot.
+    pub applied_awaiting_reboot: Vec<String>,
 }
 
 /// Why a classification could not run.
@@ -583,6 +588,9 @@ impl Classifier {
             }
             if let Some(o) = &m.operation_in_progress {
                 one(r.operation_in_progress, o);
+            }
+            for p in &m.applied_awaiting_reboot {
+                one(r.applied_awaiting_reboot, p);
             }
             if m.inputs_unchanged {
                 r.inputs_unchanged.push(&mut b, []);

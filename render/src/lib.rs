@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod boot;
 pub mod cilium;
 pub mod classify;
 pub mod config;

@@ -154,6 +154,7 @@ pub fn context(m: &Manifests, mch: &TalosMachine, rendered: &Rendered) -> Machin
         render_failed: None,
         node_unreachable: None,
         operation_in_progress: None,
+        applied_awaiting_reboot: vec![],
     }
 }
 
@@ -171,5 +172,6 @@ pub fn rejected_context(m: &Manifests, mch: &TalosMachine, problem: String) -> M
         render_failed: Some(problem),
         node_unreachable: None,
         operation_in_progress: None,
+        applied_awaiting_reboot: vec![],
     }
 }

@@ -67,6 +67,7 @@ fn main() {
                 kube_proxy_manifest: None,
                 address: None,
                 boot_id: None,
+                awaiting_reboot: vec![],
             };
             snap.push(cache.machine(&classifier, &read, Some(text), rendered).unwrap());
         }

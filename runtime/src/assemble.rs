@@ -67,6 +67,10 @@ pub struct MachineRead {
     pub address: Option<String>,
     /// Its Node's boot ID, when the kubelet reported one.
     pub boot_id: Option<String>,
+    /// Its TalosMachine's `status.appliedAwaitingReboot`.
+    pub awaiting_reboot: Vec<String>,
+    /// Talos services that are not running and healthy, when its Talos was read.
+    pub unhealthy_services: Vec<String>,
 }
 
 /// The machine's snapshot entry; `running` is its running config, `None` when the node could
@@ -100,6 +104,8 @@ fn entry(m: &MachineRead, contract: Contract, pending: Option<Vec<PendingPath>>)
         conditions: BTreeMap::new(),
         address: m.address.clone(),
         boot_id: m.boot_id.clone(),
+        awaiting_reboot: m.awaiting_reboot.clone(),
+        unhealthy_services: m.unhealthy_services.clone(),
     }
 }
 
@@ -244,6 +250,8 @@ pub struct TalosRead {
     pub running_config: String,
     /// The bootstrap manifests Talos rendered there (ids, e.g. `10-kube-proxy`).
     pub manifests: Vec<String>,
+    /// Talos services that are not running and healthy (`etcd` on a control plane, ...).
+    pub unhealthy_services: Vec<String>,
 }
 
 /// What one reconcile read from Kubernetes and Talos, as plain data: the objects as the API
@@ -436,6 +444,8 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .map(|t| t.manifests.iter().any(|x| x == crate::plan::KUBE_PROXY_MANIFEST)),
             address: Some(m.spec.address.clone()),
             boot_id: status.and_then(|s| s.node_info.as_ref()).map(|i| i.boot_id.clone()).filter(|b| !b.is_empty()),
+            awaiting_reboot: m.status.as_ref().map(|s| s.applied_awaiting_reboot.clone()).unwrap_or_default(),
+            unhealthy_services: talos.map(|t| t.unhealthy_services.clone()).unwrap_or_default(),
         };
         let running = talos.map(|t| t.running_config.as_str());
         machines.push(
@@ -549,7 +559,15 @@ mod tests {
                 let name = mch.metadata.name.clone().unwrap();
                 let r = render::machine::render_checked(&m, &name, None, c).unwrap();
                 (name != down).then(|| {
-                    (name, TalosRead { talos_version: "v1.14.3".into(), running_config: r.text, manifests: vec![] })
+                    (
+                        name,
+                        TalosRead {
+                            talos_version: "v1.14.3".into(),
+                            running_config: r.text,
+                            manifests: vec![],
+                            unhealthy_services: vec![],
+                        },
+                    )
                 })
             })
             .collect();

@@ -230,6 +230,12 @@ impl Controller {
                         talos_version: o.talos_version,
                         running_config: o.running_config,
                         manifests: o.manifests,
+                        unhealthy_services: o
+                            .services
+                            .iter()
+                            .filter(|(_, (running, healthy))| !(*running && *healthy))
+                            .map(|(s, _)| s.clone())
+                            .collect(),
                     },
                 )),
                 crate::talos::observe::Observed::Unknown { .. } => None,
@@ -342,6 +348,9 @@ impl Controller {
                     .map_err(|source| ControllerError::Classify { machine: machine.into(), source })
             };
         let mut live: Option<(String, Arc<render::render::Rendered>)> = None;
+        // The node's boot, as recorded (or first seen now): what waits for a reboot.
+        let mut boot = mch.status.as_ref().and_then(|s| s.boot.clone());
+        let mut awaiting: Vec<String> = vec![];
         let (outcome, hash) = match self.renders.render(&self.classifier, &manifests, machine) {
             Err(e) => {
                 let contract = self
@@ -360,8 +369,25 @@ impl Controller {
                         vec![]
                     }
                     Ok(text) => {
-                        let changes =
-                            render::diff::changes(&Config::parse(&text).unwrap_or_default(), &rendered.config);
+                        let running = Config::parse(&text).unwrap_or_default();
+                        // A boot ID Talos does not have (before 1.14) or cannot give now: no boot
+                        // is tracked, nothing is said to wait.
+                        if let Ok(Some(id)) = self.talos.boot_id(&mch.spec.address).await {
+                            let digests =
+                                render::boot::boot_digests(&self.classifier, rendered.contract, &running, &id)
+                                    .map_err(|source| ControllerError::Classify { machine: machine.into(), source })?;
+                            match &boot {
+                                Some(b) if b.id == id => {
+                                    awaiting = render::boot::changed_within_boot(&b.reboot_values, &digests);
+                                    mctx.applied_awaiting_reboot = awaiting.clone();
+                                }
+                                _ => {
+                                    let config_hash = crate::plan::config_hash(&text);
+                                    boot = Some(render::api::BootRecord { id, config_hash, reboot_values: digests });
+                                }
+                            }
+                        }
+                        let changes = render::diff::changes(&running, &rendered.config);
                         live = Some((text, rendered.clone()));
                         changes
                     }
@@ -412,6 +438,8 @@ impl Controller {
             "rebootPaths": reboot_paths,
             "desiredInputsHash": hash,
             "appliedInputsHash": applied,
+            "boot": boot,
+            "appliedAwaitingReboot": awaiting,
         }});
         // An unchanged status is not written again: each write is a watch event, which would
         // start this reconcile again.

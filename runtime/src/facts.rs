@@ -34,6 +34,8 @@ pub struct Rels {
     pub node_boot: Input<2>,
     pub progress_boot: Input<2>,
     pub rollout_machine: Input<1>,
+    pub awaiting_reboot: Input<2>,
+    pub service_unhealthy: Input<2>,
     pub pending_restart: Input<3>,
     pub cilium_values_refused: Input<2>,
     pub target_kubernetes: Input<1>,
@@ -127,6 +129,8 @@ impl Rels {
             node_boot: b.input("node_boot", [("machine", S), ("boot", S)]),
             progress_boot: b.input("progress_boot", [("machine", S), ("boot", S)]),
             rollout_machine: b.input("rollout_machine", [("machine", S)]),
+            awaiting_reboot: b.input("awaiting_reboot", [("machine", S), ("path", S)]),
+            service_unhealthy: b.input("service_unhealthy", [("machine", S), ("service", S)]),
             pending_restart: b.input("pending_restart", [("machine", S), ("path", S), ("service", S)]),
             cilium_values_refused: b.input("cilium_values_refused", [("mode", S), ("refusal", S)]),
             target_kubernetes: b.input("target_kubernetes", [("version", S)]),
@@ -340,6 +344,14 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
         if let Some(boot) = &m.boot_id {
             let row = [name, b.sym(boot)];
             r.node_boot.push(&mut b, row);
+        }
+        for p in &m.awaiting_reboot {
+            let row = [name, b.sym(p)];
+            r.awaiting_reboot.push(&mut b, row);
+        }
+        for svc in &m.unhealthy_services {
+            let row = [name, b.sym(svc)];
+            r.service_unhealthy.push(&mut b, row);
         }
         if let Some(c) = m.contract {
             let row = [name, b.sym(&c.to_string())];

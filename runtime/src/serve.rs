@@ -454,8 +454,11 @@ pub async fn run(
     // cluster, the cluster's patches and operations, and the namespace's Secrets (watched by
     // their metadata alone: a Secret's data never enters a cache; a change wakes every machine
     // of the namespace, as secrets change rarely).
-    let secrets = watcher::metadata_watcher(
-        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(ctx.controller.kube.clone(), &ns),
+    let secrets = watcher::watcher(
+        Api::<kube_client::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>>::namespaced(
+            ctx.controller.kube.clone(),
+            &ns,
+        ),
         watcher::Config::default(),
     )
     .touched_objects()

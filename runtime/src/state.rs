@@ -112,6 +112,13 @@ pub struct Machine {
     /// The boot the node is on (its Node's `status.nodeInfo.bootID`), when reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// Reboot-class paths applied within the node's current boot, not in effect until the next
+    /// (its TalosMachine's `status.appliedAwaitingReboot`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub awaiting_reboot: Vec<String>,
+    /// Talos services not running and healthy (`etcd`, ...), as its Talos reported them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unhealthy_services: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -836,3 +836,79 @@ async fn a_node_that_does_not_come_back_pauses_the_rollout_naming_it_and_nothing
     assert_eq!(r.plan.phase, Phase::Paused);
     assert!(r.outcome.done().is_empty(), "{:?}", r.outcome.done());
 }
+
+/// Talos 1.14 takes a reboot-class change live (here applied by hand, as with talosctl): the
+/// node runs its render, yet the change is not in effect until it boots again. The machine's
+/// status says so per path, and a config rollout reboots it (nothing to apply), after which the
+/// machine is Converged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reboot_class_change_applied_within_a_boot_waits_for_the_rollout_to_reboot_the_node() {
+    let w = cluster().await;
+    let now = "2026-11-30T10:00:00Z";
+    let r = w.controller.reconcile_machine(NS, "w2", now).await.unwrap();
+    assert_eq!(r.condition.reason, "Converged", "{r:?}");
+    let booted = w.api.get("ichor.maesh.dev", "talosmachines", NS, "w2").unwrap()["status"]["boot"]["id"].clone();
+    assert!(booted.as_str().is_some_and(|b| !b.is_empty()), "the boot is recorded: {booted}");
+    // A kernel module for w2 only; the machine controller leaves it.
+    let patches: Api<render::api::TalosConfigPatch> = Api::namespaced(w.api.client(), NS);
+    let mut spec = render::api::TalosConfigPatchSpec {
+        order: 60,
+        patch: "machine:\n  kernel:\n    modules:\n      - name: br_netfilter\n".into(),
+        ..Default::default()
+    };
+    spec.cluster_ref.name = "lab".into();
+    spec.selector.machines = vec!["w2".into()];
+    patches.create(&PostParams::default(), &render::api::TalosConfigPatch::new("module", spec)).await.unwrap();
+    let r = w.controller.reconcile_machine(NS, "w2", now).await.unwrap();
+    assert_eq!(r.condition.reason, "RebootRequired", "{r:?}");
+    // Someone applies it by hand with NO_REBOOT: Talos 1.14 accepts it live.
+    let running = w.controller.talos.running_config("10.0.0.22").await.unwrap();
+    let mut docs: Vec<serde_yaml::Value> = running.split("\n---\n").map(|d| serde_yaml::from_str(d).unwrap()).collect();
+    docs[0]["machine"]["kernel"] = serde_yaml::from_str("modules:\n  - name: br_netfilter\n").unwrap();
+    let text: Vec<String> = docs.iter().map(|d| serde_yaml::to_string(d).unwrap()).collect();
+    w.controller
+        .talos
+        .apply("10.0.0.22", text.join("---\n").as_bytes(), runtime::talos::client::ApplyMode::NoReboot, false)
+        .await
+        .unwrap();
+    // (The hand-written YAML may differ from the render in a live path: the machine controller
+    // applies that at once; the module it leaves.)
+    let mut r = w.controller.reconcile_machine(NS, "w2", now).await.unwrap();
+    if r.condition.reason == "Applying" {
+        r = w.controller.reconcile_machine(NS, "w2", now).await.unwrap();
+    }
+    assert_eq!(r.condition.reason, "RebootPending", "{r:?}");
+    assert!(r.condition.message.contains("takes effect after the next reboot"), "{r:?}");
+    let st = w.api.get("ichor.maesh.dev", "talosmachines", NS, "w2").unwrap()["status"].clone();
+    assert_eq!(st["appliedAwaitingReboot"], json!(["machine.kernel.modules[0].name"]), "{st}");
+    assert_eq!(st["rebootPaths"], json!(["machine.kernel.modules[0].name"]), "{st}");
+    // The rollout takes w2 alone and only reboots it.
+    let ops: Api<TalosOperation> = Api::namespaced(w.api.client(), NS);
+    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
+    spec.cluster_ref.name = "lab".into();
+    spec.kind = render::api::OperationKind::Config;
+    ops.create(&PostParams::default(), &TalosOperation::new("config-rollout", spec)).await.unwrap();
+    let t0 = runtime::state::epoch(now).unwrap();
+    let mut seen = vec![];
+    for i in 0..200 {
+        let r = w.controller.reconcile(NS, "config-rollout", &runtime::plan::rfc3339(t0 + 5 * i)).await.unwrap();
+        seen.extend(r.outcome.done());
+        if r.plan.phase == Phase::Completed {
+            break;
+        }
+        assert!(r.plan.phase != Phase::Paused, "{:#?}", r.plan.actions);
+        kubelets(&w).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(ops.get("config-rollout").await.unwrap().status.unwrap().phase, Some(Phase::Completed));
+    assert!(seen.iter().all(|a| !a.starts_with("apply")), "nothing to apply: {seen:#?}");
+    for (name, address) in ALL_MACHINES {
+        assert_eq!(w.demo.fleet.reboots(address), u32::from(name == "w2"), "{name}");
+    }
+    // On its new boot the change is in effect: Converged.
+    let r = w.controller.reconcile_machine(NS, "w2", "2026-11-30T11:00:00Z").await.unwrap();
+    assert_eq!(r.condition.reason, "Converged", "{r:?}");
+    let st = w.api.get("ichor.maesh.dev", "talosmachines", NS, "w2").unwrap()["status"].clone();
+    assert_ne!(st["boot"]["id"], booted);
+    assert!(st.get("appliedAwaitingReboot").is_none_or(|a| a == &json!([])), "{st}");
+}

@@ -231,6 +231,7 @@ impl NodeState {
             boot: 1,
         };
         n.set_config(&config, true);
+        n.publish_boot_id();
         for svc in ["apid", "machined", "kubelet", "containerd"] {
             n.put(
                 "runtime",
@@ -257,6 +258,17 @@ impl NodeState {
         format!("sim-{}-boot-{}", self.spec.name, self.boot)
     }
 
+    /// Talos 1.14 and later publish the boot ID as a COSI resource (`BootIDSpec{boot_id 1}`).
+    fn publish_boot_id(&mut self) -> Option<(Key, Res)> {
+        if self.minor < 14 {
+            return None;
+        }
+        let id = self.boot_id();
+        let mut proto = vec![0x0a, id.len() as u8];
+        proto.extend(id.as_bytes());
+        self.put("runtime", crate::talos::client::BOOT_IDS_TYPE, "boot-id", proto, format!("bootID: {id}\n"))
+    }
+
     /// Starts a reboot: the node goes away now.
     fn go_down(&mut self) {
         self.reboots += 1;
@@ -272,6 +284,7 @@ impl NodeState {
         }
         self.away = None;
         self.boot += 1;
+        let mut changed: Vec<(Key, Res)> = self.publish_boot_id().into_iter().collect();
         let key = ("config".to_string(), MACHINE_CONFIG.to_string(), "persistent".to_string());
         let text = self
             .resources
@@ -279,7 +292,8 @@ impl NodeState {
             .and_then(|r| MachineConfigSpec::decode(r.proto.as_slice()).ok())
             .map(|m| String::from_utf8_lossy(&m.yaml_marshalled).into_owned())
             .unwrap_or_default();
-        self.set_config(&text, true)
+        changed.extend(self.set_config(&text, true));
+        changed
     }
 
     fn put(&mut self, ns: &str, kind: &str, id: &str, proto: Vec<u8>, yaml: String) -> Option<(Key, Res)> {

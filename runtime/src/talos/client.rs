@@ -324,6 +324,20 @@ impl Client {
         })
     }
 
+    /// The node's boot ID (COSI `BootIDs.runtime.talos.dev` `runtime/boot-id`, Talos 1.14 and
+    /// later); `None` on a Talos that has no such resource.
+    pub async fn boot_id(&self, node: &str) -> Result<Option<String>, TalosError> {
+        match self.get(node, "runtime", BOOT_IDS_TYPE, "boot-id").await {
+            Ok(r) => {
+                let spec = r.spec.unwrap_or_default();
+                let yaml: serde_yaml::Value = serde_yaml::from_str(&spec.yaml_spec).unwrap_or_default();
+                Ok(yaml.get("bootID").and_then(|b| b.as_str()).map(str::to_string).filter(|b| !b.is_empty()))
+            }
+            Err(TalosError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Every COSI resource of a type in a namespace.
     pub async fn list(&self, node: &str, namespace: &str, kind: &str) -> Result<Vec<Resource>, TalosError> {
         use futures::StreamExt;
@@ -428,6 +442,8 @@ impl Client {
 
 /// The COSI type of the machine config.
 pub const MACHINE_CONFIG_TYPE: &str = "MachineConfigs.config.talos.dev";
+/// The boot ID resource (Talos 1.14 and later; FACTS, Reboots and boot IDs).
+pub const BOOT_IDS_TYPE: &str = "BootIDs.runtime.talos.dev";
 
 /// The config text of a MachineConfig resource: its `yaml_spec`, else the bytes its protobuf
 /// spec carries.
