@@ -68,6 +68,7 @@ fn main() {
                 address: None,
                 boot_id: None,
                 awaiting_reboot: vec![],
+                unhealthy_services: vec![],
             };
             snap.push(cache.machine(&classifier, &read, Some(text), rendered).unwrap());
         }

@@ -121,6 +121,7 @@ fn machine_read(o: &NodeObservation, name: &str, role: Role, runs_controller: bo
         address: None,
         boot_id: None,
         awaiting_reboot: vec![],
+        unhealthy_services: vec![],
     }
 }
 

@@ -139,6 +139,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 address: None,
                 boot_id: None,
                 awaiting_reboot: vec![],
+                unhealthy_services: vec![],
             };
             machines.push(
                 runtime::assemble::machine(
