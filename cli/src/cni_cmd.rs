@@ -141,8 +141,7 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
         }
         CniCommand::Values(ValuesCommand::Validate { file, kube_proxy }) => {
             let text = disk::read_text(&file, disk::caps::TEXT, "a Cilium values file")?;
-            let user: serde_json::Value =
-                serde_yaml::from_str(&text).with_context(|| format!("{}: not valid YAML", file.display()))?;
+            let user = read_values(&text, &file.display().to_string())?;
             let kube_proxy = KubeProxyMode::from(kube_proxy);
             let rs = cilium::validate(&user, &keys()?, kube_proxy == KubeProxyMode::Replaced);
             if rs.is_empty() {
@@ -214,7 +213,7 @@ fn helm_apply(
     let user: serde_json::Value = if text.trim().is_empty() {
         serde_json::Value::Null
     } else {
-        serde_yaml::from_str(&text).with_context(|| format!("{source}: not valid YAML or JSON"))?
+        read_values(&text, &source)?
     };
     let replaced = mode == KubeProxyMode::Replaced;
     let rs = cilium::validate(&user, &keys()?, replaced);
@@ -255,4 +254,14 @@ fn helm_apply(
         ),
         ..Report::default()
     })
+}
+
+/// Cilium values as the one bounded reader reads them (aliases cannot expand them past
+/// `render::config::MAX_CONFIG_BYTES`; a value never reaches the error), as JSON.
+fn read_values(text: &str, source: &str) -> Result<serde_json::Value> {
+    let v = render::yaml::parse(text, render::config::MAX_CONFIG_BYTES).map_err(|e| {
+        let at = e.line.map(|l| format!(":{l}:{}", e.col.unwrap_or(1))).unwrap_or_default();
+        anyhow::anyhow!("{source}{at}: not valid YAML or JSON: {}", e.message)
+    })?;
+    serde_json::to_value(v).with_context(|| format!("{source}: the values do not convert to JSON"))
 }

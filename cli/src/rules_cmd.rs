@@ -273,6 +273,11 @@ fn test(dir: &Path) -> Result<Report> {
     let (mut passed, mut failed) = (0, 0);
     for path in &cases_files {
         let text = disk::read_text(path, disk::caps::TEXT, "a rule-test file")?;
+        // The one bounded reader first: a rule-test file's aliases cannot expand it past the cap.
+        if let Err(e) = render::yaml::parse_documents(&text, disk::caps::TEXT) {
+            let at = e.line.map(|l| format!(":{l}:{}", e.col.unwrap_or(1))).unwrap_or_default();
+            anyhow::bail!("{}{at}: {}", path.display(), e.message);
+        }
         let cases = engine::ruletest::parse(&text).with_context(|| path.display().to_string())?;
         for case in &cases {
             let result = engine::ruletest::run(&engine, case);

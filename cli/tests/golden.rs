@@ -796,3 +796,96 @@ fn every_ichor_command_a_message_names_exists() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     assert!(seen.contains("operation resume") && seen.contains("status"), "{seen:?}");
 }
+
+/// Issue 25's holes, each closed: an alias bomb in a snapshot, a rule-test file and a values
+/// file ends in exit 2 naming the file and the cap, in seconds and within the 4 GiB limit; a
+/// secret written with a YAML tag never reaches an error; a schema whose definitions fan out
+/// recursively is refused in seconds.
+#[test]
+fn alias_bombs_tagged_secrets_and_recursive_schemas_are_refused_quickly() {
+    let dir = std::env::temp_dir().join(format!("ichor-holes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    // Nine levels of nine aliases each: 9^8 copies of the first list, about 400 MB expanded.
+    let mut bomb = String::from("l0: &l0 [\"xxxxxxxxxx\"]\n");
+    for i in 1..9 {
+        bomb += &format!("l{i}: &l{i} [{}]\n", vec![format!("*l{}", i - 1); 9].join(", "));
+    }
+    let timed = |args: Vec<String>, what: &str| {
+        let start = std::time::Instant::now();
+        let (code, out, err) = ichor_bounded(&args);
+        assert_eq!(code, 2, "{what}: {out}{err}");
+        assert!(err.contains("expands past"), "{what}: {err}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "{what}: {:?}", start.elapsed());
+        err
+    };
+    let state = dir.join("state.yaml");
+    std::fs::write(&state, &bomb).unwrap();
+    let err = timed(vec!["plan".into(), "--state".into(), s(&state)], "a snapshot");
+    assert!(err.contains(&s(&state)) || err.contains("state.yaml"), "{err}");
+    let values = dir.join("values.yaml");
+    std::fs::write(&values, &bomb).unwrap();
+    let err = timed(vec!["cni".into(), "values".into(), "validate".into(), s(&values)], "a values file");
+    assert!(err.contains("values.yaml"), "{err}");
+    let rules = dir.join("rules");
+    let status = Command::new("cp").arg("-rL").arg(root().join("rules")).arg(&rules).status().unwrap();
+    assert!(status.success());
+    std::fs::write(rules.join("tests/bomb.yaml"), format!("{bomb}cases: []\n")).unwrap();
+    let err = timed(vec!["rules".into(), "test".into(), "--rules".into(), s(&rules)], "a rule-test file");
+    assert!(err.contains("bomb.yaml"), "{err}");
+    // A secret with a tag: the reader's error never quotes it.
+    let secret = "PLANTED-s3cr3t-VALUE";
+    let base = dir.join("base.yaml");
+    std::fs::write(&base, "version: v1alpha1\nmachine:\n  type: controlplane\n").unwrap();
+    for tag in ["!!int", "!!bool", "!!float"] {
+        let planted = dir.join("planted.yaml");
+        std::fs::write(&planted, format!("version: v1alpha1\nmachine:\n  type: controlplane\n  token: {tag} \"{secret}\"\n"))
+            .unwrap();
+        check_run(&["config".into(), "diff".into(), "--from".into(), s(&base), "--to".into(), s(&planted)], Some(secret));
+        check_run(
+            &["config".into(), "diff".into(), "--from".into(), s(&planted), "--to".into(), s(&base), "--output".into(), "json".into()],
+            Some(secret),
+        );
+        let manifests = dir.join("manifests");
+        let _ = std::fs::remove_dir_all(&manifests);
+        let status =
+            Command::new("cp").arg("-rL").arg(root().join("examples/clusters/lab-v1.14")).arg(&manifests).status().unwrap();
+        assert!(status.success());
+        // The node config of `config diff --manifests`, and a patch.
+        check_run(
+            &[
+                "config".into(),
+                "diff".into(),
+                "--manifests".into(),
+                s(&manifests),
+                "--machine".into(),
+                "cp1".into(),
+                "--node-config".into(),
+                s(&planted),
+            ],
+            Some(secret),
+        );
+        std::fs::write(
+            manifests.join("tagged.yaml"),
+            format!("apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: tagged\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  patch: |\n    machine:\n      token: {tag} \"{secret}\"\n"),
+        )
+        .unwrap();
+        check_run(&["render".into(), "--manifests".into(), s(&manifests), "--machine".into(), "cp1".into()], Some(secret));
+    }
+    // A schema whose definition refers to itself through three fields: 3^24 paths to a walk
+    // bounded only by depth.
+    let schema = dir.join("schema.json");
+    std::fs::write(
+        &schema,
+        r##"{"$defs": {"root": {"properties": {"x": {"$ref": "#/$defs/n"}}}, "n": {"properties": {"a": {"$ref": "#/$defs/n"}, "b": {"$ref": "#/$defs/n"}, "c": {"$ref": "#/$defs/n"}}}}, "oneOf": [{"$ref": "#/$defs/root"}]}"##,
+    )
+    .unwrap();
+    let start = std::time::Instant::now();
+    let (code, _, err) =
+        ichor_bounded(&["contract".into(), "derive".into(), "--schema".into(), s(&schema), "--contract".into(), "v1.14".into()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("fans out past"), "{err}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(5), "{:?}", start.elapsed());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -908,3 +908,55 @@ fn a_safe_patch_is_applied_live_on_every_machine_within_seconds() {
     assert_eq!(out, "No TalosOperations in ichor-system.\n");
     eprintln!("converged {:?} after the patch", start.elapsed());
 }
+
+/// A config rollout with `ichor controller` as its own process, SIGKILLed at pseudo-random
+/// points (mid-drain, right after a Talos apply or a Reboot, before a status write) and started
+/// again: it completes, and every node rebooted exactly once (its Node's boot ID is its second
+/// boot), uncordoned and Converged. `ICHOR_LONG_TESTS=1` kills it more often.
+#[test]
+fn a_config_rollout_completes_with_its_controller_killed_at_random_points() {
+    let sim = Sim::start_args("rollout-kills", "done", &["--no-controller"]);
+    let patch = sim.dir.join("module.yaml");
+    std::fs::write(
+        &patch,
+        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: br-netfilter\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 60\n  patch: |\n    machine:\n      kernel:\n        modules:\n          - name: br_netfilter\n",
+    )
+    .unwrap();
+    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl on PATH");
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    let long = std::env::var_os("ICHOR_LONG_TESTS").is_some();
+    let mut z: u64 = 0x5eed;
+    let (mut kills, start) = (0, std::time::Instant::now());
+    let mut controller = sim.controller();
+    while start.elapsed() < std::time::Duration::from_secs(150) {
+        z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let ms = if long { 100 + (z >> 33) % 700 } else { 300 + (z >> 33) % 1500 };
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        if sim.phase() == Phase::Completed {
+            break;
+        }
+        controller.kill().unwrap();
+        controller.wait().unwrap();
+        kills += 1;
+        controller = sim.controller();
+    }
+    let p = sim.wait_phase(&|p| matches!(p, Phase::Completed | Phase::Paused));
+    assert_eq!(p, Phase::Completed, "after {kills} kill(s)");
+    sim.wait_quiet();
+    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
+    let boots: Vec<&str> = boots.split_whitespace().collect();
+    assert_eq!(boots.len(), 4, "{boots:?}");
+    assert!(boots.iter().all(|b| b.ends_with("-boot-2")), "each node rebooted exactly once, after {kills} kill(s): {boots:?}");
+    let (_, out, _) = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.unschedulable}"]).unwrap();
+    assert_eq!(out.trim(), "", "a node left cordoned");
+    let reasons = sim
+        .kubectl(&["get", "talosmachines", "-n", "ichor-system", "-o", "jsonpath={.items[*].status.conditions[0].reason}"])
+        .unwrap()
+        .1;
+    assert_eq!(reasons, "Converged Converged Converged Converged");
+    controller.kill().unwrap();
+    controller.wait().unwrap();
+    eprintln!("the rollout completed after {kills} SIGKILL(s) of its controller");
+}

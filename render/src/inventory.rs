@@ -73,6 +73,7 @@ fn derive_text(schema_text: &str, contract: &str, corrections: &[Correction]) ->
     let roots =
         schema.get("oneOf").and_then(Json::as_array).ok_or("the schema has no top-level `oneOf` of documents")?;
     let mut out: BTreeMap<String, String> = BTreeMap::new();
+    let mut work = WALK_BUDGET;
     for root in roots {
         let def = resolve(root, defs).ok_or("a `oneOf` entry does not resolve to a definition")?;
         let props = def.get("properties").and_then(Json::as_object).ok_or("a document definition has no properties")?;
@@ -88,16 +89,21 @@ fn derive_text(schema_text: &str, contract: &str, corrections: &[Correction]) ->
                     if matches!(k.as_str(), "apiVersion" | "kind" | "name") {
                         continue;
                     }
-                    walk(&format!("{base}.{}", seg(k)), v, defs, &mut out, 0);
+                    walk(&format!("{base}.{}", seg(k)), v, defs, &mut out, 0, &mut work);
                 }
             }
             None => {
                 // The v1alpha1 document: its fields start at the root.
                 for (k, v) in props {
-                    walk(&seg(k), v, defs, &mut out, 0);
+                    walk(&seg(k), v, defs, &mut out, 0, &mut work);
                 }
             }
         }
+    }
+    if work == 0 {
+        return Err(format!(
+            "the schema fans out past {WALK_BUDGET} nodes (a definition that refers back to itself through many fields?): a Talos config.schema.json has a few thousand paths"
+        ));
     }
     for c in &applied {
         for (p, t) in &c.add {
@@ -164,13 +170,22 @@ fn type_at(node: &Json, defs: &serde_json::Map<String, Json>, depth: usize) -> S
     }
 }
 
+/// The most schema nodes a derivation visits: Talos's schemas have a few thousand paths; a
+/// schema whose definitions fan out recursively would otherwise take exponential time.
+const WALK_BUDGET: usize = 500_000;
+
 fn walk(
     path: &str,
     node: &Json,
     defs: &serde_json::Map<String, Json>,
     out: &mut BTreeMap<String, String>,
     depth: usize,
+    work: &mut usize,
 ) {
+    if *work == 0 {
+        return;
+    }
+    *work -= 1;
     let t = type_name(node, defs);
     out.insert(path.to_string(), t);
     let Some(n) = resolve(node, defs) else { return };
@@ -184,14 +199,14 @@ fn walk(
     for n in alts {
         if let Some(props) = n.get("properties").and_then(Json::as_object) {
             for (k, v) in props {
-                walk(&format!("{path}.{}", seg(k)), v, defs, out, depth + 1);
+                walk(&format!("{path}.{}", seg(k)), v, defs, out, depth + 1, work);
             }
         }
         if let Some(ap) = n.get("additionalProperties").filter(|a| a.is_object()) {
-            walk(&format!("{path}.*"), ap, defs, out, depth + 1);
+            walk(&format!("{path}.*"), ap, defs, out, depth + 1, work);
         }
         if let Some(items) = n.get("items") {
-            walk(&format!("{path}[*]"), items, defs, out, depth + 1);
+            walk(&format!("{path}[*]"), items, defs, out, depth + 1, work);
         }
     }
 }

@@ -47,7 +47,8 @@ pub fn parse(text: &str, limit: usize) -> Result<Value, YamlError> {
         let loc = e.location();
         let msg = e.to_string();
         // serde_yaml appends "at line X column Y": the fields say it.
-        let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
+        // A tag on a value (`!!int "s3cr3t"`) makes serde_yaml quote the value: never shown.
+        let msg = scrub(msg.split(" at line ").next().unwrap_or(&msg));
         YamlError { line: loc.as_ref().map(|l| l.line()), col: loc.as_ref().map(|l| l.column()), message: msg }
     })?;
     normalize(value, "")
@@ -192,7 +193,7 @@ pub fn parse_documents(text: &str, limit: usize) -> Result<Vec<Value>, YamlError
             YamlError {
                 line: loc.as_ref().map(|l| l.line()),
                 col: loc.as_ref().map(|l| l.column()),
-                message: e.to_string(),
+                message: scrub(&e.to_string()),
             }
         })?;
         if !v.is_null() {

@@ -119,8 +119,9 @@ pub fn needs(r: &Request) -> Needs {
                 c.as_ref().map(|c| (c.spec.kubernetes_version.clone(), c.spec.cni.kube_proxy))
             };
             let retarget = old.is_some() && target(&new) != target(&old);
+            // Writing the values needs the right, and so does removing or emptying them.
             Needs {
-                values_right: values(&new) != values(&old) && !values(&new).is_null(),
+                values_right: values(&new) != values(&old),
                 operations_of: retarget.then(|| new.as_ref().and_then(|c| c.metadata.name.clone())).flatten(),
             }
         }
@@ -155,12 +156,12 @@ pub enum AdmissionError {
 struct Rels {
     request: engine::Input<2>,
     undecodable: engine::Input<0>,
+    old_undecodable: engine::Input<0>,
     kube_proxy_change: engine::Input<2>,
     version_change: engine::Input<2>,
     consent: engine::Input<1>,
     values_problem: engine::Input<1>,
     values_changed: engine::Input<0>,
-    values_set: engine::Input<0>,
     may_write_values: engine::Input<0>,
     other_operation: engine::Input<2>,
     spec_changed: engine::Input<0>,
@@ -179,6 +180,8 @@ pub struct Rules {
 struct Decoded {
     kind: String,
     undecodable: bool,
+    /// An UPDATE whose old object is missing or does not decode: nothing can be compared.
+    old_undecodable: bool,
     /// `Kind namespace/name`.
     object: String,
     cluster: String,
@@ -196,6 +199,7 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
     let mut d = Decoded {
         kind: r.kind.clone(),
         undecodable: false,
+        old_undecodable: false,
         object: format!("{} {}/{name}", r.kind, r.namespace),
         cluster: String::new(),
         kube_proxy_change: None,
@@ -213,6 +217,9 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
                 return d;
             };
             let old = cluster(&r.old_object);
+            if r.operation == "UPDATE" && old.is_none() {
+                d.old_undecodable = true;
+            }
             d.cluster = new.metadata.name.clone().unwrap_or_default();
             d.kube_proxy_change = old
                 .as_ref()
@@ -239,6 +246,9 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
             Ok(op) => d.cluster = op.spec.cluster_ref.name,
             Err(_) => d.undecodable = true,
         },
+        ("TalosOperation", "UPDATE") => {
+            d.old_undecodable = serde_json::from_value::<TalosOperation>(r.old_object.clone()).is_err();
+        }
         _ => {}
     }
     d
@@ -253,12 +263,12 @@ impl Rules {
         let rels = Rels {
             request: b.input("ad_request", [("kind", S), ("operation", S)]),
             undecodable: b.input("ad_undecodable", []),
+            old_undecodable: b.input("ad_old_undecodable", []),
             kube_proxy_change: b.input("ad_kube_proxy_change", [("from", S), ("to", S)]),
             version_change: b.input("ad_version_change", [("from", S), ("to", S)]),
             consent: b.input("ad_consent", [("mode", S)]),
             values_problem: b.input("ad_values_problem", [("problem", S)]),
             values_changed: b.input("ad_values_changed", []),
-            values_set: b.input("ad_values_set", []),
             may_write_values: b.input("ad_may_write_values", []),
             other_operation: b.input("ad_other_operation", [("name", S), ("phase", S)]),
             spec_changed: b.input("ad_spec_changed", []),
@@ -286,8 +296,8 @@ impl Rules {
             }
         };
         flag(&mut b, rels.undecodable, d.undecodable);
+        flag(&mut b, rels.old_undecodable, d.old_undecodable);
         flag(&mut b, rels.values_changed, d.values_changed);
-        flag(&mut b, rels.values_set, d.values_set);
         flag(&mut b, rels.may_write_values, facts.may_write_values);
         flag(&mut b, rels.spec_changed, d.spec_changed);
         if let Some((from, to)) = d.kube_proxy_change {

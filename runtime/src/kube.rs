@@ -50,8 +50,11 @@ pub enum KubeError {
         #[source]
         source: kube_client::Error,
     },
-    #[error("draining {node}: pod {pod} could not be evicted within {secs} s ({why}); the operation pauses")]
-    DrainTimedOut { node: String, pod: String, secs: u64, why: String },
+    #[error(
+        "draining {node}: pod {pod} could not be evicted within {secs} s{}: {why}; the node stays cordoned and nothing is applied to it; the operation pauses",
+        if budgets.is_empty() { String::new() } else { format!(" (PodDisruptionBudget {} allows no disruption)", budgets.join(", ")) }
+    )]
+    DrainTimedOut { node: String, pod: String, secs: u64, why: String, budgets: Vec<String> },
     #[error(transparent)]
     Talos(#[from] crate::talos::client::TalosError),
     /// A Manifest resource Talos returned does not decode.
@@ -178,6 +181,41 @@ fn value_json(v: &prost_types::Value) -> Json {
     }
 }
 
+impl KubeCluster {
+    /// The PodDisruptionBudgets of the pod's namespace that select it (`ns/name`): what a
+    /// blocked eviction names, whatever words the API server used. Empty when they cannot be
+    /// listed.
+    async fn budgets_of(&self, pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
+        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &ns);
+        let Ok(list) = api.list(&ListParams::default()).await else { return vec![] };
+        list.items
+            .iter()
+            .filter(|b| {
+                let Some(sel) = b.spec.as_ref().and_then(|s| s.selector.as_ref()) else { return false };
+                let by_label = sel.match_labels.as_ref().is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
+                let by_expr = sel.match_expressions.as_ref().is_none_or(|es| {
+                    es.iter().all(|e| {
+                        let have = labels.get(&e.key);
+                        let values = e.values.clone().unwrap_or_default();
+                        match e.operator.as_str() {
+                            "In" => have.is_some_and(|v| values.contains(v)),
+                            "NotIn" => have.is_none_or(|v| !values.contains(v)),
+                            "Exists" => have.is_some(),
+                            "DoesNotExist" => have.is_none(),
+                            _ => false,
+                        }
+                    })
+                });
+                by_label && by_expr
+            })
+            .map(|b| format!("{ns}/{}", b.metadata.name.clone().unwrap_or_default()))
+            .collect()
+    }
+}
+
 impl KubePort for KubeCluster {
     type Error = KubeError;
 
@@ -231,6 +269,7 @@ impl KubePort for KubeCluster {
                                 pod: format!("{ns}/{name}"),
                                 secs: self.drain_timeout.as_secs(),
                                 why: e.to_string(),
+                                budgets: self.budgets_of(&p).await,
                             });
                         }
                         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -78,6 +78,12 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         why: "mirror pods of the control-plane components; the pods a drain evicts",
     },
     Rule {
+        group: "policy",
+        resources: &["poddisruptionbudgets"],
+        verbs: &["list"],
+        why: "a drain blocked past its deadline names the PodDisruptionBudgets that select the pod",
+    },
+    Rule {
         group: "",
         resources: &["pods/eviction"],
         verbs: &["create"],

@@ -363,6 +363,10 @@ pub fn epoch(s: &str) -> Option<i64> {
 /// The operation kinds the shipped rules plan (the others are the controller's, not yet rules).
 pub const KINDS: [OperationKind; 3] = [OperationKind::Kubernetes, OperationKind::Cni, OperationKind::Config];
 
+/// The most a snapshot may hold once its aliases are expanded (a 5,000-machine snapshot is a
+/// few MiB).
+pub const SNAPSHOT_EXPANDED_BYTES: usize = 64 << 20;
+
 fn version_ok(v: &str) -> bool {
     engine::parse_version(v).is_some()
 }
@@ -370,10 +374,17 @@ fn version_ok(v: &str) -> bool {
 impl ObservedState {
     /// Parses and checks a snapshot; every problem names its field.
     pub fn parse(text: &str) -> Result<ObservedState, Vec<StateError>> {
-        let s: ObservedState = serde_yaml::from_str(text).map_err(|e| {
-            let at = e.location().map(|l| format!("line {}, column {}", l.line(), l.column())).unwrap_or_default();
+        // The one bounded reader first: aliases cannot expand a small file past the cap.
+        let value = render::yaml::parse(text, SNAPSHOT_EXPANDED_BYTES).map_err(|e| {
+            let at = match (e.line, e.col) {
+                (Some(l), Some(c)) => format!("line {l}, column {c}"),
+                _ => String::new(),
+            };
+            vec![StateError { field: at, message: e.message }]
+        })?;
+        let s: ObservedState = serde_yaml::from_value(value).map_err(|e| {
             let msg = render::yaml::scrub(&e.to_string());
-            vec![StateError { field: at, message: msg.split(" at line ").next().unwrap_or(&msg).to_string() }]
+            vec![StateError { field: String::new(), message: msg.split(" at line ").next().unwrap_or(&msg).to_string() }]
         })?;
         s.check()?;
         Ok(s)

@@ -2,7 +2,8 @@
 //! answering `AdmissionReview` v1 at `/validate` with `runtime::admission`'s verdict.
 //!
 //! Start at `Webhook::handle` (one request body to one response body: parse, look up what the
-//! verdict needs, review) and `serve_tls` (the listener). The lookups are a SubjectAccessReview
+//! verdict needs, review) and `serve_tls` (the listener: handshakes concurrent, each with a
+//! timeout, connections capped, bodies over `BODY_LIMIT` answered 413). The lookups are a SubjectAccessReview
 //! for the Cilium values' right and the cluster's TalosOperations for the lock.
 
 use crate::admission::{Facts, Request, VALUES_RESOURCE, VALUES_SUBRESOURCE, VALUES_VERB, needs, review};
@@ -102,6 +103,7 @@ impl Webhook {
                 }),
             )
             .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
     }
 }
 
@@ -146,29 +148,110 @@ pub fn server_config(cert_pem: &str, key_pem: &str) -> Result<Arc<rustls::Server
     Ok(Arc::new(cfg))
 }
 
-/// A TLS listener for axum: each accepted connection is handshaken; a failed handshake is
-/// logged and the next one accepted.
+/// How long a client has to finish its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Connections held at once (handshaking or open); past it a new one is closed at once.
+pub const MAX_CONNECTIONS: usize = 256;
+/// The largest AdmissionReview body read (an object and its old object at etcd's 1.5 MiB
+/// limit each, with room): a larger one is answered 413.
+pub const BODY_LIMIT: usize = 4 << 20;
+
+/// A TLS connection and its place under `MAX_CONNECTIONS` (freed when the connection closes).
+pub struct Conn {
+    tls: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl tokio::io::AsyncRead for Conn {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tls).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Conn {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.tls).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tls).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tls).poll_shutdown(cx)
+    }
+}
+
+/// A TLS listener for axum. The accept loop only accepts: each connection's handshake runs in
+/// its own task, with `HANDSHAKE_TIMEOUT`, so a client that never finishes its handshake delays
+/// nobody; at most `MAX_CONNECTIONS` are held at once. A failed handshake is logged.
 struct TlsListener {
-    tcp: tokio::net::TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
+    ready: tokio::sync::mpsc::Receiver<(Conn, std::net::SocketAddr)>,
+    addr: std::net::SocketAddr,
+}
+
+impl TlsListener {
+    fn start(tcp: tokio::net::TcpListener, acceptor: tokio_rustls::TlsAcceptor) -> std::io::Result<TlsListener> {
+        let addr = tcp.local_addr()?;
+        let (tx, ready) = tokio::sync::mpsc::channel(64);
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match tcp.accept().await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // Out of file descriptors and the like: wait rather than spin.
+                        tracing::warn!(error = %e, "accepting a connection");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    tracing::warn!(%peer, limit = MAX_CONNECTIONS, "too many connections: closed");
+                    continue;
+                };
+                let (tx, acceptor) = (tx.clone(), acceptor.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((Conn { tls, _permit: permit }, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(error = %e, %peer, "TLS handshake"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        });
+        Ok(TlsListener { ready, addr })
+    }
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Io = Conn;
     type Addr = std::net::SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let Ok((stream, addr)) = self.tcp.accept().await else { continue };
-            match self.acceptor.accept(stream).await {
-                Ok(tls) => return (tls, addr),
-                Err(e) => tracing::debug!(error = %e, %addr, "TLS handshake"),
-            }
+        match self.ready.recv().await {
+            Some(c) => c,
+            // The accept task ended (the server is going away): no more connections.
+            None => futures::future::pending().await,
         }
     }
 
     fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.tcp.local_addr()
+        Ok(self.addr)
     }
 }
 
@@ -179,7 +262,7 @@ pub async fn serve_tls(
     config: Arc<rustls::ServerConfig>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), WebhookError> {
-    let l = TlsListener { tcp: listener, acceptor: tokio_rustls::TlsAcceptor::from(config) };
+    let l = TlsListener::start(listener, tokio_rustls::TlsAcceptor::from(config))?;
     axum::serve(l, hook.router()).with_graceful_shutdown(shutdown).await?;
     Ok(())
 }

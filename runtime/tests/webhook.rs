@@ -149,3 +149,78 @@ async fn a_body_that_is_not_an_admission_review_is_a_bad_request() {
     assert_eq!(code, 400);
     assert!(out["error"].as_str().unwrap().contains("AdmissionReview"), "{out}");
 }
+
+#[tokio::test]
+async fn removing_the_values_needs_the_right_too() {
+    let h = start().await;
+    // The old object has the values; the new one has none (a removal by alice, who lacks the right).
+    let r = h
+        .review("taloscluster-values.json", |v| {
+            let values = v["request"]["object"]["spec"]["cni"]["cilium"].clone();
+            v["request"]["oldObject"]["spec"]["cni"]["cilium"] = values;
+            v["request"]["object"]["spec"]["cni"].as_object_mut().unwrap().remove("cilium");
+        })
+        .await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(message(&r).contains("spec.cni.cilium.values is admin-only: alice may not update"), "{r}");
+}
+
+#[tokio::test]
+async fn requests_it_cannot_judge_are_refused_with_a_reason() {
+    let h = start().await;
+    // An UPDATE without oldObject: the consent cannot be checked against it.
+    let r = h
+        .review("taloscluster-switch.json", |v| {
+            v["request"]["object"]["metadata"]["annotations"] =
+                json!({"ichor.maesh.dev/confirm-kube-proxy-switch": "replaced"});
+            v["request"].as_object_mut().unwrap().remove("oldObject");
+        })
+        .await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(message(&r).contains("carries no old object the webhook can read"), "{r}");
+    // An old object that does not decode.
+    let r = h.review("taloscluster-switch.json", |v| v["request"]["oldObject"]["spec"] = json!("nonsense")).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    // A DELETE, and another kind: what the webhook is not registered for.
+    let r = h.review("talosoperation-create.json", |v| v["request"]["operation"] = json!("DELETE")).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert!(message(&r).contains("it was sent DELETE of a TalosOperation"), "{r}");
+    let r = h.review("talosoperation-create.json", |v| v["request"]["kind"]["kind"] = json!("ConfigMap")).await;
+    assert_eq!(r["allowed"], false, "{r}");
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_handshake_delays_nobody() {
+    let h = start().await;
+    // Connected, and silent: no ClientHello ever comes.
+    let _silent: Vec<tokio::net::TcpStream> =
+        futures::future::join_all((0..5).map(|_| tokio::net::TcpStream::connect(h.addr)))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(5), h.review("talosoperation-create.json", |_| {}))
+        .await
+        .expect("a review answered while other clients hang in their handshakes");
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(started.elapsed() < runtime::webhook::HANDSHAKE_TIMEOUT);
+}
+
+#[tokio::test]
+async fn a_body_over_the_cap_is_answered_413() {
+    let h = start().await;
+    let tcp = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = h.connector.connect(name, tcp).await.unwrap();
+    // It says how long the body is: the answer comes before any of it is sent.
+    let req = format!(
+        "POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        runtime::webhook::BODY_LIMIT + 1
+    );
+    tls.write_all(req.as_bytes()).await.unwrap();
+    let mut out = vec![0u8; 512];
+    let n = tls.read(&mut out).await.unwrap();
+    let head = String::from_utf8_lossy(&out[..n]);
+    assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+}
