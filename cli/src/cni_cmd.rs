@@ -210,11 +210,8 @@ fn helm_apply(
         ),
         (None, None) => bail!("--values FILE or --values-env VAR is required"),
     };
-    let user: serde_json::Value = if text.trim().is_empty() {
-        serde_json::Value::Null
-    } else {
-        read_values(&text, &source)?
-    };
+    let user: serde_json::Value =
+        if text.trim().is_empty() { serde_json::Value::Null } else { read_values(&text, &source)? };
     let replaced = mode == KubeProxyMode::Replaced;
     let rs = cilium::validate(&user, &keys()?, replaced);
     if !rs.is_empty() {

@@ -807,11 +807,9 @@ fn alias_bombs_tagged_secrets_and_recursive_schemas_are_refused_quickly() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
-    // Nine levels of nine aliases each: 9^8 copies of the first list, about 400 MB expanded.
-    let mut bomb = String::from("l0: &l0 [\"xxxxxxxxxx\"]\n");
-    for i in 1..9 {
-        bomb += &format!("l{i}: &l{i} [{}]\n", vec![format!("*l{}", i - 1); 9].join(", "));
-    }
+    // A 1 MiB string repeated 100 times through aliases: 100 MiB expanded from a 1 MiB file,
+    // with too few aliases for serde_yaml's own repetition limit to notice.
+    let bomb = format!("big: &big \"{}\"\nmany: [{}]\n", "x".repeat(1 << 20), vec!["*big"; 100].join(", "));
     let timed = |args: Vec<String>, what: &str| {
         let start = std::time::Instant::now();
         let (code, out, err) = ichor_bounded(&args);
@@ -840,17 +838,36 @@ fn alias_bombs_tagged_secrets_and_recursive_schemas_are_refused_quickly() {
     std::fs::write(&base, "version: v1alpha1\nmachine:\n  type: controlplane\n").unwrap();
     for tag in ["!!int", "!!bool", "!!float"] {
         let planted = dir.join("planted.yaml");
-        std::fs::write(&planted, format!("version: v1alpha1\nmachine:\n  type: controlplane\n  token: {tag} \"{secret}\"\n"))
-            .unwrap();
-        check_run(&["config".into(), "diff".into(), "--from".into(), s(&base), "--to".into(), s(&planted)], Some(secret));
+        std::fs::write(
+            &planted,
+            format!("version: v1alpha1\nmachine:\n  type: controlplane\n  token: {tag} \"{secret}\"\n"),
+        )
+        .unwrap();
         check_run(
-            &["config".into(), "diff".into(), "--from".into(), s(&planted), "--to".into(), s(&base), "--output".into(), "json".into()],
+            &["config".into(), "diff".into(), "--from".into(), s(&base), "--to".into(), s(&planted)],
+            Some(secret),
+        );
+        check_run(
+            &[
+                "config".into(),
+                "diff".into(),
+                "--from".into(),
+                s(&planted),
+                "--to".into(),
+                s(&base),
+                "--output".into(),
+                "json".into(),
+            ],
             Some(secret),
         );
         let manifests = dir.join("manifests");
         let _ = std::fs::remove_dir_all(&manifests);
-        let status =
-            Command::new("cp").arg("-rL").arg(root().join("examples/clusters/lab-v1.14")).arg(&manifests).status().unwrap();
+        let status = Command::new("cp")
+            .arg("-rL")
+            .arg(root().join("examples/clusters/lab-v1.14"))
+            .arg(&manifests)
+            .status()
+            .unwrap();
         assert!(status.success());
         // The node config of `config diff --manifests`, and a patch.
         check_run(
@@ -871,7 +888,10 @@ fn alias_bombs_tagged_secrets_and_recursive_schemas_are_refused_quickly() {
             format!("apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: tagged\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  patch: |\n    machine:\n      token: {tag} \"{secret}\"\n"),
         )
         .unwrap();
-        check_run(&["render".into(), "--manifests".into(), s(&manifests), "--machine".into(), "cp1".into()], Some(secret));
+        check_run(
+            &["render".into(), "--manifests".into(), s(&manifests), "--machine".into(), "cp1".into()],
+            Some(secret),
+        );
     }
     // A schema whose definition refers to itself through three fields: 3^24 paths to a walk
     // bounded only by depth.
@@ -882,8 +902,14 @@ fn alias_bombs_tagged_secrets_and_recursive_schemas_are_refused_quickly() {
     )
     .unwrap();
     let start = std::time::Instant::now();
-    let (code, _, err) =
-        ichor_bounded(&["contract".into(), "derive".into(), "--schema".into(), s(&schema), "--contract".into(), "v1.14".into()]);
+    let (code, _, err) = ichor_bounded(&[
+        "contract".into(),
+        "derive".into(),
+        "--schema".into(),
+        s(&schema),
+        "--contract".into(),
+        "v1.14".into(),
+    ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("fans out past"), "{err}");
     assert!(start.elapsed() < std::time::Duration::from_secs(5), "{:?}", start.elapsed());

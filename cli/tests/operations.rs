@@ -932,7 +932,7 @@ fn a_config_rollout_completes_with_its_controller_killed_at_random_points() {
     let mut controller = sim.controller();
     while start.elapsed() < std::time::Duration::from_secs(150) {
         z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let ms = if long { 100 + (z >> 33) % 700 } else { 300 + (z >> 33) % 1500 };
+        let ms = if long { 100 + (z >> 33) % 700 } else { 1000 + (z >> 33) % 2000 };
         std::thread::sleep(std::time::Duration::from_millis(ms));
         if sim.phase() == Phase::Completed {
             break;
@@ -948,11 +948,21 @@ fn a_config_rollout_completes_with_its_controller_killed_at_random_points() {
     let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
     let boots: Vec<&str> = boots.split_whitespace().collect();
     assert_eq!(boots.len(), 4, "{boots:?}");
-    assert!(boots.iter().all(|b| b.ends_with("-boot-2")), "each node rebooted exactly once, after {kills} kill(s): {boots:?}");
+    assert!(
+        boots.iter().all(|b| b.ends_with("-boot-2")),
+        "each node rebooted exactly once, after {kills} kill(s): {boots:?}"
+    );
     let (_, out, _) = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.unschedulable}"]).unwrap();
     assert_eq!(out.trim(), "", "a node left cordoned");
     let reasons = sim
-        .kubectl(&["get", "talosmachines", "-n", "ichor-system", "-o", "jsonpath={.items[*].status.conditions[0].reason}"])
+        .kubectl(&[
+            "get",
+            "talosmachines",
+            "-n",
+            "ichor-system",
+            "-o",
+            "jsonpath={.items[*].status.conditions[0].reason}",
+        ])
         .unwrap()
         .1;
     assert_eq!(reasons, "Converged Converged Converged Converged");

@@ -17,6 +17,9 @@ pub const GROUP: &str = "ichor.maesh.dev";
 pub const CONFIRM_KUBE_PROXY_SWITCH: &str = "ichor.maesh.dev/confirm-kube-proxy-switch";
 /// A machine that an operation must skip (ADR 0026 hold annotations).
 pub const HOLD: &str = "ichor.maesh.dev/hold";
+/// On a Node: Ichor cordoned it for an operation's step (and uncordons it), so a step whose
+/// record was lost to a crash is still uncordoned; a cordon by someone else carries no such mark.
+pub const CORDONED: &str = "ichor.maesh.dev/cordoned";
 /// The user's intent to end an operation (`ichor operation abort`): the controller's rules
 /// move it to `Aborted` at their next reconcile. Any value counts; abort is final.
 pub const ABORT: &str = "ichor.maesh.dev/abort";

@@ -69,6 +69,7 @@ fn main() {
                 boot_id: None,
                 awaiting_reboot: vec![],
                 unhealthy_services: vec![],
+                cordoned: false,
             };
             snap.push(cache.machine(&classifier, &read, Some(text), rendered).unwrap());
         }

@@ -71,6 +71,8 @@ pub struct MachineRead {
     pub awaiting_reboot: Vec<String>,
     /// Talos services that are not running and healthy, when its Talos was read.
     pub unhealthy_services: Vec<String>,
+    /// Its Node carries Ichor's cordon mark (`render::api::CORDONED`).
+    pub cordoned: bool,
 }
 
 /// The machine's snapshot entry; `running` is its running config, `None` when the node could
@@ -106,6 +108,7 @@ fn entry(m: &MachineRead, contract: Contract, pending: Option<Vec<PendingPath>>)
         boot_id: m.boot_id.clone(),
         awaiting_reboot: m.awaiting_reboot.clone(),
         unhealthy_services: m.unhealthy_services.clone(),
+        cordoned: m.cordoned,
     }
 }
 
@@ -446,6 +449,10 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
             boot_id: status.and_then(|s| s.node_info.as_ref()).map(|i| i.boot_id.clone()).filter(|b| !b.is_empty()),
             awaiting_reboot: m.status.as_ref().map(|s| s.applied_awaiting_reboot.clone()).unwrap_or_default(),
             unhealthy_services: talos.map(|t| t.unhealthy_services.clone()).unwrap_or_default(),
+            cordoned: nodes
+                .get(name.as_str())
+                .and_then(|n| n.metadata.annotations.as_ref())
+                .is_some_and(|a| a.contains_key(render::api::CORDONED)),
         };
         let running = talos.map(|t| t.running_config.as_str());
         machines.push(

@@ -36,6 +36,7 @@ pub struct Rels {
     pub rollout_machine: Input<1>,
     pub awaiting_reboot: Input<2>,
     pub service_unhealthy: Input<2>,
+    pub ichor_cordoned: Input<1>,
     pub pending_restart: Input<3>,
     pub cilium_values_refused: Input<2>,
     pub target_kubernetes: Input<1>,
@@ -131,6 +132,7 @@ impl Rels {
             rollout_machine: b.input("rollout_machine", [("machine", S)]),
             awaiting_reboot: b.input("awaiting_reboot", [("machine", S), ("path", S)]),
             service_unhealthy: b.input("service_unhealthy", [("machine", S), ("service", S)]),
+            ichor_cordoned: b.input("ichor_cordoned", [("machine", S)]),
             pending_restart: b.input("pending_restart", [("machine", S), ("path", S), ("service", S)]),
             cilium_values_refused: b.input("cilium_values_refused", [("mode", S), ("refusal", S)]),
             target_kubernetes: b.input("target_kubernetes", [("version", S)]),
@@ -348,6 +350,9 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
         for p in &m.awaiting_reboot {
             let row = [name, b.sym(p)];
             r.awaiting_reboot.push(&mut b, row);
+        }
+        if m.cordoned {
+            r.ichor_cordoned.push(&mut b, [name]);
         }
         for svc in &m.unhealthy_services {
             let row = [name, b.sym(svc)];

@@ -195,7 +195,8 @@ impl KubeCluster {
             .iter()
             .filter(|b| {
                 let Some(sel) = b.spec.as_ref().and_then(|s| s.selector.as_ref()) else { return false };
-                let by_label = sel.match_labels.as_ref().is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
+                let by_label =
+                    sel.match_labels.as_ref().is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
                 let by_expr = sel.match_expressions.as_ref().is_none_or(|es| {
                     es.iter().all(|e| {
                         let have = labels.get(&e.key);
@@ -226,7 +227,11 @@ impl KubePort for KubeCluster {
     async fn cordon(&mut self, node: &str) -> Result<(), KubeError> {
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true}})))
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {render::api::CORDONED: "true"}}, "spec": {"unschedulable": true}})),
+            )
             .await
             .map(|_| ())
             .map_err(api_err(format!("cordoning {node}")))
@@ -235,7 +240,11 @@ impl KubePort for KubeCluster {
     async fn uncordon(&mut self, node: &str) -> Result<(), KubeError> {
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": null}})))
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {render::api::CORDONED: null}}, "spec": {"unschedulable": null}})),
+            )
             .await
             .map(|_| ())
             .map_err(api_err(format!("uncordoning {node}")))

@@ -119,6 +119,9 @@ pub struct Machine {
     /// Talos services not running and healthy (`etcd`, ...), as its Talos reported them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unhealthy_services: Vec<String>,
+    /// Its Node carries Ichor's cordon mark: an operation's step cordoned it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cordoned: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -375,16 +378,18 @@ impl ObservedState {
     /// Parses and checks a snapshot; every problem names its field.
     pub fn parse(text: &str) -> Result<ObservedState, Vec<StateError>> {
         // The one bounded reader first: aliases cannot expand a small file past the cap.
-        let value = render::yaml::parse(text, SNAPSHOT_EXPANDED_BYTES).map_err(|e| {
+        // (Its value is dropped: the typed decode below keeps serde's positions for its errors.)
+        render::yaml::parse(text, SNAPSHOT_EXPANDED_BYTES).map_err(|e| {
             let at = match (e.line, e.col) {
                 (Some(l), Some(c)) => format!("line {l}, column {c}"),
-                _ => String::new(),
+                _ => "the snapshot".to_string(),
             };
             vec![StateError { field: at, message: e.message }]
         })?;
-        let s: ObservedState = serde_yaml::from_value(value).map_err(|e| {
+        let s: ObservedState = serde_yaml::from_str(text).map_err(|e| {
+            let at = e.location().map(|l| format!("line {}, column {}", l.line(), l.column())).unwrap_or_default();
             let msg = render::yaml::scrub(&e.to_string());
-            vec![StateError { field: String::new(), message: msg.split(" at line ").next().unwrap_or(&msg).to_string() }]
+            vec![StateError { field: at, message: msg.split(" at line ").next().unwrap_or(&msg).to_string() }]
         })?;
         s.check()?;
         Ok(s)

@@ -94,16 +94,36 @@ impl Webhook {
         axum::Router::new()
             .route(
                 "/validate",
-                axum::routing::post(move |body: Bytes| {
+                axum::routing::post(move |req: axum::extract::Request| {
                     let hook = self.clone();
                     async move {
+                        let json = |code: StatusCode, v: serde_json::Value| {
+                            (code, [(http::header::CONTENT_TYPE, "application/json")], v.to_string())
+                        };
+                        // A body said to be over the cap is answered before any of it is read.
+                        let declared = req
+                            .headers()
+                            .get(http::header::CONTENT_LENGTH)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.parse::<usize>().ok());
+                        let too_big = json(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            json!({"error": format!("the AdmissionReview is over {BODY_LIMIT} bytes")}),
+                        );
+                        if declared.is_some_and(|n| n > BODY_LIMIT) {
+                            return too_big;
+                        }
+                        let body: Bytes = match axum::body::to_bytes(req.into_body(), BODY_LIMIT).await {
+                            Ok(b) => b,
+                            Err(_) => return too_big,
+                        };
                         let (code, v) = hook.handle(&body).await;
-                        (code, [(http::header::CONTENT_TYPE, "application/json")], v.to_string())
+                        json(code, v)
                     }
                 }),
             )
             .route("/healthz", axum::routing::get(|| async { "ok" }))
-            .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+            .layer(axum::extract::DefaultBodyLimit::disable())
     }
 }
 
@@ -180,7 +200,10 @@ impl tokio::io::AsyncWrite for Conn {
     ) -> std::task::Poll<std::io::Result<usize>> {
         std::pin::Pin::new(&mut self.tls).poll_write(cx, buf)
     }
-    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.tls).poll_flush(cx)
     }
     fn poll_shutdown(
@@ -219,11 +242,11 @@ impl TlsListener {
                     tracing::warn!(%peer, limit = MAX_CONNECTIONS, "too many connections: closed");
                     continue;
                 };
-                let (tx, acceptor) = (tx.clone(), acceptor.clone());
+                let (conn_tx, acceptor) = (tx.clone(), acceptor.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                         Ok(Ok(tls)) => {
-                            let _ = tx.send((Conn { tls, _permit: permit }, peer)).await;
+                            let _ = conn_tx.send((Conn { tls, _permit: permit }, peer)).await;
                         }
                         Ok(Err(e)) => tracing::debug!(error = %e, %peer, "TLS handshake"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),

@@ -122,6 +122,7 @@ fn machine_read(o: &NodeObservation, name: &str, role: Role, runs_controller: bo
         boot_id: None,
         awaiting_reboot: vec![],
         unhealthy_services: vec![],
+        cordoned: false,
     }
 }
 

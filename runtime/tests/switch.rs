@@ -140,6 +140,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 boot_id: None,
                 awaiting_reboot: vec![],
                 unhealthy_services: vec![],
+                cordoned: false,
             };
             machines.push(
                 runtime::assemble::machine(
