@@ -793,14 +793,7 @@ fn config_apply_previews_refuses_and_rolls_out_a_reboot_class_patch() {
     assert_eq!(code, 2);
     golden("config-apply-unknown-machine.stderr", &err);
     // A kernel module on every machine: the machine controller leaves it (RebootRequired).
-    let patch = sim.dir.join("module.yaml");
-    std::fs::write(
-        &patch,
-        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: br-netfilter\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 60\n  patch: |\n    machine:\n      kernel:\n        modules:\n          - name: br_netfilter\n",
-    )
-    .unwrap();
-    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl on PATH");
-    assert_eq!(code, 0, "{err}");
+    apply_module_patch(&sim);
     let (code, out, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--dry-run"]);
     assert_eq!(code, 0, "{err}");
     golden("config-apply-dry-run.stdout", &out);
@@ -916,14 +909,7 @@ fn a_safe_patch_is_applied_live_on_every_machine_within_seconds() {
 #[test]
 fn a_config_rollout_completes_with_its_controller_killed_at_random_points() {
     let sim = Sim::start_args("rollout-kills", "done", &["--no-controller"]);
-    let patch = sim.dir.join("module.yaml");
-    std::fs::write(
-        &patch,
-        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: br-netfilter\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 60\n  patch: |\n    machine:\n      kernel:\n        modules:\n          - name: br_netfilter\n",
-    )
-    .unwrap();
-    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl on PATH");
-    assert_eq!(code, 0, "{err}");
+    apply_module_patch(&sim);
     let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--yes"]);
     assert_eq!(code, 0, "{err}");
     let long = std::env::var_os("ICHOR_LONG_TESTS").is_some();
@@ -969,4 +955,17 @@ fn a_config_rollout_completes_with_its_controller_killed_at_random_points() {
     controller.kill().unwrap();
     controller.wait().unwrap();
     eprintln!("the rollout completed after {kills} SIGKILL(s) of its controller");
+}
+
+/// `kubectl apply` of a patch that loads a kernel module on every machine: reboot-class on
+/// Talos 1.14, so the machine controller leaves it to a config rollout.
+fn apply_module_patch(sim: &Sim) {
+    let patch = sim.dir.join("module.yaml");
+    std::fs::write(
+        &patch,
+        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: br-netfilter\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 60\n  patch: |\n    machine:\n      kernel:\n        modules:\n          - name: br_netfilter\n",
+    )
+    .unwrap();
+    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl on PATH");
+    assert_eq!(code, 0, "{err}");
 }

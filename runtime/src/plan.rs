@@ -614,24 +614,21 @@ impl Planner {
         for row @ [m] in r.act_drain.rows(&db) {
             push(Action::Drain { machine: text(m) }, proof(r.act_drain.id(), &row));
         }
-        let mut applies: BTreeMap<String, (Vec<String>, Vec<usize>)> = BTreeMap::new();
-        for row @ [m, path] in r.act_apply.rows(&db) {
-            let e = applies.entry(text(m)).or_default();
-            e.0.push(text(path));
-            e.1.extend(proof(r.act_apply.id(), &row));
-        }
-        for (m, (mut paths, proofs)) in applies {
-            paths.sort();
+        // Each machine's applied paths, one action per machine and mode, paths sorted.
+        let by_machine = |rel: &engine::Output<2>| {
+            let mut out: BTreeMap<String, (Vec<String>, Vec<usize>)> = BTreeMap::new();
+            for row @ [m, path] in rel.rows(&db) {
+                let e = out.entry(text(m)).or_default();
+                e.0.push(text(path));
+                e.1.extend(proof(rel.id(), &row));
+            }
+            out.values_mut().for_each(|(paths, _)| paths.sort());
+            out
+        };
+        for (m, (paths, proofs)) in by_machine(&r.act_apply) {
             actions.push((Action::Apply { node: node_of(&m), machine: m, paths, payload: None }, proofs));
         }
-        let mut staged: BTreeMap<String, (Vec<String>, Vec<usize>)> = BTreeMap::new();
-        for row @ [m, path] in r.act_apply_staged.rows(&db) {
-            let e = staged.entry(text(m)).or_default();
-            e.0.push(text(path));
-            e.1.extend(proof(r.act_apply_staged.id(), &row));
-        }
-        for (m, (mut paths, proofs)) in staged {
-            paths.sort();
+        for (m, (paths, proofs)) in by_machine(&r.act_apply_staged) {
             actions.push((Action::ApplyStaged { node: node_of(&m), machine: m, paths, payload: None }, proofs));
         }
         let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));

@@ -698,24 +698,12 @@ async fn rollout_with_kills(seed: u64) -> (BTreeMap<String, String>, Vec<String>
     for (_, address) in ALL_MACHINES {
         w.demo.fleet.set_reboot_time(address, Some(Duration::from_millis(120)));
     }
-    let client = w.api.client();
-    let patches: Api<render::api::TalosConfigPatch> = Api::namespaced(client.clone(), NS);
-    let mut spec = render::api::TalosConfigPatchSpec {
-        order: 60,
-        patch: "machine:\n  kernel:\n    modules:\n      - name: br_netfilter\n".into(),
-        ..Default::default()
-    };
-    spec.cluster_ref.name = "lab".into();
-    patches.create(&PostParams::default(), &render::api::TalosConfigPatch::new("module", spec)).await.unwrap();
+    create_module_patch(&w, &[]).await;
     // The machine controller reports it and applies nothing.
     let r = w.controller.reconcile_machine(NS, "cp1", "2026-11-30T10:00:00Z").await.unwrap();
     assert_eq!(r.condition.reason, "RebootRequired", "{r:?}");
     // `ichor config apply --yes`: a TalosOperation of kind config.
-    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
-    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
-    spec.cluster_ref.name = "lab".into();
-    spec.kind = render::api::OperationKind::Config;
-    ops.create(&PostParams::default(), &TalosOperation::new("config-rollout", spec)).await.unwrap();
+    let ops = create_rollout(&w).await;
     let controller = Arc::new(w.demo.controller("v1.37.0", Some("w1".into())).unwrap());
     let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
     let (mut z, mut kills, mut order) = (seed, 0, Vec::<String>::new());
@@ -800,20 +788,8 @@ async fn a_node_that_does_not_come_back_pauses_the_rollout_naming_it_and_nothing
     let w = cluster().await;
     // cp1 goes away on its reboot and never comes back.
     w.demo.fleet.set_reboot_time("10.0.0.11", None);
-    let client = w.api.client();
-    let patches: Api<render::api::TalosConfigPatch> = Api::namespaced(client.clone(), NS);
-    let mut spec = render::api::TalosConfigPatchSpec {
-        order: 60,
-        patch: "machine:\n  kernel:\n    modules:\n      - name: br_netfilter\n".into(),
-        ..Default::default()
-    };
-    spec.cluster_ref.name = "lab".into();
-    patches.create(&PostParams::default(), &render::api::TalosConfigPatch::new("module", spec)).await.unwrap();
-    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), NS);
-    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
-    spec.cluster_ref.name = "lab".into();
-    spec.kind = render::api::OperationKind::Config;
-    ops.create(&PostParams::default(), &TalosOperation::new("config-rollout", spec)).await.unwrap();
+    create_module_patch(&w, &[]).await;
+    let ops = create_rollout(&w).await;
     let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
     let mut last = None;
     for i in 0..40 {
@@ -850,15 +826,7 @@ async fn a_reboot_class_change_applied_within_a_boot_waits_for_the_rollout_to_re
     let booted = w.api.get("ichor.maesh.dev", "talosmachines", NS, "w2").unwrap()["status"]["boot"]["id"].clone();
     assert!(booted.as_str().is_some_and(|b| !b.is_empty()), "the boot is recorded: {booted}");
     // A kernel module for w2 only; the machine controller leaves it.
-    let patches: Api<render::api::TalosConfigPatch> = Api::namespaced(w.api.client(), NS);
-    let mut spec = render::api::TalosConfigPatchSpec {
-        order: 60,
-        patch: "machine:\n  kernel:\n    modules:\n      - name: br_netfilter\n".into(),
-        ..Default::default()
-    };
-    spec.cluster_ref.name = "lab".into();
-    spec.selector.machines = vec!["w2".into()];
-    patches.create(&PostParams::default(), &render::api::TalosConfigPatch::new("module", spec)).await.unwrap();
+    create_module_patch(&w, &["w2"]).await;
     let r = w.controller.reconcile_machine(NS, "w2", now).await.unwrap();
     assert_eq!(r.condition.reason, "RebootRequired", "{r:?}");
     // Someone applies it by hand with NO_REBOOT: Talos 1.14 accepts it live.
@@ -883,11 +851,7 @@ async fn a_reboot_class_change_applied_within_a_boot_waits_for_the_rollout_to_re
     assert_eq!(st["appliedAwaitingReboot"], json!(["machine.kernel.modules[0].name"]), "{st}");
     assert_eq!(st["rebootPaths"], json!(["machine.kernel.modules[0].name"]), "{st}");
     // The rollout takes w2 alone and only reboots it.
-    let ops: Api<TalosOperation> = Api::namespaced(w.api.client(), NS);
-    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
-    spec.cluster_ref.name = "lab".into();
-    spec.kind = render::api::OperationKind::Config;
-    ops.create(&PostParams::default(), &TalosOperation::new("config-rollout", spec)).await.unwrap();
+    let ops = create_rollout(&w).await;
     let t0 = runtime::state::epoch(now).unwrap();
     let mut seen = vec![];
     for i in 0..200 {
@@ -911,4 +875,27 @@ async fn a_reboot_class_change_applied_within_a_boot_waits_for_the_rollout_to_re
     let st = w.api.get("ichor.maesh.dev", "talosmachines", NS, "w2").unwrap()["status"].clone();
     assert_ne!(st["boot"]["id"], booted);
     assert!(st.get("appliedAwaitingReboot").is_none_or(|a| a == &json!([])), "{st}");
+}
+
+/// A patch loading a kernel module (reboot-class on Talos 1.14) on `machines` (empty: all).
+async fn create_module_patch(w: &World, machines: &[&str]) {
+    let patches: Api<render::api::TalosConfigPatch> = Api::namespaced(w.api.client(), NS);
+    let mut spec = render::api::TalosConfigPatchSpec {
+        order: 60,
+        patch: "machine:\n  kernel:\n    modules:\n      - name: br_netfilter\n".into(),
+        ..Default::default()
+    };
+    spec.cluster_ref.name = "lab".into();
+    spec.selector.machines = machines.iter().map(|m| m.to_string()).collect();
+    patches.create(&PostParams::default(), &render::api::TalosConfigPatch::new("module", spec)).await.unwrap();
+}
+
+/// What `ichor config apply --yes` creates: a TalosOperation of kind config.
+async fn create_rollout(w: &World) -> Api<TalosOperation> {
+    let ops: Api<TalosOperation> = Api::namespaced(w.api.client(), NS);
+    let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
+    spec.cluster_ref.name = "lab".into();
+    spec.kind = render::api::OperationKind::Config;
+    ops.create(&PostParams::default(), &TalosOperation::new("config-rollout", spec)).await.unwrap();
+    ops
 }
