@@ -299,6 +299,20 @@ fn kube_proxy_switch_is_created_with_its_consent_then_aborted() {
     let (code, out, err) = sim.ichor(&["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("Created TalosOperation ichor-system/kube-proxy-replaced-2."), "{out}");
+    // Once the controller has taken it up (its phase, in the refusal below, is then Running
+    // whatever the machine's speed):
+    for _ in 0..300 {
+        let (_, out, _) = sim.ichor(&["status", "--cluster", "lab", "--output", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        let running =
+            v["operations"].as_array().into_iter().flatten().any(|o| {
+                o["metadata"]["name"] == "kube-proxy-replaced-2" && o["status"]["phase"] == Phase::Running.name()
+            });
+        if running {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     // A second operation while the first has not ended: refused, naming it and the ways
     // forward; nothing is written.
     let before = sim.get("/apis/ichor.maesh.dev/v1alpha1/namespaces/ichor-system/talosclusters/lab");
