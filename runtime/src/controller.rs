@@ -372,18 +372,23 @@ impl Controller {
                         let running = Config::parse(&text).unwrap_or_default();
                         // A boot ID Talos does not have (before 1.14) or cannot give now: no boot
                         // is tracked, nothing is said to wait.
+                        // The node still runs the config it booted with (the common case): nothing
+                        // waits, and its values are not classified again.
+                        let config_hash = crate::plan::config_hash(&text);
                         if let Ok(Some(id)) = self.talos.boot_id(&mch.spec.address).await {
-                            let digests =
+                            let digests = || {
                                 render::boot::boot_digests(&self.classifier, rendered.contract, &running, &id)
-                                    .map_err(|source| ControllerError::Classify { machine: machine.into(), source })?;
+                                    .map_err(|source| ControllerError::Classify { machine: machine.into(), source })
+                            };
                             match &boot {
+                                Some(b) if b.id == id && b.config_hash == config_hash => {}
                                 Some(b) if b.id == id => {
-                                    awaiting = render::boot::changed_within_boot(&b.reboot_values, &digests);
+                                    awaiting = render::boot::changed_within_boot(&b.reboot_values, &digests()?);
                                     mctx.applied_awaiting_reboot = awaiting.clone();
                                 }
                                 _ => {
-                                    let config_hash = crate::plan::config_hash(&text);
-                                    boot = Some(render::api::BootRecord { id, config_hash, reboot_values: digests });
+                                    let reboot_values = digests()?;
+                                    boot = Some(render::api::BootRecord { id, config_hash, reboot_values });
                                 }
                             }
                         }
