@@ -358,11 +358,7 @@ impl Checker<'_> {
                                 v
                             }
                         };
-                        // What binds the correlated variables outside: the other literals.
-                        let others: Vec<Literal> =
-                            lits.iter().enumerate().filter(|&(j, _)| j != i).map(|(_, l)| l.clone()).collect();
-                        let context = safe_context(&others);
-                        match self.aggregate(agg_term, scope, rule_id, &names, result, &context) {
+                        match self.aggregate(agg_term, scope, rule_id, &names, result) {
                             Some(agg) => out.push(Lit::Agg { agg, span: *span }),
                             None => ok = false,
                         }
@@ -388,7 +384,6 @@ impl Checker<'_> {
         rule_id: usize,
         outer_names: &BTreeSet<String>,
         result: VarId,
-        context: &[Literal],
     ) -> Option<Aggregate> {
         let Term::Agg(kind, target, body, span) = term else { unreachable!() };
         let mut scope = Scope::default();
@@ -408,8 +403,10 @@ impl Checker<'_> {
             }
         }
         // A correlated variable that no atom of the body binds (`X < N` with `N` from outside) is
-        // bound from outside: the body joins a context relation, the bindings of the correlated
-        // variables the enclosing body makes.
+        // read by a residual: the aux relation holds the rest of the body, keyed by the
+        // atom-bound correlated variables, and each lookup filters it with the literals that read
+        // the outside values. The aux relation then reads only what the aggregate ranges over: no
+        // cycle through the enclosing rule, no order among aggregates.
         let mut in_atoms = vec![false; scope.names.len()];
         for l in &lits {
             if let Lit::Atom { args, negated: false, .. } = l {
@@ -420,13 +417,31 @@ impl Checker<'_> {
                 });
             }
         }
-        if corr_names.iter().any(|&v| !in_atoms[v]) {
-            let names: Vec<String> = corr_names.iter().map(|&v| scope.names[v].clone()).collect();
-            let ctx = self.context(&names, context, rule_id, *span)?;
-            let args = corr_names.iter().map(|&v| Arg::Var(v)).collect();
-            lits.insert(0, Lit::Atom { rel: ctx, args, negated: false, span: *span });
+        let free: Vec<VarId> = corr_names.iter().copied().filter(|&v| !in_atoms[v]).collect();
+        let mut residual = None;
+        if !free.is_empty() {
+            let (kept, res_lits, computable) = split_residual(&lits, &in_atoms, &free);
+            lits = kept;
+            corr_names.retain(|&v| in_atoms[v]);
+            local.retain(|&v| computable[v]);
+            residual = Some((res_lits, computable));
         }
         let order: Vec<VarId> = corr_names.iter().chain(local.iter()).copied().collect();
+        // The residual's environment: the aux columns, the outside values, then what it binds.
+        let residual = match residual {
+            None => None,
+            Some((res_lits, computable)) => {
+                let derived: Vec<VarId> =
+                    (0..scope.names.len()).filter(|v| !computable[*v] && !free.contains(v)).collect();
+                let env: Vec<VarId> = order.iter().chain(&free).chain(&derived).copied().collect();
+                let mut bound = vec![false; scope.names.len()];
+                order.iter().chain(&free).for_each(|&v| bound[v] = true);
+                let ordered = self.residual_order(res_lits, &mut bound, &scope)?;
+                let names = env.iter().map(|&v| scope.names[v].clone()).collect();
+                let lits = ordered.iter().map(|l| remap_lit(l, &env)).collect();
+                Some((Residual { outer: vec![], names, lits }, env))
+            }
+        };
         self.aux_count += 1;
         let aux_name = format!("__agg{}_{}", self.aux_count, kind.name());
         let aux_rel = self.relations.len();
@@ -442,43 +457,79 @@ impl Checker<'_> {
         });
         self.by_name.insert(aux_name, aux_rel);
         let head_args: Vec<Expr> = order.iter().map(|&v| Expr::Var(v)).collect();
-        // The target is evaluated over aux columns: remap variable ids to column positions.
-        let target_cols = target.as_ref().map(|e| remap_vars(e, &order));
+        // The target is evaluated over aux columns (or the residual's environment, which starts
+        // with them): remap variable ids to positions.
+        let env_order = residual.as_ref().map_or(&order, |(_, env)| env);
+        let target_cols = target.as_ref().map(|e| remap_vars(e, env_order));
         let corr_list: Vec<String> = corr_names.iter().map(|&v| scope.names[v].clone()).collect();
+        let free_names: Vec<String> = free.iter().map(|&v| scope.names[v].clone()).collect();
+        // A target over the residual's variables is typed with the enclosing rule.
+        let aux_target = target.as_ref().filter(|_| residual.is_none());
         let col_types =
-            self.finish_rule(aux_rel, head_args, lits, scope, *span, None, Some(rule_id), target.as_ref(), *kind)?;
+            self.finish_rule(aux_rel, head_args, lits, scope, *span, None, Some(rule_id), aux_target, *kind)?;
         for (i, ty) in col_types.iter().enumerate() {
             self.relations[aux_rel].columns[i].1 = *ty;
         }
         let corr: Vec<VarId> = corr_list.iter().map(|n| outer.var(n, *span)).collect();
-        Some(Aggregate { kind: *kind, aux: aux_rel, corr, target: target_cols, result })
+        let residual = residual.map(|(mut r, _)| {
+            r.outer = free_names.iter().map(|n| outer.var(n, *span)).collect();
+            r
+        });
+        Some(Aggregate { kind: *kind, aux: aux_rel, corr, target: target_cols, result, residual })
     }
 
-    /// The context relation of an aggregate: `names` (its correlated variables) as the
-    /// enclosing body's literals `context` bind them. An auxiliary relation, like the
-    /// aggregate's own.
-    fn context(&mut self, names: &[String], context: &[Literal], rule_id: usize, span: Span) -> Option<RelId> {
-        self.aux_count += 1;
-        let name = format!("__agg{}_context", self.aux_count);
-        let rel = self.relations.len();
-        self.relations.push(Relation {
-            name: name.clone(),
-            columns: names.iter().map(|n| (n.clone(), Type::Number)).collect(),
-            input: false,
-            output: false,
-            aux: true,
-            doc: None,
-            span,
-        });
-        self.by_name.insert(name, rel);
-        let mut scope = Scope::default();
-        let lits = self.body(context, &mut scope, rule_id, false, &BTreeSet::new())?;
-        let head_args = names.iter().map(|n| Expr::Var(scope.var(n, span))).collect();
-        let types = self.finish_rule(rel, head_args, lits, scope, span, None, Some(rule_id), None, AggKind::Count)?;
-        for (i, ty) in types.iter().enumerate() {
-            self.relations[rel].columns[i].1 = *ty;
+    /// Orders a residual's literals so that each `=` binds before what reads it; reports a
+    /// variable nothing binds.
+    fn residual_order(&mut self, mut rest: Vec<Lit>, bound: &mut [bool], scope: &Scope) -> Option<Vec<Lit>> {
+        let mut ordered = vec![];
+        while !rest.is_empty() {
+            let before = rest.len();
+            let mut next = vec![];
+            for lit in rest {
+                let all = |e: &Expr, bound: &[bool]| {
+                    let mut vs = vec![];
+                    e.vars(&mut vs);
+                    vs.iter().all(|&v| bound[v])
+                };
+                match lit {
+                    Lit::Cmp { lhs: Expr::Var(v), op: CmpOp::Eq, rhs, span } if !bound[v] && all(&rhs, bound) => {
+                        bound[v] = true;
+                        ordered.push(Lit::Bind { var: v, expr: rhs, span });
+                    }
+                    Lit::Cmp { lhs, op: CmpOp::Eq, rhs: Expr::Var(v), span } if !bound[v] && all(&lhs, bound) => {
+                        bound[v] = true;
+                        ordered.push(Lit::Bind { var: v, expr: lhs, span });
+                    }
+                    other => {
+                        let mut vs = vec![];
+                        lit_vars(&other, &mut vs);
+                        if vs.iter().all(|&v| bound[v]) { ordered.push(other) } else { next.push(other) }
+                    }
+                }
+            }
+            rest = next;
+            if rest.len() == before {
+                let mut reported = BTreeSet::new();
+                for lit in &rest {
+                    let mut vs = vec![];
+                    lit_vars(lit, &mut vs);
+                    for v in vs.into_iter().filter(|&v| !bound[v]) {
+                        if reported.insert(v) {
+                            self.err(
+                                scope.first[v],
+                                format!(
+                                    "unsafe rule: variable `{}` in {} is not bound by a positive atom, an `=` binding or an aggregate",
+                                    scope.names[v],
+                                    where_of(lit)
+                                ),
+                            );
+                        }
+                    }
+                }
+                return None;
+            }
         }
-        Some(rel)
+        Some(ordered)
     }
 
     fn rule(&mut self, r: &ast::Rule) {
@@ -584,36 +635,59 @@ impl Checker<'_> {
         // Check every expression's types.
         for lit in &body {
             match lit {
-                Lit::Cmp { lhs, op, rhs, span } => {
-                    let a = self.type_of(lhs, &types, *span);
-                    let b = self.type_of(rhs, &types, *span);
-                    if let (Some(a), Some(b)) = (a, b)
-                        && a != b
-                    {
-                        self.err(
-                            *span,
-                            format!("type mismatch: `{}` compares a {} with a {}", op.symbol(), a.name(), b.name()),
-                        );
-                    }
-                }
-                Lit::Pred { pred, pattern, subject, span } => {
-                    for e in [pattern, subject] {
-                        if let Some(t) = self.type_of(e, &types, *span)
-                            && t != Type::Symbol
-                        {
-                            let name = match pred {
-                                ast::Pred::Match => "match",
-                                ast::Pred::Contains => "contains",
-                            };
-                            self.err(*span, format!("type mismatch: `{name}` takes symbols, found a number"));
-                        }
-                    }
-                }
+                Lit::Cmp { .. } | Lit::Pred { .. } => self.lit_types(lit, &types),
                 Lit::Agg { agg, span } => {
                     if let Some(t) = types[agg.result]
                         && t != Type::Number
                     {
                         self.err(*span, "type mismatch: an aggregate's value is a number");
+                    }
+                    if let Some(r) = &agg.residual {
+                        // The residual's environment: aux columns, outside values, its bindings.
+                        let mut rt: Vec<Option<Type>> =
+                            self.relations[agg.aux].columns.iter().map(|c| Some(c.1)).collect();
+                        rt.extend(r.outer.iter().map(|&v| types[v]));
+                        rt.resize(r.names.len(), None);
+                        for l in &r.lits {
+                            match l {
+                                Lit::Bind { var, expr, .. } => {
+                                    if rt[*var].is_none() {
+                                        rt[*var] = infer(expr, &rt);
+                                    }
+                                }
+                                Lit::Atom { rel, args, span, .. } => {
+                                    for (i, a) in args.iter().enumerate() {
+                                        let (col, ty) = self.relations[*rel].columns[i].clone();
+                                        if let Arg::Var(v) = a
+                                            && let Some(t) = rt[*v]
+                                            && t != ty
+                                        {
+                                            self.err(
+                                                *span,
+                                                format!(
+                                                    "type mismatch: variable `{}` is a {} but column `{col}` of `{}` is a {}",
+                                                    r.names[*v],
+                                                    t.name(),
+                                                    self.relations[*rel].name,
+                                                    ty.name()
+                                                ),
+                                            );
+                                        }
+                                    }
+                                }
+                                _ => self.lit_types(l, &rt),
+                            }
+                        }
+                        if let Some(t) = &agg.target
+                            && let Some(ty) = self.type_of(t, &rt, *span)
+                            && ty != Type::Number
+                            && agg.kind != AggKind::Count
+                        {
+                            self.err(
+                                *span,
+                                format!("type mismatch: `{}` aggregates numbers, found a symbol", agg.kind.name()),
+                            );
+                        }
                     }
                 }
                 _ => {}
@@ -686,7 +760,7 @@ impl Checker<'_> {
                         bound[v] = true;
                         ordered.push(Lit::Bind { var: v, expr: lhs, span });
                     }
-                    Lit::Agg { agg, span } if agg.corr.iter().all(|&v| bound[v]) => {
+                    Lit::Agg { agg, span } if agg.inputs().all(|v| bound[v]) => {
                         if bound[agg.result] {
                             // Bound before: the aggregate's value is compared, through a fresh slot.
                             ordered.push(Lit::Agg { agg, span });
@@ -717,7 +791,7 @@ impl Checker<'_> {
             let mut vs = vec![];
             lit_vars(lit, &mut vs);
             if let Lit::Agg { agg, .. } = lit {
-                vs.extend(agg.corr.iter().copied());
+                vs.extend(agg.inputs());
             }
             for v in vs {
                 if !bound[v] {
@@ -752,6 +826,38 @@ impl Checker<'_> {
         let id = self.rules.len();
         self.rules.push(Rule { id, head, head_args, body: ordered, vars, span, doc, aux_of });
         Some(head_types)
+    }
+
+    /// Checks the types of a comparison's or a predicate's operands.
+    fn lit_types(&mut self, lit: &Lit, types: &[Option<Type>]) {
+        match lit {
+            Lit::Cmp { lhs, op, rhs, span } => {
+                let a = self.type_of(lhs, types, *span);
+                let b = self.type_of(rhs, types, *span);
+                if let (Some(a), Some(b)) = (a, b)
+                    && a != b
+                {
+                    self.err(
+                        *span,
+                        format!("type mismatch: `{}` compares a {} with a {}", op.symbol(), a.name(), b.name()),
+                    );
+                }
+            }
+            Lit::Pred { pred, pattern, subject, span } => {
+                for e in [pattern, subject] {
+                    if let Some(t) = self.type_of(e, types, *span)
+                        && t != Type::Symbol
+                    {
+                        let name = match pred {
+                            ast::Pred::Match => "match",
+                            ast::Pred::Contains => "contains",
+                        };
+                        self.err(*span, format!("type mismatch: `{name}` takes symbols, found a number"));
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 
     fn type_of(&mut self, e: &Expr, types: &[Option<Type>], span: Span) -> Option<Type> {
@@ -793,7 +899,7 @@ impl Checker<'_> {
         let mut edges: Vec<Vec<(RelId, bool, Span)>> = vec![vec![]; n];
         for rule in &self.rules {
             for lit in &rule.body {
-                if let Some((rel, negative)) = lit.reads() {
+                for (rel, negative) in lit.reads() {
                     edges[rule.head].push((rel, negative, lit.span()));
                 }
             }
@@ -810,14 +916,7 @@ impl Checker<'_> {
                 if neg && stratum_of[body] == stratum_of[head] {
                     let cycle = self.cycle_names(&sccs[stratum_of[head]], head, body, &edges);
                     let kind = if self.relations[body].aux { "an aggregate" } else { "negation" };
-                    // A context relation in the cycle: a correlated variable used only in a
-                    // constraint makes the aggregate read the rule's own body.
-                    let hint = if cycle.contains("_context-aggregate") {
-                        " (a correlated variable of the aggregate is used only in a constraint, so the aggregate reads the rule's own body; bind that variable inside the aggregate with an atom)"
-                    } else {
-                        ""
-                    };
-                    self.err(span, format!("unstratifiable program: a cycle through {kind}: {cycle}{hint}"));
+                    self.err(span, format!("unstratifiable program: a cycle through {kind}: {cycle}"));
                 }
             }
         }
@@ -942,6 +1041,71 @@ fn infer(e: &Expr, types: &[Option<Type>]) -> Option<Type> {
     }
 }
 
+/// Splits an aggregate's converted body for a residual: the literals that read a variable no
+/// atom of the body binds, directly or through `=` (`free` are the correlated ones), and the
+/// rest. Also returns which variables the rest can compute. Every variable of a positive atom
+/// is in `in_atoms`, so positive atoms always stay with the rest.
+fn split_residual(lits: &[Lit], in_atoms: &[bool], free: &[VarId]) -> (Vec<Lit>, Vec<Lit>, Vec<bool>) {
+    let mut computable = in_atoms.to_vec();
+    loop {
+        let mut changed = false;
+        for l in lits {
+            if let Lit::Cmp { lhs, op: CmpOp::Eq, rhs, .. } = l {
+                for (a, b) in [(lhs, rhs), (rhs, lhs)] {
+                    let mut vs = vec![];
+                    b.vars(&mut vs);
+                    if let Expr::Var(v) = a
+                        && !computable[*v]
+                        && !free.contains(v)
+                        && vs.iter().all(|&x| computable[x])
+                    {
+                        computable[*v] = true;
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    let (mut kept, mut res) = (vec![], vec![]);
+    for l in lits {
+        let mut vs = vec![];
+        lit_vars(l, &mut vs);
+        if vs.iter().all(|&v| computable[v]) {
+            kept.push(l.clone());
+        } else {
+            res.push(l.clone());
+        }
+    }
+    (kept, res, computable)
+}
+
+/// A residual literal with variable ids replaced by positions in `order`.
+fn remap_lit(l: &Lit, order: &[VarId]) -> Lit {
+    let pos = |v: &VarId| order.iter().position(|x| x == v).unwrap_or(0);
+    match l {
+        Lit::Cmp { lhs, op, rhs, span } => {
+            Lit::Cmp { lhs: remap_vars(lhs, order), op: *op, rhs: remap_vars(rhs, order), span: *span }
+        }
+        Lit::Bind { var, expr, span } => Lit::Bind { var: pos(var), expr: remap_vars(expr, order), span: *span },
+        Lit::Pred { pred, pattern, subject, span } => Lit::Pred {
+            pred: *pred,
+            pattern: remap_vars(pattern, order),
+            subject: remap_vars(subject, order),
+            span: *span,
+        },
+        Lit::Atom { rel, args, negated, span } => Lit::Atom {
+            rel: *rel,
+            args: args.iter().map(|a| if let Arg::Var(v) = a { Arg::Var(pos(v)) } else { a.clone() }).collect(),
+            negated: *negated,
+            span: *span,
+        },
+        Lit::Agg { .. } => unreachable!("an aggregate's body holds no aggregate"),
+    }
+}
+
 fn remap_vars(e: &Expr, order: &[VarId]) -> Expr {
     match e {
         Expr::Var(v) => Expr::Var(order.iter().position(|x| x == v).unwrap_or(0)),
@@ -1018,48 +1182,4 @@ fn tarjan(n: usize, edges: &[Vec<(RelId, bool, Span)>]) -> Vec<Vec<RelId>> {
         }
     }
     t.out
-}
-
-/// Whether a body literal holds an aggregate (only a comparison's side can).
-fn has_aggregate(l: &Literal) -> bool {
-    matches!(l, Literal::Cmp(Term::Agg(..), ..) | Literal::Cmp(_, _, Term::Agg(..), _))
-}
-
-/// The literals of `lits` that can run on their own: positive atoms, `=` bindings from what
-/// those bind, and the other literals whose variables are all bound so; never an aggregate.
-fn safe_context(lits: &[Literal]) -> Vec<Literal> {
-    let mut bound = BTreeSet::new();
-    let mut keep = vec![false; lits.len()];
-    for (k, l) in lits.iter().enumerate() {
-        if let Literal::Pos(_) = l {
-            lit_var_names(l, &mut bound);
-            keep[k] = true;
-        }
-    }
-    loop {
-        let mut changed = false;
-        for (k, l) in lits.iter().enumerate() {
-            if keep[k] || has_aggregate(l) {
-                continue;
-            }
-            let mut vs = BTreeSet::new();
-            lit_var_names(l, &mut vs);
-            let unbound: Vec<&String> = vs.iter().filter(|v| !bound.contains(*v)).collect();
-            let binds = match (l, unbound.as_slice()) {
-                (_, []) => true,
-                (Literal::Cmp(Term::Var(v, _), CmpOp::Eq, _, _), [u])
-                | (Literal::Cmp(_, CmpOp::Eq, Term::Var(v, _), _), [u]) => v == *u,
-                _ => false,
-            };
-            if binds {
-                bound.extend(vs);
-                keep[k] = true;
-                changed = true;
-            }
-        }
-        if !changed {
-            break;
-        }
-    }
-    lits.iter().zip(keep).filter(|(_, k)| *k).map(|(l, _)| l.clone()).collect()
 }

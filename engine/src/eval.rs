@@ -12,7 +12,7 @@
 
 use crate::ast::{AggKind, CmpOp};
 use crate::db::{Database, INPUT, RelData};
-use crate::plan::{CExpr, MAX_VARS, Op, QueryPlan, Source, Step};
+use crate::plan::{AggPlan, CExpr, MAX_VARS, Op, QueryPlan, ResidualPlan, Source, Step};
 use crate::program::{Const, Program, RelId};
 use crate::value::{self, Interner, ValueError};
 use datafrog::{Iteration, Relation, Variable};
@@ -488,13 +488,21 @@ impl<const W: usize> NegKeys<W> {
     }
 }
 
+/// An aggregate's values: folded once per key, or, for an aggregate with a residual, its aux
+/// rows (sorted, so a key's rows are one run), folded per lookup under the outside values.
+#[derive(Clone, Debug)]
+enum AggTable<const W: usize> {
+    Folded(Keyed<W>),
+    Rows(Vec<[u32; W]>),
+}
+
 struct Ctx<'a, const W: usize> {
     program: &'a Program,
     plan: &'a QueryPlan,
     interner: RefCell<Interner>,
     neg: Vec<Option<Rc<NegKeys<W>>>>,
     /// Per aggregate: its value by correlated key (built from the sorted aux relation).
-    aggs: Vec<Option<Keyed<W>>>,
+    aggs: Vec<Option<AggTable<W>>>,
     dyn_regex: RefCell<HashMap<u32, Result<Regex, String>>>,
     error: RefCell<Option<EvalError>>,
     zero: u32,
@@ -563,6 +571,55 @@ impl<const W: usize> Ctx<'_, W> {
                 Ok(self.interner.borrow_mut().intern(c))
             }
         }
+    }
+
+    /// Folds an aggregate over rows of one key, keeping those that pass the residual under the
+    /// outside values; `None` when no row counts. Min and max keep the row's own value id.
+    #[inline(never)]
+    fn fold<'r>(
+        &self,
+        a: &AggPlan,
+        rows: impl Iterator<Item = &'r [u32; W]>,
+        residual: Option<(&ResidualPlan, &[u32])>,
+    ) -> Result<Option<u32>, ValueError> {
+        let mut env = [0u32; MAX_VARS];
+        let mut acc: Option<(i64, Option<u32>)> = None;
+        'rows: for row in rows {
+            if let Some((r, values)) = residual {
+                env[..W].copy_from_slice(row);
+                env[r.arity..r.arity + values.len()].copy_from_slice(values);
+                for op in &r.ops {
+                    if !self.op(op, &mut env)? {
+                        continue 'rows;
+                    }
+                }
+            }
+            let (x, id) = match &a.target {
+                None => (1, None),
+                Some(CExpr::Var(c)) => {
+                    let id = if residual.is_some() { env[*c] } else { row[*c] };
+                    (self.interner.borrow().num(id), Some(id))
+                }
+                Some(t) => {
+                    if residual.is_none() {
+                        env[..W].copy_from_slice(row);
+                    }
+                    (self.num(t, &env)?, None)
+                }
+            };
+            acc = Some(match (a.kind, acc) {
+                (AggKind::Count | AggKind::Sum, None) => (x, None),
+                (_, None) => (x, id),
+                (AggKind::Count | AggKind::Sum, Some((s, _))) => match s.checked_add(x) {
+                    Some(v) => (v, None),
+                    None => return Err(ValueError::SumOverflow { lhs: s, rhs: x }),
+                },
+                (AggKind::Min, Some(m)) if x < m.0 => (x, id),
+                (AggKind::Max, Some(m)) if x > m.0 => (x, id),
+                (_, Some(m)) => m,
+            });
+        }
+        Ok(acc.map(|(n, id)| id.unwrap_or_else(|| self.interner.borrow_mut().intern_num(n))))
     }
 
     /// Runs a step's ops on the environment; false when a filter rejects it or on error.
@@ -641,15 +698,26 @@ impl<const W: usize> Ctx<'_, W> {
                 let keys = self.neg[*index].as_ref().expect("negation index built before its stratum");
                 !keys.contains(&key)
             }
-            Op::Agg { agg, corr, result, bound } => {
+            Op::Agg { agg, corr, outer, result, bound } => {
                 let mut key = [0u32; W];
                 for (i, v) in corr.iter().enumerate() {
                     key[i] = env[*v];
                 }
-                let table = self.aggs[*agg].as_ref().expect("aggregate computed before its stratum");
-                let value = match table.get(&key) {
+                let a = &self.plan.aggs[*agg];
+                let found = match self.aggs[*agg].as_ref().expect("aggregate computed before its stratum") {
+                    AggTable::Folded(table) => table.get(&key),
+                    AggTable::Rows(rows) => {
+                        let n = a.corr_len;
+                        let lo = rows.partition_point(|r| key_cmp(r, &key, n) == Ordering::Less);
+                        let hi = lo + rows[lo..].partition_point(|r| key_cmp(r, &key, n) == Ordering::Equal);
+                        let values: Vec<u32> = outer.iter().map(|v| env[*v]).collect();
+                        let residual = a.residual.as_ref().map(|r| (r, &values[..]));
+                        self.fold(a, rows[lo..hi].iter(), residual)?
+                    }
+                };
+                let value = match found {
                     Some(v) => v,
-                    None => match self.plan.aggs[*agg].kind {
+                    None => match a.kind {
                         AggKind::Count | AggKind::Sum => self.zero,
                         AggKind::Min | AggKind::Max => return Ok(false),
                     },
@@ -810,7 +878,12 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         let plan = self.ctx.plan;
         for &r in rules {
             for step in &plan.rules[r].steps {
-                for op in &step.ops {
+                // An aggregate's residual may negate too: its ops are prepared with the step's.
+                let residual = step.ops.iter().flat_map(|op| match op {
+                    Op::Agg { agg, .. } => plan.aggs[*agg].residual.as_ref().map_or(&[][..], |r| &r.ops[..]),
+                    _ => &[],
+                });
+                for op in step.ops.iter().chain(residual) {
                     match op {
                         Op::Neg { index, .. } if self.ctx.neg[*index].is_none() => {
                             let spec = &plan.neg_indexes[*index];
@@ -829,63 +902,30 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         Ok(())
     }
 
-    fn aggregate(&self, agg: usize, rule: usize) -> Result<Keyed<W>, EvalError> {
+    fn aggregate(&self, agg: usize, rule: usize) -> Result<AggTable<W>, EvalError> {
         let a = &self.ctx.plan.aggs[agg];
         let rows = self.done[a.aux].clone().unwrap_or_default();
+        if a.residual.is_some() {
+            return Ok(AggTable::Rows(rows.iter().map(|t| t.row).collect()));
+        }
         let mut out = vec![];
         let mut i = 0;
-        let mut env = [0u32; MAX_VARS];
-        let overflow = |s: i64, x: i64| {
-            self.ctx.fail(rule, format!("integer overflow in {} over {s} + {x}", a.kind.name()));
-            Err(self.ctx.error.borrow().clone().expect("just failed"))
-        };
         while i < rows.len() {
             let key_row = rows[i].row;
-            let mut j = i;
-            // The value so far, and its id when it is one of the rows' own values (min, max).
-            let mut acc: Option<(i64, Option<u32>)> = None;
-            while j < rows.len() && key_cmp(&rows[j].row, &key_row, a.corr_len) == Ordering::Equal {
-                let (x, id) = match &a.target {
-                    None => (1, None),
-                    Some(CExpr::Var(c)) => {
-                        let id = rows[j].row[*c];
-                        (self.ctx.interner.borrow().num(id), Some(id))
-                    }
-                    Some(t) => {
-                        env[..W].copy_from_slice(&rows[j].row);
-                        match self.ctx.num(t, &env) {
-                            Ok(x) => (x, None),
-                            Err(e) => {
-                                self.ctx.fail(rule, e.to_string());
-                                return Err(self.ctx.error.borrow().clone().expect("just failed"));
-                            }
-                        }
-                    }
-                };
-                acc = Some(match (a.kind, acc) {
-                    (AggKind::Count | AggKind::Sum, None) => (x, None),
-                    (_, None) => (x, id),
-                    (AggKind::Count | AggKind::Sum, Some((s, _))) => match s.checked_add(x) {
-                        Some(v) => (v, None),
-                        None => return overflow(s, x),
-                    },
-                    (AggKind::Min, Some(m)) if x < m.0 => (x, id),
-                    (AggKind::Max, Some(m)) if x > m.0 => (x, id),
-                    (_, Some(m)) => m,
-                });
-                j += 1;
-            }
+            let j = i + rows[i..].partition_point(|t| key_cmp(&t.row, &key_row, a.corr_len) == Ordering::Equal);
+            let v = match self.ctx.fold(a, rows[i..j].iter().map(|t| &t.row), None) {
+                Ok(v) => v.expect("a group has a row"),
+                Err(e) => {
+                    self.ctx.fail(rule, e.to_string());
+                    return Err(self.ctx.error.borrow().clone().expect("just failed"));
+                }
+            };
             let mut key = [0u32; W];
             key[..a.corr_len].copy_from_slice(&key_row[..a.corr_len]);
-            let v = match acc {
-                Some((_, Some(id))) => id,
-                Some((n, None)) => self.ctx.interner.borrow_mut().intern_num(n),
-                None => self.ctx.interner.borrow_mut().intern_num(0),
-            };
             out.push((key, v));
             i = j;
         }
-        Ok(Keyed::new(out, a.corr_len))
+        Ok(AggTable::Folded(Keyed::new(out, a.corr_len)))
     }
 
     fn stratum(&mut self, s: usize, initial: &mut [Vec<Tup<W, M>>], total: &mut usize) -> Result<(), EvalError> {

@@ -444,7 +444,7 @@ impl Ctx<'_> {
                     let mut tuples = vec![];
                     for j in agg_rows(self.db, agg, env) {
                         let vals = self.db.decode_row(self.db.rels[agg.aux].row(j));
-                        {
+                        if agg_env(self.program, self.db, rule, agg, vals.clone(), env).is_some() {
                             let parts: Vec<String> = aux
                                 .columns
                                 .iter()
@@ -615,6 +615,22 @@ fn agg_rows<'a>(db: &'a Database, agg: &Aggregate, env: &Env) -> Box<dyn Iterato
     candidates(db, agg.aux, &args, env)
 }
 
+/// An aggregate's environment for one row of its aux relation: the row, then (with a residual)
+/// the outside values and what the residual binds; `None` when the residual rejects the row.
+fn agg_env(program: &Program, db: &Database, rule: &Rule, agg: &Aggregate, vals: Vec<Const>, env: &Env) -> Option<Env> {
+    let mut cols: Env = vals.into_iter().map(Some).collect();
+    if let Some(r) = &agg.residual {
+        cols.extend(r.outer.iter().map(|v| env[*v].clone()));
+        cols.resize(r.names.len(), None);
+        for l in &r.lits {
+            if check_lit(program, db, rule, l, &mut cols) != Some(true) {
+                return None;
+            }
+        }
+    }
+    Some(cols)
+}
+
 /// `unify` on an interned row, decoding only what it binds.
 fn unify_row(db: &Database, args: &[Arg], row: &[u32], env: &mut Env) -> bool {
     for (a, &id) in args.iter().zip(row) {
@@ -655,7 +671,7 @@ fn eval(e: &Expr, env: &Env) -> Result<Const, String> {
 
 /// Evaluates a non-positive-atom literal under `env` (binding what it binds); `None` when
 /// its inputs are not bound or it errs.
-fn check_lit(_program: &Program, db: &Database, _rule: &Rule, lit: &Lit, env: &mut Env) -> Option<bool> {
+fn check_lit(program: &Program, db: &Database, rule: &Rule, lit: &Lit, env: &mut Env) -> Option<bool> {
     Some(match lit {
         Lit::Atom { rel, args, negated: true, .. } => {
             let data = &db.rels[*rel];
@@ -695,14 +711,13 @@ fn check_lit(_program: &Program, db: &Database, _rule: &Rule, lit: &Lit, env: &m
             }
         }
         Lit::Agg { agg, .. } => {
-            if agg.corr.iter().any(|v| env[*v].is_none()) {
+            if agg.inputs().any(|v| env[v].is_none()) {
                 return None;
             }
             let mut xs = vec![];
             for j in agg_rows(db, agg, env) {
                 let vals = db.decode_row(db.rels[agg.aux].row(j));
-                {
-                    let cols: Env = vals.into_iter().map(Some).collect();
+                if let Some(cols) = agg_env(program, db, rule, agg, vals, env) {
                     xs.push(match &agg.target {
                         None => 1,
                         Some(e) => match eval(e, &cols).ok()? {
@@ -800,14 +815,22 @@ fn fmt_aggregate(program: &Program, agg: &Aggregate) -> String {
             if matches!(l, Lit::Atom { negated: true, .. }) { format!("!{text}") } else { text }
         })
         .collect();
+    // The target and the residual are written over the aux relation's columns (then, for a
+    // residual, the outside values and what it binds).
+    let vars = match &agg.residual {
+        Some(r) => r.names.iter().map(|n| (n.clone(), crate::ast::Type::Number)).collect(),
+        None => program.relations[agg.aux].columns.clone(),
+    };
+    let cols: Env = vec![None; vars.len()];
+    let names = Rule { vars, ..aux_rule.clone() };
+    let mut body = body;
+    for l in agg.residual.iter().flat_map(|r| &r.lits) {
+        let text = fmt_lit(program, &names, l, &cols);
+        body.push(if matches!(l, Lit::Atom { negated: true, .. }) { format!("!{text}") } else { text });
+    }
     let target = match &agg.target {
         None => String::new(),
-        Some(t) => {
-            // The target is written over the aux relation's columns.
-            let cols: Env = program.relations[agg.aux].columns.iter().map(|_| None).collect();
-            let names = Rule { vars: program.relations[agg.aux].columns.clone(), ..aux_rule.clone() };
-            format!(" {}", fmt_expr(&names, t, &cols))
-        }
+        Some(t) => format!(" {}", fmt_expr(&names, t, &cols)),
     };
     format!("{}{target} : {{ {} }}", agg.kind.name(), body.join(", "))
 }

@@ -55,10 +55,12 @@ pub enum Op {
         index: usize,
         vars: Vec<usize>,
     },
-    /// Look up aggregate `agg` by the correlated variables; bind (or compare) `result`.
+    /// Look up aggregate `agg` by the correlated variables (filtering the key's rows by the
+    /// residual under `outer`'s values, when it has one); bind (or compare) `result`.
     Agg {
         agg: usize,
         corr: Vec<usize>,
+        outer: Vec<usize>,
         result: usize,
         bound: bool,
     },
@@ -96,6 +98,14 @@ pub struct AggPlan {
     pub aux: RelId,
     pub corr_len: usize,
     pub target: Option<CExpr>,
+    pub residual: Option<ResidualPlan>,
+}
+
+/// A residual's ops over its environment: the aux row's `arity` columns, then the outer values.
+#[derive(Clone, Debug)]
+pub struct ResidualPlan {
+    pub arity: usize,
+    pub ops: Vec<Op>,
 }
 
 #[derive(Clone, Debug)]
@@ -246,8 +256,22 @@ impl Builder<'_> {
             Lit::Agg { agg, .. } => {
                 let id = self.aggs.len();
                 let target = agg.target.as_ref().map(|t| self.expr(t));
-                self.aggs.push(AggPlan { kind: agg.kind, aux: agg.aux, corr_len: agg.corr.len(), target });
-                Op::Agg { agg: id, corr: agg.corr.clone(), result: agg.result, bound: bound[agg.result] }
+                let residual = match &agg.residual {
+                    None => None,
+                    Some(r) => {
+                        if r.names.len() > MAX_VARS {
+                            return Err(format!(
+                                "an aggregate's body has {} variables; the evaluator supports at most {MAX_VARS}",
+                                r.names.len()
+                            ));
+                        }
+                        let ops = r.lits.iter().map(|l| self.op(l, &[])).collect::<Result<_, _>>()?;
+                        Some(ResidualPlan { arity: self.program.relations[agg.aux].arity(), ops })
+                    }
+                };
+                self.aggs.push(AggPlan { kind: agg.kind, aux: agg.aux, corr_len: agg.corr.len(), target, residual });
+                let outer = agg.residual.as_ref().map(|r| r.outer.clone()).unwrap_or_default();
+                Op::Agg { agg: id, corr: agg.corr.clone(), outer, result: agg.result, bound: bound[agg.result] }
             }
             Lit::Atom { negated: false, .. } => unreachable!("positive atoms are steps"),
         })
@@ -321,8 +345,8 @@ impl Builder<'_> {
                         expr.vars(&mut e);
                         (e, vec![*var])
                     }
-                    Lit::Agg { agg, .. } if compares[i] => ([&agg.corr[..], &[agg.result]].concat(), vec![]),
-                    Lit::Agg { agg, .. } => (agg.corr.clone(), vec![agg.result]),
+                    Lit::Agg { agg, .. } if compares[i] => (agg.inputs().chain([agg.result]).collect(), vec![]),
+                    Lit::Agg { agg, .. } => (agg.inputs().collect(), vec![agg.result]),
                     _ => (needs, vec![]),
                 };
                 if inputs.iter().all(|&v| bound[v]) {
@@ -439,8 +463,9 @@ pub fn op_inputs(op: &Op, out: &mut Vec<usize>) {
             e(s, out);
         }
         Op::Neg { vars, .. } => out.extend(vars),
-        Op::Agg { corr, result, bound, .. } => {
+        Op::Agg { corr, outer, result, bound, .. } => {
             out.extend(corr);
+            out.extend(outer);
             if *bound {
                 out.push(*result);
             }

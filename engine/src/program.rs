@@ -101,10 +101,38 @@ pub struct Aggregate {
     pub aux: RelId,
     /// Variables of the enclosing rule bound from outside, matched to the aux's first columns.
     pub corr: Vec<VarId>,
-    /// The aggregated expression over the aux relation's columns (`Expr::Var(i)` = column i).
+    /// The aggregated expression over the aux relation's columns (`Expr::Var(i)` = column i),
+    /// or over the residual's environment when there is one (the aux columns come first there).
     pub target: Option<Expr>,
     /// The variable the aggregate's value is bound to (or compared with, if bound before).
     pub result: VarId,
+    /// The body's literals that read variables bound only outside the aggregate, checked per
+    /// lookup against the aux rows of the key.
+    pub residual: Option<Residual>,
+}
+
+impl Aggregate {
+    /// The enclosing rule's variables that must be bound before the aggregate is looked up:
+    /// the key, then the residual's outer values.
+    pub fn inputs(&self) -> impl Iterator<Item = VarId> + '_ {
+        self.corr.iter().chain(self.residual.iter().flat_map(|r| r.outer.iter())).copied()
+    }
+}
+
+/// The part of an aggregate's body that uses a variable of the enclosing rule that no atom of
+/// the body binds (`X < C`, `C` from outside), for example `sum X : { m(X, S), X < C }`. The
+/// aux relation holds the bindings of the rest of the body, keyed by the atom-bound correlated
+/// variables (`S`); each lookup keeps the rows of its key that pass these literals under the
+/// enclosing rule's values (`C`). The aux relation so reads only what the aggregate ranges over,
+/// and a recursive rule may use such an aggregate on lower strata.
+#[derive(Clone, Debug)]
+pub struct Residual {
+    /// Variables of the enclosing rule, placed after the aux columns in the environment.
+    pub outer: Vec<VarId>,
+    /// The environment's variable names: the aux columns, then `outer`, then what `lits` bind.
+    pub names: Vec<String>,
+    /// Constraints, `=` bindings and predicates over that environment, in binding order.
+    pub lits: Vec<Lit>,
 }
 
 #[derive(Clone, Debug)]
@@ -142,11 +170,18 @@ pub enum Lit {
 impl Lit {
     /// The relation this literal reads, and whether through negation or an aggregate (which
     /// must then be complete before the rule runs): the edges of the dependency graph.
-    pub fn reads(&self) -> Option<(RelId, bool)> {
+    /// An aggregate reads its aux relation and, through its residual, what the residual negates.
+    pub fn reads(&self) -> Vec<(RelId, bool)> {
         match self {
-            Lit::Atom { rel, negated, .. } => Some((*rel, *negated)),
-            Lit::Agg { agg, .. } => Some((agg.aux, true)),
-            Lit::Cmp { .. } | Lit::Pred { .. } | Lit::Bind { .. } => None,
+            Lit::Atom { rel, negated, .. } => vec![(*rel, *negated)],
+            Lit::Agg { agg, .. } => {
+                let mut out = vec![(agg.aux, true)];
+                for l in agg.residual.iter().flat_map(|r| &r.lits) {
+                    out.extend(l.reads().into_iter().map(|(r, _)| (r, true)));
+                }
+                out
+            }
+            Lit::Cmp { .. } | Lit::Pred { .. } | Lit::Bind { .. } => vec![],
         }
     }
 
@@ -217,7 +252,7 @@ impl Program {
                 continue;
             }
             for rule in self.rules_for(rel) {
-                todo.extend(rule.body.iter().filter_map(|l| l.reads()).map(|(r, _)| r));
+                todo.extend(rule.body.iter().flat_map(|l| l.reads()).map(|(r, _)| r));
             }
         }
         needed

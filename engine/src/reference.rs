@@ -126,27 +126,12 @@ fn body(rule: &Rule, i: usize, env: &mut Vec<Option<Const>>, rels: &Relations, k
             });
             if any { Ok(()) } else { body(rule, i + 1, env, rels, k) }
         }
-        Lit::Cmp { lhs, op, rhs, .. } => {
-            let (a, b) = (expr(lhs, env)?, expr(rhs, env)?);
-            let ok = match op {
-                CmpOp::Eq => a == b,
-                CmpOp::Ne => a != b,
-                CmpOp::Lt => a < b,
-                CmpOp::Le => a <= b,
-                CmpOp::Gt => a > b,
-                CmpOp::Ge => a >= b,
-            };
-            if ok { body(rule, i + 1, env, rels, k) } else { Ok(()) }
-        }
-        Lit::Pred { pred, pattern, subject, .. } => {
-            let (Const::Sym(p), Const::Sym(s)) = (expr(pattern, env)?, expr(subject, env)?) else {
-                return Err("predicate on a number".into());
-            };
-            let ok = match pred {
-                Pred::Contains => s.contains(&p),
-                Pred::Match => regex::Regex::new(&crate::plan::whole(&p)).map_err(|e| e.to_string())?.is_match(&s),
-            };
-            if ok { body(rule, i + 1, env, rels, k) } else { Ok(()) }
+        Lit::Cmp { .. } | Lit::Pred { .. } => {
+            if holds(lit, env, rels)? {
+                body(rule, i + 1, env, rels, k)
+            } else {
+                Ok(())
+            }
         }
         Lit::Bind { var, expr: e, .. } => {
             let v = expr(e, env)?;
@@ -160,9 +145,19 @@ fn body(rule: &Rule, i: usize, env: &mut Vec<Option<Const>>, rels: &Relations, k
             let key: Vec<Const> = agg.corr.iter().map(|v| env[*v].clone().unwrap()).collect();
             let mut values: BTreeMap<(), Vec<i64>> = BTreeMap::new();
             let group = values.entry(()).or_default();
-            for t in &rels[agg.aux] {
+            'rows: for t in &rels[agg.aux] {
                 if t[..key.len()] == key[..] {
-                    let cols: Vec<Option<Const>> = t.iter().cloned().map(Some).collect();
+                    let mut cols: Vec<Option<Const>> = t.iter().cloned().map(Some).collect();
+                    if let Some(r) = &agg.residual {
+                        // The row, then the outside values, then what the residual binds.
+                        cols.extend(r.outer.iter().map(|v| env[*v].clone()));
+                        cols.resize(r.names.len(), None);
+                        for l in &r.lits {
+                            if !holds(l, &mut cols, rels)? {
+                                continue 'rows;
+                            }
+                        }
+                    }
                     let x = match &agg.target {
                         None => 1,
                         Some(e) => match expr(e, &cols)? {
@@ -200,4 +195,41 @@ fn body(rule: &Rule, i: usize, env: &mut Vec<Option<Const>>, rels: &Relations, k
             }
         }
     }
+}
+
+/// Whether a comparison, a predicate, an `=` binding or a negation holds under `env` (binding
+/// what it binds).
+fn holds(lit: &Lit, env: &mut [Option<Const>], rels: &Relations) -> Result<bool, String> {
+    Ok(match lit {
+        Lit::Atom { rel, args, negated: true, .. } => !rels[*rel].iter().any(|t| {
+            let mut probe = env.to_vec();
+            unify(args, t, &mut probe)
+        }),
+        Lit::Cmp { lhs, op, rhs, .. } => {
+            let (a, b) = (expr(lhs, env)?, expr(rhs, env)?);
+            match op {
+                CmpOp::Eq => a == b,
+                CmpOp::Ne => a != b,
+                CmpOp::Lt => a < b,
+                CmpOp::Le => a <= b,
+                CmpOp::Gt => a > b,
+                CmpOp::Ge => a >= b,
+            }
+        }
+        Lit::Pred { pred, pattern, subject, .. } => {
+            let (Const::Sym(p), Const::Sym(s)) = (expr(pattern, env)?, expr(subject, env)?) else {
+                return Err("predicate on a number".into());
+            };
+            match pred {
+                Pred::Contains => s.contains(&p),
+                Pred::Match => regex::Regex::new(&crate::plan::whole(&p)).map_err(|e| e.to_string())?.is_match(&s),
+            }
+        }
+        Lit::Bind { var, expr: e, .. } => {
+            let v = expr(e, env)?;
+            env[*var] = Some(v);
+            true
+        }
+        _ => return Err("only constraints and bindings are checked alone".into()),
+    })
 }

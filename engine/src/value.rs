@@ -223,8 +223,20 @@ pub fn version_cmp(a: &Version, b: &Version) -> std::cmp::Ordering {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ValueError {
     BadVersion(String),
-    DivByZero { lhs: i64, op: ArithOp },
-    Overflow { lhs: i64, op: ArithOp, rhs: i64 },
+    DivByZero {
+        lhs: i64,
+        op: ArithOp,
+    },
+    Overflow {
+        lhs: i64,
+        op: ArithOp,
+        rhs: i64,
+    },
+    /// A `sum` (or `count`) past the integer range.
+    SumOverflow {
+        lhs: i64,
+        rhs: i64,
+    },
     BadNumber(String),
     BadRegex(String, String),
 }
@@ -241,6 +253,7 @@ impl std::fmt::Display for ValueError {
             ValueError::Overflow { lhs, op, rhs } => {
                 write!(f, "integer overflow in {lhs} {} {rhs}", op.symbol())
             }
+            ValueError::SumOverflow { lhs, rhs } => write!(f, "integer overflow in sum over {lhs} + {rhs}"),
             ValueError::BadNumber(s) => write!(f, "to_number: {s:?} is not an integer"),
             ValueError::BadRegex(p, e) => write!(f, "regex {p:?} does not compile: {e}"),
         }

@@ -109,15 +109,68 @@ fn correlated_variable_used_only_in_a_constraint_is_bound_from_outside() {
     assert_eq!(outputs_any_order(src, facts, "below"), r#"below("g", 2) below("g", 3) below("h", 0)"#);
 }
 
-/// In a recursive rule, such an aggregate would read the rule's own body: refused with a hint.
+/// Issue 26, shape 1: in a recursive rule, an aggregate whose correlated variable appears only
+/// in a constraint ranges over lower strata only: no cycle through the aggregate. It was refused
+/// (a context relation built for `N` read `p` itself; a residual now reads `N` per lookup).
 #[test]
-fn correlated_constraint_variable_in_a_recursive_rule_is_refused_with_a_hint() {
-    let text = diagnostics(
-        ".decl w(x: number)\n.input w\n.decl p(n: number, c: number)\n.output p\np(1, 0).\n\
-         p(M, C) :- p(N, _), N < 3, M = N + 1, C = count : { w(X), X < N }.\n",
-    );
-    assert!(text.contains("unstratifiable program: a cycle through an aggregate"), "{text}");
-    assert!(text.contains("bind that variable inside the aggregate with an atom"), "{text}");
+fn correlated_constraint_variable_in_a_recursive_rule_is_accepted() {
+    let src = ".decl w(x: number)\n.input w\n.decl p(n: number, c: number)\n.output p\np(1, 0).\n\
+         p(M, C) :- p(N, _), N < 3, M = N + 1, C = count : { w(X), X < N }.\n";
+    let facts = r#"{"w": [[0], [1], [2], [5]]}"#;
+    assert_eq!(outputs_any_order(src, facts, "p"), "p(1, 0) p(2, 1) p(3, 2)");
+    // The issue's own example: a sum keyed by an atom-bound variable, filtered by the head's.
+    let src = ".decl m(x: number, s: number, a: number, b: number, c: number)\n.input m\n\
+        .decl r(c: number, y: number)\n.output r\nr(1, 0).\nr(5, 0).\n\
+        r(C, Y) :- r(C, S), Y = sum X : { m(X, S, _, _, _), X < C }.\n";
+    let facts = r#"{"m": [[1, 0, 0, 0, 0], [3, 0, 0, 0, 0], [2, 4, 0, 0, 0], [7, 4, 0, 0, 0]]}"#;
+    assert_eq!(outputs_any_order(src, facts, "r"), "r(1, 0) r(5, 0) r(5, 2) r(5, 4)");
+    // A negation in the aggregate reading the outside value is checked per lookup too.
+    let src = ".decl w(x: number)\n.input w\n.decl bad(x: number, n: number)\n.input bad\n\
+        .decl p(n: number, c: number)\n.output p\np(1, 0).\n\
+        p(M, C) :- p(N, _), N < 3, M = N + 1, C = count : { w(X), !bad(X, N) }.\n";
+    let facts = r#"{"w": [[0], [1], [2]], "bad": [[0, 1], [1, 2], [2, 2]]}"#;
+    assert_eq!(outputs_any_order(src, facts, "p"), "p(1, 0) p(2, 2) p(3, 1)");
+}
+
+/// An atom of the aggregate that meets a value computed from an outside variable and a local
+/// one (`Y = X + N, v(Y)`): the atom ranges freely and the residual keeps the rows where the
+/// computed value matches. Accepted in a recursive rule too.
+#[test]
+fn an_atom_meeting_a_value_computed_from_outside_is_accepted_in_a_recursive_rule() {
+    let src = ".decl w(x: number)\n.input w\n.decl v(y: number)\n.input v\n.decl p(n: number, c: number)\n.output p\n\
+         p(1, 0).\np(M, C) :- p(N, _), N < 3, M = N + 1, C = count : { w(X), Y = X + N, v(Y) }.\n";
+    // N = 1: X + 1 in v for X = 1, 2 (v holds 2, 3); N = 2: X + 2 in v for X = 0, 1.
+    let facts = r#"{"w": [[0], [1], [2]], "v": [[2], [3]]}"#;
+    assert_eq!(outputs_any_order(src, facts, "p"), "p(1, 0) p(2, 2) p(3, 2)");
+}
+
+/// Issue 26, shape 2: two aggregates where the first's correlated variable (`L`) is bound by the
+/// second, whose own key (`T`, `S`) an atom binds. A body is unordered: every order loads and
+/// gives the same result (`outputs_any_order` tries them all).
+#[test]
+fn an_aggregate_correlated_on_another_aggregates_value_is_accepted_in_any_order() {
+    let src = ".decl a(n: number)\n.input a\n.decl m(k: number, t: number, s: number)\n.input m\n\
+        .decl h(s: number, t: number)\n.output h\nh(0, 2).\nh(1, 3).\n\
+        h(S, 5) :- T = min N : { a(N), N > L }, h(S, T), L = sum K : { m(K, T, S) }.\n";
+    // h(0, 2): L = 1 and the least N > 1 is 2, so h(0, 5); h(1, 3): L = 3, the least N > 3 is
+    // 4; h(0, 5): L = 0 (no row), the least N > 0 is 1.
+    let facts = r#"{"a": [[1], [2], [4], [6]], "m": [[1, 2, 0], [1, 3, 1], [2, 3, 1]]}"#;
+    assert_eq!(outputs_any_order(src, facts, "h"), "h(0, 2) h(0, 5) h(1, 3)");
+}
+
+/// The residual's value is explained by the rows it kept, not by every row of the key.
+#[test]
+fn an_aggregate_with_a_residual_is_explained_by_the_rows_it_kept() {
+    let src = ".decl lim(g: symbol, n: number)\n.input lim\n.decl w(g: symbol, x: number)\n.input w\n\
+        .decl below(g: symbol, c: number)\n.output below\nbelow(G, C) :- lim(G, N), C = count : { w(G, X), X < N }.\n";
+    let facts = r#"{"lim": [["g", 3]], "w": [["g", 1], ["g", 2], ["g", 5]]}"#;
+    let e = engine(src);
+    let f = FactSet::from_json(facts).unwrap().resolve(&e.program).unwrap();
+    let db = e.evaluate(&f, EvalOptions { provenance: true, ..Default::default() }).unwrap();
+    let ex = engine::explain::explain(&e.program, &db, "below", &[Const::Sym("g".into()), Const::Num(2)]).unwrap();
+    let text = ex.to_string();
+    assert!(text.contains("count : { w(G, X), X < N }"), "{text}");
+    assert!(text.contains("over 2 tuple(s): {G = \"g\", X = 1} {G = \"g\", X = 2}\n"), "{text}");
 }
 
 // ---- issue 11: hostile rule texts end in a located error, never a stack overflow ----
@@ -516,7 +569,9 @@ impl Gen {
 /// recursion, negation and aggregates only on lower levels, constraints and arithmetic with
 /// bounded results, plus a symbol part with match/contains/cat; and random facts. Aggregates
 /// bind a fresh variable, or compare with one bound by an atom or by an `=` written before
-/// them, and may use a correlated variable only in a constraint of their body. Returns the
+/// them, and may use a correlated variable only in a constraint of their body (in a recursive
+/// rule too), the other aggregate's value included: every program it makes is stratifiable and
+/// safe, and must load. Returns the
 /// program, the same program with every rule's body in a random order, and the facts.
 fn random_case(seed: u64) -> (String, String, String) {
     let mut g = Gen(seed);
@@ -555,10 +610,8 @@ fn random_case(seed: u64) -> (String, String, String) {
             let mut body = vec![];
             let mut bound: Vec<&str> = vec![];
             // A body atom of the head's own level may make the rule recursive.
-            let mut recursive = false;
             for _ in 0..1 + g.below(3) {
                 let r = pos[g.below(pos.len() as u64) as usize];
-                recursive |= r.2 == *level;
                 let args: Vec<String> = (0..r.1)
                     .map(|_| match g.below(10) {
                         0 | 1 => g.below(5).to_string(),
@@ -604,7 +657,9 @@ fn random_case(seed: u64) -> (String, String, String) {
                             (0..r.1).map(|_| if g.chance(30) { "_".into() } else { pick(&mut g, &bound) }).collect();
                         body.push(format!("!{}({})", r.0, args.join(", ")));
                     }
-                    4 | 5 if !lower.is_empty() && !bound.contains(&"M") => {
+                    // Up to two aggregates, binding `M` and then `P`.
+                    4 | 5 if !lower.is_empty() && !bound.contains(&"P") => {
+                        let res = if bound.contains(&"M") { "P" } else { "M" };
                         let r = lower[g.below(lower.len() as u64) as usize];
                         // Correlate on a bound variable in the first column, sometimes.
                         let corr = if !bound.is_empty() && g.chance(60) {
@@ -618,12 +673,36 @@ fn random_case(seed: u64) -> (String, String, String) {
                             args[0] = v.to_string();
                         }
                         let target = args.iter().find(|a| a.starts_with('L')).cloned();
-                        // A correlated variable used only in a constraint of the body.
-                        let filter = match (&target, bound.iter().find(|v| Some(**v) != corr)) {
-                            // Not in a recursive rule: the aggregate would read the rule's own
-                            // body, a cycle through the aggregate (refused at load).
-                            (Some(t), Some(v)) if !recursive && g.chance(40) => format!(", {t} <= {v}"),
+                        // A correlated variable used only in a constraint of the body: any
+                        // bound variable, in a recursive rule too, the other aggregate's value
+                        // included (issue 26's two shapes).
+                        let others: Vec<&str> = bound.iter().copied().filter(|v| Some(*v) != corr).collect();
+                        let filter = match &target {
+                            Some(t) if !others.is_empty() && g.chance(40) => {
+                                let v = others[g.below(others.len() as u64) as usize];
+                                let op = ["<=", ">", "!="][g.below(3) as usize];
+                                format!(", {t} {op} {v}")
+                            }
                             _ => String::new(),
+                        };
+                        // A negation in the body, reading an outside value sometimes.
+                        let filter = match lower.get(g.below(lower.len() as u64 * 3) as usize) {
+                            Some(n) if !args.iter().all(|a| a == "_") => {
+                                let locals: Vec<&String> = args.iter().filter(|a| a.starts_with('L')).collect();
+                                let nargs: Vec<String> = (0..n.1)
+                                    .map(|_| match g.below(3) {
+                                        0 if !others.is_empty() => {
+                                            others[g.below(others.len() as u64) as usize].to_string()
+                                        }
+                                        1 if !locals.is_empty() => {
+                                            locals[g.below(locals.len() as u64) as usize].clone()
+                                        }
+                                        _ => g.below(5).to_string(),
+                                    })
+                                    .collect();
+                                format!("{filter}, !{}({})", n.0, nargs.join(", "))
+                            }
+                            _ => filter,
                         };
                         let kind = g.below(4);
                         let agg = match (kind, target) {
@@ -642,13 +721,13 @@ fn random_case(seed: u64) -> (String, String, String) {
                             // Bound by an `=` written before it, whose other side an atom binds.
                             1 if !bound.is_empty() => {
                                 let v = bound[g.below(bound.len() as u64) as usize];
-                                body.push(format!("M = {v}"));
-                                body.push(format!("M = {body_text}"));
-                                bound.push("M");
+                                body.push(format!("{res} = {v}"));
+                                body.push(format!("{res} = {body_text}"));
+                                bound.push(res);
                             }
                             _ => {
-                                body.push(format!("M = {body_text}"));
-                                bound.push("M");
+                                body.push(format!("{res} = {body_text}"));
+                                bound.push(res);
                             }
                         }
                     }
@@ -695,13 +774,16 @@ fn random_case(seed: u64) -> (String, String, String) {
     (src, permuted, serde_json::Value::Object(facts).to_string())
 }
 
-/// Checks one random case; returns (whether it loaded, how many derived tuples it had).
-fn differential(seed: u64) -> Result<(bool, usize), TestCaseError> {
+/// Checks one random case; returns how many derived tuples it had.
+fn differential(seed: u64) -> Result<usize, TestCaseError> {
     let (src, permuted, facts) = random_case(seed);
     let loaded = load_str("gen.rules", &src);
+    // Every generated program is stratifiable and safe: a refusal is the engine's failure.
     let Some(program) = loaded.program else {
-        // Generated programs are meant to check; a miss here is a generator gap, counted below.
-        return Ok((false, 0));
+        return Err(TestCaseError::fail(format!(
+            "a valid program was refused:\n{}\n{src}",
+            loaded.render_diagnostics()
+        )));
     };
     let mut derived = 0;
     let e = Engine::new(program).map_err(|errs| TestCaseError::fail(format!("{errs:?}\n{src}")))?;
@@ -766,7 +848,7 @@ fn differential(seed: u64) -> Result<(bool, usize), TestCaseError> {
         (Err(_), Err(_)) => prop_assert!(fast_perm.is_err(), "only the permuted program evaluates\n{permuted}"),
         (a, b) => prop_assert!(false, "one evaluator failed: fast {:?} reference {:?}\n{}", a.err(), b.err(), src),
     }
-    Ok((true, derived))
+    Ok(derived)
 }
 
 #[test]
@@ -781,13 +863,12 @@ fn fast_evaluator_agrees_with_reference_on_random_programs() {
     let busy = std::cell::Cell::new(0u32);
     runner
         .run(&any::<u64>(), |seed| {
-            let (ok, derived) = differential(seed)?;
-            checked.set(checked.get() + u32::from(ok));
+            let derived = differential(seed)?;
+            checked.set(checked.get() + 1);
             busy.set(busy.get() + u32::from(derived >= 5));
             Ok(())
         })
         .unwrap();
-    assert!(checked.get() >= cases * 5 / 6, "only {} of {cases} generated programs checked", checked.get());
     // Guard against a vacuous generator: most programs must derive something.
     assert!(busy.get() >= cases / 2, "only {} programs derived 5 tuples or more", busy.get());
     eprintln!("differential: {} programs checked, {} derived 5+ tuples", checked.get(), busy.get());
