@@ -1103,6 +1103,17 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         }
         for &r in &sp.rules {
             let rp = &plan.rules[r];
+            // A dominance self-join over a finished relation: one scan of its index.
+            if let Some(dm) = &rp.dominance {
+                let (rows_in, dcol) = match dm.direct {
+                    Some(c) => (self.done[plan.indexes[dm.index].rel].clone().unwrap_or_default(), c),
+                    None => (self.static_index(dm.index), dm.vars.len() - 1),
+                };
+                let produced = self.dominated(rp, dm, &rows_in, dcol, h);
+                rows.get_mut(&rp.head).expect("head in its stratum").extend(produced);
+                self.check_error()?;
+                continue;
+            }
             // A rule that copies an index as it is (one scan, no filter, the head its columns in
             // order, as an aggregate's body often is) takes the index's rows directly. With
             // provenance each row must name this rule, so it runs like any other.
@@ -1146,6 +1157,62 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             self.done[rel] = Some(Rc::new(rows));
         }
         Ok(())
+    }
+
+    /// The head tuples of a dominance rule (see `plan::Dominance`) from `rows`, sorted by the
+    /// key columns (the first `vars.len() - 1`), `D` in column `dcol`: in each run of one key,
+    /// every `D` that is not the run's largest (smallest). The tuples the self-join makes, each
+    /// once, in order when the head is the key then `D`, and no pair built.
+    fn dominated(
+        &self,
+        rp: &crate::plan::RulePlan,
+        dm: &crate::plan::Dominance,
+        rows: &[Tup<W, M>],
+        dcol: usize,
+        height: u32,
+    ) -> Vec<Tup<W, M>> {
+        let k = dm.vars.len() - 1;
+        let mut kept: Vec<(usize, u32)> = vec![];
+        {
+            let interner = self.ctx.interner.borrow();
+            let mut i = 0;
+            let mut run: Vec<u32> = vec![];
+            while i < rows.len() {
+                let mut j = i + 1;
+                while j < rows.len() && rows[j].row[..k] == rows[i].row[..k] {
+                    j += 1;
+                }
+                let vals = rows[i..j].iter().map(|t| interner.num(t.row[dcol]));
+                let extreme = if dm.greater { vals.max() } else { vals.min() }.expect("a run holds a row");
+                run.clear();
+                run.extend(rows[i..j].iter().map(|t| t.row[dcol]).filter(|&d| interner.num(d) != extreme));
+                run.sort_unstable();
+                run.dedup();
+                kept.extend(run.iter().map(|&d| (i, d)));
+                i = j;
+            }
+        }
+        let meta = M::new(rp.rule as u32, height);
+        let mut env = [0u32; MAX_VARS];
+        let mut out = Vec::with_capacity(kept.len());
+        'rows: for (x, d) in kept {
+            for (c, v) in dm.vars[..k].iter().enumerate() {
+                env[*v] = rows[x].row[c];
+            }
+            env[dm.vars[k]] = d;
+            let mut row = [0u32; W];
+            for (c, e) in rp.head_exprs.iter().enumerate() {
+                match self.ctx.value(e, &env) {
+                    Ok(v) => row[c] = v,
+                    Err(err) => {
+                        self.ctx.fail(rp.rule, err.to_string());
+                        continue 'rows;
+                    }
+                }
+            }
+            out.push(Tup { row, meta });
+        }
+        out
     }
 
     /// Runs step `i` of a rule: its source joined with the previous step's rows (semi-naive

@@ -90,6 +90,26 @@ pub struct RulePlan {
     pub head: RelId,
     pub steps: Vec<Step>,
     pub head_exprs: Vec<CExpr>,
+    /// The rule is a dominance self-join, run as one scan of `index` when its relation is done.
+    pub dominance: Option<Dominance>,
+}
+
+/// A rule of the dominance shape, `h(K, D) :- a(K, _, D), a(K, _, D2), D2 > D.` (or `<`): the
+/// `(K, D)` of `a` with a larger (smaller) `D` in the same `K`. One scan of the index of `a` by
+/// `(K, D)` replaces the self-join: in each run of equal `K`, every `D` below the run's largest
+/// (above its smallest). The steps are kept: a recursive stratum, and the reference, read them.
+#[derive(Clone, Debug)]
+pub struct Dominance {
+    /// The index of `a` holding the key variables, then `D`.
+    pub index: usize,
+    /// The variable held in each index column.
+    pub vars: Vec<usize>,
+    /// `D2 > D`: a `D` is dominated by a larger one (else by a smaller one).
+    pub greater: bool,
+    /// When the key variables are the relation's leading columns in order, with no constant:
+    /// the column of `D`. The relation's own rows, sorted by those columns, are then read
+    /// directly (no index to sort).
+    pub direct: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -433,7 +453,85 @@ impl Builder<'_> {
         }
         let head_exprs = rule.head_args.iter().map(|e| self.expr(e)).collect();
         self.width = self.width.max(self.program.relations[rule.head].arity());
-        Ok(RulePlan { rule: rule.id, head: rule.head, steps, head_exprs })
+        let dominance = self.dominance(rule);
+        Ok(RulePlan { rule: rule.id, head: rule.head, steps, head_exprs, dominance })
+    }
+
+    /// Recognizes the dominance shape (see `Dominance`): two positive atoms of one relation that
+    /// agree column by column (the same key variables, the same constants, `_` or a variable
+    /// used nowhere else) but for one number column holding `D` and `D2`, and `D2 > D` (`D < D2`,
+    /// or `<` for the other direction) as the only other literal; the head reads only the key
+    /// variables and `D`.
+    fn dominance(&mut self, rule: &Rule) -> Option<Dominance> {
+        let [
+            Lit::Atom { rel: r1, args: a1, negated: false, .. },
+            Lit::Atom { rel: r2, args: a2, negated: false, .. },
+            Lit::Cmp { lhs: Expr::Var(l), op, rhs: Expr::Var(r), .. },
+        ] = &rule.body[..]
+        else {
+            return None;
+        };
+        if r1 != r2 || a1.len() != a2.len() {
+            return None;
+        }
+        let mut uses = vec![0usize; rule.vars.len()];
+        for a in a1.iter().chain(a2) {
+            if let Arg::Var(v) = a {
+                uses[*v] += 1;
+            }
+        }
+        let mut head_vars = vec![];
+        rule.head_args.iter().for_each(|e| e.vars(&mut head_vars));
+        head_vars.iter().for_each(|&v| uses[v] += 1);
+        uses[*l] += 1;
+        uses[*r] += 1;
+        let unused = |a: &Arg| match a {
+            Arg::Wild => true,
+            Arg::Var(v) => uses[*v] == 1,
+            Arg::Const(_) => false,
+        };
+        let (mut key, mut dom) = (vec![], None);
+        for (i, (x, y)) in a1.iter().zip(a2).enumerate() {
+            match (x, y) {
+                (Arg::Const(c), Arg::Const(d)) if c == d => {}
+                (Arg::Var(k), Arg::Var(k2)) if k == k2 => key.push(*k),
+                (Arg::Var(d), Arg::Var(d2)) if dom.is_none() && !unused(x) && !unused(y) => dom = Some((i, *d, *d2)),
+                _ if unused(x) && unused(y) => {}
+                _ => return None,
+            }
+        }
+        let (col, d, d2) = dom?;
+        let greater = match op {
+            CmpOp::Gt if (*l, *r) == (d2, d) => true,
+            CmpOp::Lt if (*l, *r) == (d, d2) => true,
+            CmpOp::Lt if (*l, *r) == (d2, d) => false,
+            CmpOp::Gt if (*l, *r) == (d, d2) => false,
+            _ => return None,
+        };
+        // Each variable once per atom (no equal-column filter), `D2` only in the atom and the
+        // comparison, the head over the key and `D`, `D` a number.
+        let once = |args: &[Arg]| {
+            let vs: Vec<usize> =
+                args.iter().filter_map(|a| if let Arg::Var(v) = a { Some(*v) } else { None }).collect();
+            vs.iter().enumerate().all(|(i, v)| !vs[..i].contains(v))
+        };
+        let mut sorted_key = key.clone();
+        sorted_key.sort_unstable();
+        sorted_key.dedup();
+        if !once(a1)
+            || !once(a2)
+            || sorted_key.len() != key.len()
+            || head_vars.contains(&d2)
+            || !head_vars.iter().all(|v| *v == d || key.contains(v))
+            || self.program.relations[*r1].columns[col].1 != crate::Type::Number
+        {
+            return None;
+        }
+        let (index, vars) = self.atom_index(*r1, a1, &key, &[d]);
+        let leading = a1.iter().take(key.len()).map(|a| if let Arg::Var(v) = a { Some(*v) } else { None });
+        let direct =
+            (leading.eq(key.iter().map(|&k| Some(k))) && !a1.iter().any(|a| matches!(a, Arg::Const(_)))).then_some(col);
+        Some(Dominance { index, vars, greater, direct })
     }
 }
 

@@ -607,6 +607,52 @@ fn random_case(seed: u64) -> (String, String, String) {
         for _ in 0..1 + g.below(3) {
             let pos: Vec<&(String, usize, usize)> = rels.iter().filter(|r| r.2 <= *level).collect();
             let lower: Vec<&(String, usize, usize)> = rels.iter().filter(|r| r.2 < *level).collect();
+            // The dominance shape (a self-join on a key, `<` or `>` on one column), which the
+            // planner runs as one scan when its relation is of a lower stratum.
+            if g.chance(15) {
+                let r = pos[g.below(pos.len() as u64) as usize];
+                let c = g.below(r.1 as u64) as usize;
+                let (mut a1, mut a2, mut key) = (vec![], vec![], vec![]);
+                for i in 0..r.1 {
+                    if i == c {
+                        a1.push("D".to_string());
+                        a2.push("D2".to_string());
+                        continue;
+                    }
+                    match g.below(4) {
+                        0 | 1 => {
+                            key.push(format!("K{i}"));
+                            a1.push(format!("K{i}"));
+                            a2.push(format!("K{i}"));
+                        }
+                        2 => {
+                            let x = g.below(5).to_string();
+                            a1.push(x.clone());
+                            a2.push(x);
+                        }
+                        _ => {
+                            a1.push("_".into());
+                            a2.push(if g.chance(50) { format!("U{i}") } else { "_".into() });
+                        }
+                    }
+                }
+                let mut hv = key.clone();
+                hv.push("D".into());
+                let head: Vec<String> = (0..*arity)
+                    .map(|_| {
+                        if g.chance(15) {
+                            g.below(5).to_string()
+                        } else {
+                            hv[g.below(hv.len() as u64) as usize].clone()
+                        }
+                    })
+                    .collect();
+                let cmp = ["D2 > D", "D < D2", "D2 < D", "D > D2"][g.below(4) as usize];
+                let body =
+                    vec![format!("{}({})", r.0, a1.join(", ")), format!("{}({})", r.0, a2.join(", ")), cmp.into()];
+                rules.push((format!("{name}({})", head.join(", ")), body));
+                continue;
+            }
             let mut body = vec![];
             let mut bound: Vec<&str> = vec![];
             // A body atom of the head's own level may make the rule recursive.
