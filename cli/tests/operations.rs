@@ -98,6 +98,11 @@ impl Sim {
     /// `ichor controller`, the product binary, as its own process against the sim; the sim's
     /// API stands for the kubernetes Service the controller probes after a kube-proxy removal.
     fn controller(&self) -> Child {
+        self.replica("ichor-test")
+    }
+
+    /// One replica of `ichor controller` with its own identity in the Lease.
+    fn replica(&self, identity: &str) -> Child {
         let server = self.server();
         let (host, port) = server.rsplit_once(':').unwrap();
         Command::new(env!("CARGO_BIN_EXE_ichor"))
@@ -107,12 +112,28 @@ impl Sim {
             .arg(self.dir.join("kubeconfig"))
             .arg("--talosconfig")
             .arg(self.dir.join("talosconfig"))
+            .args(["--identity", identity])
             .current_dir(root())
             .env("ICHOR_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap()
+    }
+
+    /// Who holds the controller's Lease, as `kubectl` reads it ("" when nobody).
+    fn lease_holder(&self) -> String {
+        self.kubectl(&[
+            "get",
+            "lease",
+            "ichor-controller",
+            "-n",
+            "ichor-system",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
+        .map(|(_, out, _)| out.trim().to_string())
+        .unwrap_or_default()
     }
 
     fn ichor(&self, args: &[&str]) -> (i32, String, String) {
@@ -575,6 +596,46 @@ fn an_upgrade_completes_with_the_controller_as_its_own_process_killed_and_restar
     assert_eq!(p, Phase::Completed);
 }
 
+/// Two replicas: the Lease holder is SIGKILLed mid-upgrade, the other takes the Lease within
+/// its duration (15 s, 5 s grace) and completes the upgrade; every kubelet ends on the target.
+#[test]
+fn the_other_replica_takes_the_lease_and_completes_an_upgrade_when_the_holder_is_killed() {
+    let sim = Sim::start_args("replicas", "done", &["--no-controller"]);
+    let mut a = sim.replica("replica-a");
+    let start = std::time::Instant::now();
+    while sim.lease_holder() != "replica-a" && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(sim.lease_holder(), "replica-a", "the first replica never took the Lease");
+    let mut b = sim.replica("replica-b");
+    let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    let p = sim.wait_phase(&|p| p != Phase::Pending);
+    assert_eq!(p, Phase::Running, "the holder did not start the upgrade");
+    assert_eq!(sim.lease_holder(), "replica-a", "the standby took the Lease while the holder lived");
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let killed = std::time::Instant::now();
+    while sim.lease_holder() != "replica-b" && killed.elapsed() < std::time::Duration::from_secs(40) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let took = killed.elapsed();
+    assert_eq!(sim.lease_holder(), "replica-b", "the standby did not take the Lease in {took:?}");
+    // The Lease's duration and grace, and a poll's slack.
+    assert!(took < std::time::Duration::from_secs(25), "the standby took the Lease after {took:?}");
+    let p = sim.wait_phase(&|p| matches!(p, Phase::Completed | Phase::Paused));
+    sim.wait_quiet();
+    let (_, versions, _) =
+        sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.kubeletVersion}"]).unwrap();
+    b.kill().unwrap();
+    b.wait().unwrap();
+    assert_eq!(p, Phase::Completed);
+    let versions: Vec<&str> = versions.split_whitespace().collect();
+    assert_eq!(versions.len(), 4, "{versions:?}");
+    assert!(versions.iter().all(|v| *v == "v1.37.0"), "{versions:?}");
+    eprintln!("the standby took the Lease {took:?} after the holder's SIGKILL");
+}
+
 /// A kube-proxy switch (a cluster without Argo CD: Ichor's Cilium Job applies the values)
 /// completes with the product controller as its own process.
 #[test]
@@ -926,22 +987,7 @@ fn a_config_rollout_completes_with_its_controller_killed_at_random_points() {
     apply_module_patch(&sim);
     let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--yes"]);
     assert_eq!(code, 0, "{err}");
-    let long = std::env::var_os("ICHOR_LONG_TESTS").is_some();
-    let mut z: u64 = 0x5eed;
-    let (mut kills, start) = (0, std::time::Instant::now());
-    let mut controller = sim.controller();
-    while start.elapsed() < std::time::Duration::from_secs(150) {
-        z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let ms = if long { 100 + (z >> 33) % 700 } else { 1000 + (z >> 33) % 2000 };
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-        if sim.phase() == Phase::Completed {
-            break;
-        }
-        controller.kill().unwrap();
-        controller.wait().unwrap();
-        kills += 1;
-        controller = sim.controller();
-    }
+    let (controller, kills) = sim.kill_at_random_points(0x5eed, &|| sim.phase());
     let p = sim.wait_phase(&|p| matches!(p, Phase::Completed | Phase::Paused));
     assert_eq!(p, Phase::Completed, "after {kills} kill(s)");
     sim.wait_quiet();
@@ -966,8 +1012,7 @@ fn a_config_rollout_completes_with_its_controller_killed_at_random_points() {
         .unwrap()
         .1;
     assert_eq!(reasons, "Converged Converged Converged Converged");
-    controller.kill().unwrap();
-    controller.wait().unwrap();
+    sim.stop(controller);
     eprintln!("the rollout completed after {kills} SIGKILL(s) of its controller");
 }
 
@@ -982,4 +1027,83 @@ fn apply_module_patch(sim: &Sim) {
     .unwrap();
     let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl on PATH");
     assert_eq!(code, 0, "{err}");
+}
+
+impl Sim {
+    /// Runs `ichor controller` and SIGKILLs it at random points (every 1-3 s, six times at most;
+    /// every 0.1-0.8 s without a cap with ICHOR_LONG_TESTS) until `phase` is terminal or 150 s
+    /// passed, starting it again after each kill; returns the running replica and the kills.
+    fn kill_at_random_points(&self, seed: u64, phase: &dyn Fn() -> Phase) -> (Child, u32) {
+        let long = std::env::var_os("ICHOR_LONG_TESTS").is_some();
+        let mut z = seed;
+        let (mut kills, start) = (0, std::time::Instant::now());
+        let mut controller = self.controller();
+        while start.elapsed() < std::time::Duration::from_secs(150) {
+            z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let ms = if long { 100 + (z >> 33) % 700 } else { 1000 + (z >> 33) % 2000 };
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            if matches!(phase(), Phase::Completed | Phase::Paused) || (!long && kills == 6) {
+                break;
+            }
+            controller.kill().unwrap();
+            controller.wait().unwrap();
+            kills += 1;
+            controller = self.controller();
+        }
+        (controller, kills)
+    }
+
+    fn stop(&self, mut controller: Child) {
+        controller.kill().unwrap();
+        controller.wait().unwrap();
+    }
+
+    /// One operation's phase, by name, as `kubectl` reads it.
+    fn phase_of(&self, name: &str) -> Phase {
+        let path = "jsonpath={.status.phase}";
+        let out = self.kubectl(&["get", "talosoperation", name, "-n", "ichor-system", "-o", path]);
+        out.and_then(|(_, o, _)| Phase::parse(o.trim())).unwrap_or_default()
+    }
+}
+
+/// A kube-proxy switch both ways, then an upgrade, each with its controller SIGKILLed at random
+/// points: each completes, one Cilium Job per mode ran, every kubelet ends on the target.
+#[test]
+fn switches_both_ways_and_an_upgrade_complete_with_their_controller_killed_at_random_points() {
+    let sim = Sim::start_args("switch-kills", "disabled", &["--no-controller"]);
+    let boots_before = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
+    let mut total = 0;
+    for (seed, args, name) in [
+        (0x51, &["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"][..], "kube-proxy-replaced"),
+        (0x52, &["cni", "kube-proxy", "enabled", "--cluster", "lab", "--yes"][..], "kube-proxy-enabled"),
+        (
+            0x53,
+            &["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"][..],
+            "upgrade-kubernetes-1-37-0",
+        ),
+    ] {
+        let (code, _, err) = sim.ichor(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let (controller, kills) = sim.kill_at_random_points(seed, &|| sim.phase_of(name));
+        let start = std::time::Instant::now();
+        while !matches!(sim.phase_of(name), Phase::Completed | Phase::Paused) && start.elapsed().as_secs() < 90 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        sim.stop(controller);
+        assert_eq!(sim.phase_of(name), Phase::Completed, "{name} after {kills} kill(s)");
+        total += kills;
+    }
+    sim.wait_quiet();
+    let jobs =
+        sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "jsonpath={.items[*].metadata.name}"]).unwrap().1;
+    // Named by their values' hash: one Job per mode, however often the step was retried.
+    assert_eq!(jobs.split_whitespace().count(), 2, "one Cilium Job per mode: {jobs}");
+    // Neither a switch nor an upgrade reboots a node here: a retried step did not either.
+    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
+    assert_eq!(boots, boots_before, "a node rebooted");
+    let (_, versions, _) =
+        sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.kubeletVersion}"]).unwrap();
+    let versions: Vec<&str> = versions.split_whitespace().collect();
+    assert!(versions.len() == 4 && versions.iter().all(|v| *v == "v1.37.0"), "{versions:?}");
+    eprintln!("two switches and an upgrade completed after {total} SIGKILL(s) of their controller");
 }
