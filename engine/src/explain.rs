@@ -8,7 +8,7 @@
 //! A why-not walks each rule whose head matches and names the first body literal that no
 //! binding can satisfy (one level deep).
 
-use crate::ast::{AggKind, CmpOp, Pred};
+use crate::ast::{AggKind, Pred};
 use crate::db::{Database, INPUT};
 use crate::program::*;
 use crate::value;
@@ -682,14 +682,7 @@ fn check_lit(program: &Program, db: &Database, rule: &Rule, lit: &Lit, env: &mut
         }
         Lit::Cmp { lhs, op, rhs, .. } => {
             let (a, b) = (eval(lhs, env).ok()?, eval(rhs, env).ok()?);
-            match op {
-                CmpOp::Eq => a == b,
-                CmpOp::Ne => a != b,
-                CmpOp::Lt => a < b,
-                CmpOp::Le => a <= b,
-                CmpOp::Gt => a > b,
-                CmpOp::Ge => a >= b,
-            }
+            op.holds(&a, &b)
         }
         Lit::Pred { pred, pattern, subject, .. } => {
             let (Const::Sym(p), Const::Sym(s)) = (eval(pattern, env).ok()?, eval(subject, env).ok()?) else {

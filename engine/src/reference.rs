@@ -6,7 +6,7 @@
 //! backtracking over its literals in order. Aggregates read their auxiliary relation, which
 //! this evaluator computes itself in a lower stratum. Never use it for real work.
 
-use crate::ast::{AggKind, CmpOp, Pred};
+use crate::ast::{AggKind, Pred};
 use crate::eval::Facts;
 use crate::program::*;
 use crate::value;
@@ -207,14 +207,7 @@ fn holds(lit: &Lit, env: &mut [Option<Const>], rels: &Relations) -> Result<bool,
         }),
         Lit::Cmp { lhs, op, rhs, .. } => {
             let (a, b) = (expr(lhs, env)?, expr(rhs, env)?);
-            match op {
-                CmpOp::Eq => a == b,
-                CmpOp::Ne => a != b,
-                CmpOp::Lt => a < b,
-                CmpOp::Le => a <= b,
-                CmpOp::Gt => a > b,
-                CmpOp::Ge => a >= b,
-            }
+            op.holds(&a, &b)
         }
         Lit::Pred { pred, pattern, subject, .. } => {
             let (Const::Sym(p), Const::Sym(s)) = (expr(pattern, env)?, expr(subject, env)?) else {
