@@ -8,7 +8,7 @@
 use crate::ast::{self, AggKind, CmpOp, Literal, Term, Type};
 use crate::diag::{Diagnostic, SourceMap, Span};
 use crate::program::*;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Checks the modules (one per file, in load order) and returns the program if there is no error.
 pub fn check(modules: &[ast::Module], sources: SourceMap) -> (Option<Program>, Vec<Diagnostic>) {
@@ -480,56 +480,27 @@ impl Checker<'_> {
 
     /// Orders a residual's literals so that each `=` binds before what reads it; reports a
     /// variable nothing binds.
-    fn residual_order(&mut self, mut rest: Vec<Lit>, bound: &mut [bool], scope: &Scope) -> Option<Vec<Lit>> {
+    fn residual_order(&mut self, rest: Vec<Lit>, bound: &mut [bool], scope: &Scope) -> Option<Vec<Lit>> {
         let mut ordered = vec![];
-        while !rest.is_empty() {
-            let before = rest.len();
-            let mut next = vec![];
-            for lit in rest {
-                let all = |e: &Expr, bound: &[bool]| {
-                    let mut vs = vec![];
-                    e.vars(&mut vs);
-                    vs.iter().all(|&v| bound[v])
-                };
-                match lit {
-                    Lit::Cmp { lhs: Expr::Var(v), op: CmpOp::Eq, rhs, span } if !bound[v] && all(&rhs, bound) => {
-                        bound[v] = true;
-                        ordered.push(Lit::Bind { var: v, expr: rhs, span });
-                    }
-                    Lit::Cmp { lhs, op: CmpOp::Eq, rhs: Expr::Var(v), span } if !bound[v] && all(&lhs, bound) => {
-                        bound[v] = true;
-                        ordered.push(Lit::Bind { var: v, expr: lhs, span });
-                    }
-                    other => {
-                        let mut vs = vec![];
-                        lit_vars(&other, &mut vs);
-                        if vs.iter().all(|&v| bound[v]) { ordered.push(other) } else { next.push(other) }
-                    }
-                }
-            }
-            rest = next;
-            if rest.len() == before {
-                let mut reported = BTreeSet::new();
-                for lit in &rest {
-                    let mut vs = vec![];
-                    lit_vars(lit, &mut vs);
-                    for v in vs.into_iter().filter(|&v| !bound[v]) {
-                        if reported.insert(v) {
-                            self.err(
-                                scope.first[v],
-                                format!(
-                                    "unsafe rule: variable `{}` in {} is not bound by a positive atom, an `=` binding or an aggregate",
-                                    scope.names[v],
-                                    where_of(lit)
-                                ),
-                            );
-                        }
-                    }
-                }
-                return None;
-            }
+        let rest = order_by_bindings(rest, bound, &mut ordered);
+        if rest.is_empty() {
+            return Some(ordered);
         }
-        Some(ordered)
+        self.report_unsafe(unsafe_in(&rest, bound), scope);
+        None
+    }
+
+    /// One error per unsafe variable, at its first occurrence, naming where it is needed.
+    fn report_unsafe(&mut self, unsafe_vars: BTreeMap<VarId, &'static str>, scope: &Scope) {
+        for (v, place) in unsafe_vars {
+            self.err(
+                scope.first[v],
+                format!(
+                    "unsafe rule: variable `{}` in {place} is not bound by a positive atom, an `=` binding or an aggregate",
+                    scope.names[v]
+                ),
+            );
+        }
     }
 
     fn rule(&mut self, r: &ast::Rule) {
@@ -738,67 +709,9 @@ impl Checker<'_> {
                 _ => rest.push(lit),
             }
         }
-        loop {
-            let before = rest.len();
-            let mut next = vec![];
-            for lit in rest {
-                let all_bound = |e: &Expr, bound: &[bool]| {
-                    let mut vs = vec![];
-                    e.vars(&mut vs);
-                    vs.iter().all(|&v| bound[v])
-                };
-                match lit {
-                    Lit::Cmp { lhs: Expr::Var(v), op: CmpOp::Eq, rhs, span }
-                        if !bound[v] && all_bound(&rhs, &bound) =>
-                    {
-                        bound[v] = true;
-                        ordered.push(Lit::Bind { var: v, expr: rhs, span });
-                    }
-                    Lit::Cmp { lhs, op: CmpOp::Eq, rhs: Expr::Var(v), span }
-                        if !bound[v] && all_bound(&lhs, &bound) =>
-                    {
-                        bound[v] = true;
-                        ordered.push(Lit::Bind { var: v, expr: lhs, span });
-                    }
-                    Lit::Agg { agg, span } if agg.inputs().all(|v| bound[v]) => {
-                        if bound[agg.result] {
-                            // Bound before: the aggregate's value is compared, through a fresh slot.
-                            ordered.push(Lit::Agg { agg, span });
-                        } else {
-                            bound[agg.result] = true;
-                            ordered.push(Lit::Agg { agg, span });
-                        }
-                    }
-                    other => {
-                        let mut vs = vec![];
-                        lit_vars(&other, &mut vs);
-                        if !matches!(other, Lit::Agg { .. }) && vs.iter().all(|&v| bound[v]) {
-                            ordered.push(other);
-                        } else {
-                            next.push(other);
-                        }
-                    }
-                }
-            }
-            rest = next;
-            if rest.is_empty() || rest.len() == before {
-                break;
-            }
-        }
+        let rest = order_by_bindings(rest, &mut bound, &mut ordered);
         // Each unsafe variable once, at the first place that needs it.
-        let mut unsafe_vars: std::collections::BTreeMap<VarId, &str> = std::collections::BTreeMap::new();
-        for lit in &rest {
-            let mut vs = vec![];
-            lit_vars(lit, &mut vs);
-            if let Lit::Agg { agg, .. } = lit {
-                vs.extend(agg.inputs());
-            }
-            for v in vs {
-                if !bound[v] {
-                    unsafe_vars.entry(v).or_insert(where_of(lit));
-                }
-            }
-        }
+        let mut unsafe_vars = unsafe_in(&rest, &bound);
         let mut hv = vec![];
         head_args.iter().for_each(|e| e.vars(&mut hv));
         for v in hv {
@@ -810,15 +723,7 @@ impl Checker<'_> {
                 });
             }
         }
-        for (v, place) in unsafe_vars {
-            self.err(
-                scope.first[v],
-                format!(
-                    "unsafe rule: variable `{}` in {place} is not bound by a positive atom, an `=` binding or an aggregate",
-                    scope.names[v]
-                ),
-            );
-        }
+        self.report_unsafe(unsafe_vars, &scope);
         if self.diags[errors_before..].iter().any(Diagnostic::is_error) {
             return None;
         }
@@ -1039,6 +944,70 @@ fn infer(e: &Expr, types: &[Option<Type>]) -> Option<Type> {
         Expr::Arith(..) => Some(Type::Number),
         Expr::Call(f, _) => Some(f.signature().2),
     }
+}
+
+/// Moves the literals of `rest` into `ordered` in an order where each runs once its inputs
+/// are bound (`bound`, updated): `=` with one unbound side becomes a binding, an aggregate
+/// binds its value once its inputs are bound (or compares with it, when something bound it
+/// first). Returns what no order can run: literals reading a variable nothing binds.
+fn order_by_bindings(mut rest: Vec<Lit>, bound: &mut [bool], ordered: &mut Vec<Lit>) -> Vec<Lit> {
+    let all_bound = |e: &Expr, bound: &[bool]| {
+        let mut vs = vec![];
+        e.vars(&mut vs);
+        vs.iter().all(|&v| bound[v])
+    };
+    loop {
+        let before = rest.len();
+        let mut next = vec![];
+        for lit in rest {
+            match lit {
+                Lit::Cmp { lhs: Expr::Var(v), op: CmpOp::Eq, rhs, span } if !bound[v] && all_bound(&rhs, bound) => {
+                    bound[v] = true;
+                    ordered.push(Lit::Bind { var: v, expr: rhs, span });
+                }
+                Lit::Cmp { lhs, op: CmpOp::Eq, rhs: Expr::Var(v), span } if !bound[v] && all_bound(&lhs, bound) => {
+                    bound[v] = true;
+                    ordered.push(Lit::Bind { var: v, expr: lhs, span });
+                }
+                Lit::Agg { agg, span } if agg.inputs().all(|v| bound[v]) => {
+                    bound[agg.result] = true;
+                    ordered.push(Lit::Agg { agg, span });
+                }
+                other => {
+                    let mut vs = vec![];
+                    lit_vars(&other, &mut vs);
+                    if !matches!(other, Lit::Agg { .. }) && vs.iter().all(|&v| bound[v]) {
+                        ordered.push(other);
+                    } else {
+                        next.push(other);
+                    }
+                }
+            }
+        }
+        rest = next;
+        if rest.is_empty() || rest.len() == before {
+            return rest;
+        }
+    }
+}
+
+/// The unbound variables of literals that could not be ordered, each with the first place
+/// that needs it.
+fn unsafe_in(rest: &[Lit], bound: &[bool]) -> BTreeMap<VarId, &'static str> {
+    let mut unsafe_vars = BTreeMap::new();
+    for lit in rest {
+        let mut vs = vec![];
+        lit_vars(lit, &mut vs);
+        if let Lit::Agg { agg, .. } = lit {
+            vs.extend(agg.inputs());
+        }
+        for v in vs {
+            if !bound[v] {
+                unsafe_vars.entry(v).or_insert(where_of(lit));
+            }
+        }
+    }
+    unsafe_vars
 }
 
 /// Splits an aggregate's converted body for a residual: the literals that read a variable no

@@ -622,6 +622,23 @@ impl<const W: usize> Ctx<'_, W> {
         Ok(acc.map(|(n, id)| id.unwrap_or_else(|| self.interner.borrow_mut().intern_num(n))))
     }
 
+    /// A head tuple from the rule's head expressions under `env`; `None` (the error recorded)
+    /// when one fails.
+    #[inline]
+    fn head_row(&self, exprs: &[CExpr], env: &[u32; MAX_VARS], rule: usize) -> Option<[u32; W]> {
+        let mut row = [0u32; W];
+        for (k, e) in exprs.iter().enumerate() {
+            match self.value(e, env) {
+                Ok(v) => row[k] = v,
+                Err(err) => {
+                    self.fail(rule, err.to_string());
+                    return None;
+                }
+            }
+        }
+        Some(row)
+    }
+
     /// Runs a step's ops on the environment; false when a filter rejects it or on error.
     fn run_ops(&self, ops: &[Op], env: &mut [u32; MAX_VARS], rule: usize) -> bool {
         for op in ops {
@@ -710,8 +727,11 @@ impl<const W: usize> Ctx<'_, W> {
                         let n = a.corr_len;
                         let lo = rows.partition_point(|r| key_cmp(r, &key, n) == Ordering::Less);
                         let hi = lo + rows[lo..].partition_point(|r| key_cmp(r, &key, n) == Ordering::Equal);
-                        let values: Vec<u32> = outer.iter().map(|v| env[*v]).collect();
-                        let residual = a.residual.as_ref().map(|r| (r, &values[..]));
+                        let mut values = [0u32; MAX_VARS];
+                        for (i, v) in outer.iter().enumerate() {
+                            values[i] = env[*v];
+                        }
+                        let residual = a.residual.as_ref().map(|r| (r, &values[..outer.len()]));
                         self.fold(a, rows[lo..hi].iter(), residual)?
                     }
                 };
@@ -1195,22 +1215,14 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         let meta = M::new(rp.rule as u32, height);
         let mut env = [0u32; MAX_VARS];
         let mut out = Vec::with_capacity(kept.len());
-        'rows: for (x, d) in kept {
+        for (x, d) in kept {
             for (c, v) in dm.vars[..k].iter().enumerate() {
                 env[*v] = rows[x].row[c];
             }
             env[dm.vars[k]] = d;
-            let mut row = [0u32; W];
-            for (c, e) in rp.head_exprs.iter().enumerate() {
-                match self.ctx.value(e, &env) {
-                    Ok(v) => row[c] = v,
-                    Err(err) => {
-                        self.ctx.fail(rp.rule, err.to_string());
-                        continue 'rows;
-                    }
-                }
+            if let Some(row) = self.ctx.head_row(&rp.head_exprs, &env, rp.rule) {
+                out.push(Tup { row, meta });
             }
-            out.push(Tup { row, meta });
         }
         out
     }
@@ -1245,14 +1257,9 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
             }
             let mut row = [0u32; W];
             if last {
-                for (k, e) in rp.head_exprs.iter().enumerate() {
-                    match ctx.value(e, env) {
-                        Ok(v) => row[k] = v,
-                        Err(err) => {
-                            ctx.fail(rule, err.to_string());
-                            return;
-                        }
-                    }
+                match ctx.head_row(&rp.head_exprs, env, rule) {
+                    Some(r) => row = r,
+                    None => return,
                 }
             } else {
                 for (k, v) in step.out.iter().enumerate() {

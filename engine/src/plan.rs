@@ -515,12 +515,8 @@ impl Builder<'_> {
                 args.iter().filter_map(|a| if let Arg::Var(v) = a { Some(*v) } else { None }).collect();
             vs.iter().enumerate().all(|(i, v)| !vs[..i].contains(v))
         };
-        let mut sorted_key = key.clone();
-        sorted_key.sort_unstable();
-        sorted_key.dedup();
         if !once(a1)
             || !once(a2)
-            || sorted_key.len() != key.len()
             || head_vars.contains(&d2)
             || !head_vars.iter().all(|v| *v == d || key.contains(v))
             || self.program.relations[*r1].columns[col].1 != crate::Type::Number
