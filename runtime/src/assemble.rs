@@ -34,6 +34,10 @@ pub fn pending(
     desired: &Config,
 ) -> Result<Vec<PendingPath>, ClassifyError> {
     let changes = render::diff::changes(running, desired);
+    // Nothing differs: nothing is pending (no evaluation needed to say so).
+    if changes.is_empty() {
+        return Ok(vec![]);
+    }
     let outcome = c.classify_machine(contract, &changes, Some(desired), None, false)?;
     Ok(changes
         .iter()
@@ -121,11 +125,23 @@ pub fn text_hash(text: &str) -> u64 {
 }
 
 /// A hash of objects as the API returned them (everything a render reads of them).
+/// A hash of what a render reads of these objects: each whole, less its status and the
+/// metadata every write moves (resourceVersion, managedFields). A machine's status write
+/// (the machine controller's, each step's) leaves its render's key as it was; the two status
+/// values a render reads of a cluster are hashed by `RenderCache::render`.
 fn objects_hash<T: serde::Serialize>(objects: &[&T]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for o in objects {
-        serde_json::to_vec(o).unwrap_or_default().hash(&mut h);
+        let mut v = serde_json::to_value(o).unwrap_or_default();
+        if let Some(m) = v.as_object_mut() {
+            m.remove("status");
+        }
+        if let Some(m) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            m.remove("resourceVersion");
+            m.remove("managedFields");
+        }
+        serde_json::to_vec(&v).unwrap_or_default().hash(&mut h);
     }
     h.finish()
 }
@@ -159,6 +175,26 @@ impl<K: PartialEq, V: Clone> PerMachine<K, V> {
 
     fn len(&self) -> usize {
         self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+/// Machine controller verdicts kept by what they were judged from (the render's inputs, the
+/// node's running config, the machine's context, as one hash): a resync of a machine nothing
+/// happened to does not evaluate the rules again.
+#[derive(Debug, Default)]
+pub struct VerdictCache {
+    entries: PerMachine<u64, render::classify::MachineVerdict>,
+}
+
+impl VerdictCache {
+    /// The verdict kept for `key`, or `judge`'s (then kept).
+    pub fn verdict<E>(
+        &self,
+        machine: &str,
+        key: u64,
+        judge: impl FnOnce() -> Result<render::classify::MachineVerdict, E>,
+    ) -> Result<render::classify::MachineVerdict, E> {
+        self.entries.get_or(machine, key, judge)
     }
 }
 
@@ -227,11 +263,58 @@ impl RenderCache {
     /// `render::machine::render_checked` of `machine`, or the render kept for the same inputs.
     pub fn render(&self, c: &Classifier, manifests: &Manifests, machine: &str) -> Result<Arc<Rendered>, MachineError> {
         let mch = manifests.machine(machine)?;
-        let cluster = manifests.cluster_of(mch);
+        let shared = Self::cluster_key(manifests, manifests.cluster_of(mch));
+        self.render_keyed(c, manifests, mch, shared)
+    }
+
+    /// `render` of each of `machines`, on every core, the key's cluster part (the cluster, its
+    /// secrets' version, its patches) hashed once per cluster rather than once per machine.
+    pub fn render_many(
+        &self,
+        c: &Classifier,
+        manifests: &Manifests,
+        machines: &[&TalosMachine],
+    ) -> Vec<Result<Arc<Rendered>, MachineError>> {
+        let mut shared: BTreeMap<(Option<String>, Option<String>), (u64, u64)> = BTreeMap::new();
+        for m in machines {
+            if let Ok(mch) = manifests.machine(m.metadata.name.as_deref().unwrap_or_default()) {
+                let cluster = manifests.cluster_of(mch);
+                shared
+                    .entry((cluster.metadata.namespace.clone(), cluster.metadata.name.clone()))
+                    .or_insert_with(|| Self::cluster_key(manifests, cluster));
+            }
+        }
+        par_map(machines, |m| {
+            let mch = manifests.machine(m.metadata.name.as_deref().unwrap_or_default())?;
+            let cluster = manifests.cluster_of(mch);
+            let key = shared[&(cluster.metadata.namespace.clone(), cluster.metadata.name.clone())];
+            self.render_keyed(c, manifests, mch, key)
+        })
+    }
+
+    /// The part of a render's key its cluster gives: the cluster (and the two status values a
+    /// render reads of it, render::render::inputs_hash's part), its secrets' version, its patches.
+    fn cluster_key(manifests: &Manifests, cluster: &TalosCluster) -> (u64, u64) {
         let secrets_version = manifests.secrets_version(cluster);
         let patches = manifests.patches_of(cluster);
-        let key = (objects_hash(&[cluster]) ^ text_hash(secrets_version).rotate_left(1), objects_hash(&patches));
-        let key = (key.0, key.1 ^ objects_hash(&[mch]).rotate_left(7));
+        let status = format!(
+            "{}/{:?}",
+            render::render::handover_done(cluster),
+            render::render::status_kube_proxy(cluster).map(|m| m.name())
+        );
+        let cluster_key = objects_hash(&[cluster]) ^ text_hash(&status).rotate_left(3);
+        (cluster_key ^ text_hash(secrets_version).rotate_left(1), objects_hash(&patches))
+    }
+
+    fn render_keyed(
+        &self,
+        c: &Classifier,
+        manifests: &Manifests,
+        mch: &TalosMachine,
+        shared: (u64, u64),
+    ) -> Result<Arc<Rendered>, MachineError> {
+        let machine = mch.metadata.name.as_deref().unwrap_or_default();
+        let key = (shared.0, shared.1 ^ objects_hash(&[mch]).rotate_left(7));
         self.entries.get_or(machine, key, || render::machine::render_checked(manifests, machine, None, c).map(Arc::new))
     }
 
@@ -351,13 +434,29 @@ pub fn manifests(o: &Observation, c: &Classifier) -> Result<Manifests, Vec<Manif
 /// Every machine's render, in the observation's order, or the first problem.
 fn render_all(o: &Observation, s: &Settings) -> Result<Vec<Arc<Rendered>>, RenderProblem> {
     let m = manifests(o, s.classifier).map_err(RenderProblem::Load)?;
-    o.machines
-        .iter()
-        .map(|mch| {
-            let name = mch.metadata.name.clone().unwrap_or_default();
-            s.renders.render(s.classifier, &m, &name).map_err(|e| RenderProblem::Machine(name, e))
-        })
+    let machines: Vec<&TalosMachine> = o.machines.iter().collect();
+    s.renders
+        .render_many(s.classifier, &m, &machines)
+        .into_iter()
+        .zip(&o.machines)
+        .map(|(r, mch)| r.map_err(|e| RenderProblem::Machine(mch.metadata.name.clone().unwrap_or_default(), e)))
         .collect()
+}
+
+/// `items.iter().map(f)`, spread over the machine's cores (each machine's render and
+/// judgement is its own); results in the order of `items`.
+fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len() / 8).max(1);
+    if threads == 1 {
+        return items.iter().map(f).collect();
+    }
+    let chunk = items.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let f = &f;
+        let parts: Vec<_> =
+            items.chunks(chunk).map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<R>>())).collect();
+        parts.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+    })
 }
 
 /// Whether a Node or a pod reports the condition `Ready` as True.
@@ -427,6 +526,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
     let mut mirror = static_pods(&o.kube_system_pods);
     let mut configs = BTreeMap::new();
     let mut machines = vec![];
+    let mut reads = vec![];
     // No render, no machine: nothing observed of the fleet enters the snapshot.
     for (m, rendered) in o.machines.iter().zip(&rendered) {
         let name = m.metadata.name.clone().unwrap_or_default();
@@ -455,14 +555,18 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .is_some_and(|a| a.contains_key(render::api::CORDONED)),
         };
         let running = talos.map(|t| t.running_config.as_str());
-        machines.push(
-            s.pending
-                .machine(s.classifier, &read, running, rendered)
-                .map_err(|source| AssembleError::Classify { machine: name.clone(), source })?,
-        );
         if let Some(running) = running {
             configs.insert(name, MachineConfigs { running: running.to_string(), desired: rendered.config.clone() });
         }
+        reads.push((read, running, rendered));
+    }
+    // Each machine's pending paths are its own: judged on every core at once.
+    for m in par_map(&reads, |(read, running, rendered)| {
+        s.pending
+            .machine(s.classifier, read, *running, rendered)
+            .map_err(|source| AssembleError::Classify { machine: read.name.clone(), source })
+    }) {
+        machines.push(m?);
     }
     let st = op.status.clone().unwrap_or_default();
     let patches: Vec<&TalosConfigPatch> = o

@@ -91,6 +91,16 @@ pub struct Controller {
     pub cache: PendingCache,
     /// Renders kept between reconciles, shared by the operation and machine controllers.
     pub renders: RenderCache,
+    /// The watches' caches the lists are read from, once `serve::run` started them; without
+    /// them (the CLI's preview) each read is a LIST.
+    pub stores: std::sync::OnceLock<crate::stores::Stores>,
+    /// Each cluster's loaded custom resources, kept while their specs are unchanged: a machine
+    /// reconcile loads its cluster once per change, not once per machine.
+    manifests: std::sync::Mutex<std::collections::HashMap<String, (u64, Arc<render::manifests::Manifests>)>>,
+    /// Talos observations kept between reconciles (see `talos::observe::ObservationCache`).
+    pub observations: crate::talos::observe::ObservationCache,
+    /// The machine controller's verdicts kept between resyncs.
+    verdicts: crate::assemble::VerdictCache,
 }
 
 /// What one machine reconcile found and did.
@@ -125,6 +135,10 @@ impl Controller {
             drain_timeout: Duration::from_secs(300),
             cache: PendingCache::default(),
             renders: RenderCache::default(),
+            stores: std::sync::OnceLock::new(),
+            manifests: Default::default(),
+            observations: Default::default(),
+            verdicts: Default::default(),
         }
     }
 
@@ -201,25 +215,32 @@ impl Controller {
         cluster: &TalosCluster,
     ) -> Result<Observation, ControllerError> {
         let cluster_name = op.spec.cluster_ref.name.clone();
-        let operations = Api::<TalosOperation>::namespaced(self.kube.clone(), namespace)
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err("listing TalosOperations"))?
-            .items;
+        let stores = self.stores.get();
+        let operations = self.operations(namespace).await?;
         let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
         let secret = self.secret(namespace, cluster).await?;
-        let nodes = Api::<Node>::all(self.kube.clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err("listing Nodes"))?
-            .items;
-        let kube_system_pods = Api::<Pod>::namespaced(self.kube.clone(), "kube-system")
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err("listing kube-system pods"))?
-            .items;
+        let nodes = match stores {
+            Some(s) => crate::stores::items(&s.nodes, |_| true),
+            None => {
+                Api::<Node>::all(self.kube.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(kube_err("listing Nodes"))?
+                    .items
+            }
+        };
+        let kube_system_pods = match stores {
+            Some(s) => crate::stores::items(&s.kube_system_pods, |_| true),
+            None => {
+                Api::<Pod>::namespaced(self.kube.clone(), "kube-system")
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(kube_err("listing kube-system pods"))?
+                    .items
+            }
+        };
         let addresses: Vec<String> = machines.iter().map(|m| m.spec.address.clone()).collect();
-        let observed = crate::talos::observe::observe_fleet(&self.talos, &addresses, 16).await;
+        let observed = self.observations.observe_fleet(&self.talos, &addresses, 16).await;
         let talos = machines
             .iter()
             .zip(observed)
@@ -256,12 +277,45 @@ impl Controller {
         })
     }
 
+    /// The namespace's TalosOperations.
+    async fn operations(&self, namespace: &str) -> Result<Vec<TalosOperation>, ControllerError> {
+        if let Some(s) = self.stores.get() {
+            return Ok(crate::stores::items(&s.operations, |o| o.metadata.namespace.as_deref() == Some(namespace)));
+        }
+        Ok(Api::<TalosOperation>::namespaced(self.kube.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err(format!("listing TalosOperations in {namespace}")))?
+            .items)
+    }
+
     /// A cluster's TalosMachines and TalosConfigPatches.
     async fn cluster_objects(
         &self,
         namespace: &str,
         cluster: &str,
     ) -> Result<(Vec<TalosMachine>, Vec<TalosConfigPatch>), ControllerError> {
+        let (machines, patches) = self.cluster_shared(namespace, cluster).await?;
+        Ok((machines.iter().map(|m| (**m).clone()).collect(), patches.iter().map(|p| (**p).clone()).collect()))
+    }
+
+    /// `cluster_objects` as shared objects: from the stores without a copy.
+    async fn cluster_shared(
+        &self,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<(Vec<Arc<TalosMachine>>, Vec<Arc<TalosConfigPatch>>), ControllerError> {
+        let ours = |ns: &Option<String>| ns.as_deref() == Some(namespace);
+        if let Some(s) = self.stores.get() {
+            return Ok((
+                crate::stores::shared(&s.machines, |m| {
+                    ours(&m.metadata.namespace) && m.spec.cluster_ref.name == cluster
+                }),
+                crate::stores::shared(&s.patches, |p| {
+                    ours(&p.metadata.namespace) && p.spec.cluster_ref.name == cluster
+                }),
+            ));
+        }
         let machines = Api::<TalosMachine>::namespaced(self.kube.clone(), namespace)
             .list(&ListParams::default())
             .await
@@ -269,6 +323,7 @@ impl Controller {
             .items
             .into_iter()
             .filter(|m| m.spec.cluster_ref.name == cluster)
+            .map(Arc::new)
             .collect();
         let patches = Api::<TalosConfigPatch>::namespaced(self.kube.clone(), namespace)
             .list(&ListParams::default())
@@ -277,8 +332,58 @@ impl Controller {
             .items
             .into_iter()
             .filter(|p| p.spec.cluster_ref.name == cluster)
+            .map(Arc::new)
             .collect();
         Ok((machines, patches))
+    }
+
+    /// The cluster's custom resources loaded, or those kept from a reconcile that read the same
+    /// cluster (resourceVersion), patches (resourceVersions), machines (specs: generations)
+    /// and secret (resourceVersion). A machine's status is not part of the load: the caller
+    /// judges with the machine it read.
+    fn cluster_manifests(
+        &self,
+        cluster: &TalosCluster,
+        machines: Vec<Arc<TalosMachine>>,
+        patches: Vec<Arc<TalosConfigPatch>>,
+        secret: Secret,
+    ) -> Result<Arc<render::manifests::Manifests>, ControllerError> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let rv = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            (m.name.clone(), m.uid.clone(), m.resource_version.clone())
+        };
+        (rv(&cluster.metadata), rv(&secret.metadata)).hash(&mut h);
+        for p in &patches {
+            rv(&p.metadata).hash(&mut h);
+        }
+        for m in &machines {
+            (&m.metadata.name, &m.metadata.uid, m.metadata.generation).hash(&mut h);
+        }
+        let key = h.finish();
+        let name = format!(
+            "{}/{}",
+            cluster.metadata.namespace.as_deref().unwrap_or_default(),
+            cluster.metadata.name.as_deref().unwrap_or_default()
+        );
+        if let Some((k, m)) = self.manifests.lock().unwrap_or_else(|e| e.into_inner()).get(&name)
+            && *k == key
+        {
+            return Ok(m.clone());
+        }
+        let contracts: Vec<String> = self.classifier.known().iter().map(|c| c.to_string()).collect();
+        let loaded = Arc::new(
+            render::manifests::Manifests::from_objects(
+                vec![cluster.clone()],
+                machines.iter().map(|m| (**m).clone()).collect(),
+                patches.iter().map(|p| (**p).clone()).collect(),
+                std::slice::from_ref(&secret),
+                &contracts,
+            )
+            .map_err(|problems| ControllerError::Manifests { problems })?,
+        );
+        self.manifests.lock().unwrap_or_else(|e| e.into_inner()).insert(name, (key, loaded.clone()));
+        Ok(loaded)
     }
 
     /// The Secret with the cluster's Talos secrets bundle.
@@ -310,31 +415,21 @@ impl Controller {
             .get(&cluster_name)
             .await
             .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
-        let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
+        let (machines, patches) = self.cluster_shared(namespace, &cluster_name).await?;
         let secret = self.secret(namespace, &cluster).await?;
         // An operation of the cluster that has not ended: the machine is left to it. (The
         // rules' terminal set, which `Phase::is_terminal` is pinned to by a test: no evaluation
         // per reconcile.)
-        let in_progress = Api::<TalosOperation>::namespaced(self.kube.clone(), namespace)
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err(format!("listing TalosOperations in {namespace}")))?
-            .items
+        let in_progress = self
+            .operations(namespace)
+            .await?
             .into_iter()
             .find(|o| {
                 o.spec.cluster_ref.name == cluster_name
                     && !o.status.as_ref().map(|s| s.phase()).unwrap_or_default().is_terminal()
             })
             .and_then(|o| o.metadata.name);
-        let contracts: Vec<String> = self.classifier.known().iter().map(|c| c.to_string()).collect();
-        let manifests = render::manifests::Manifests::from_objects(
-            vec![cluster.clone()],
-            machines,
-            patches,
-            std::slice::from_ref(&secret),
-            &contracts,
-        )
-        .map_err(|problems| ControllerError::Manifests { problems })?;
+        let manifests = self.cluster_manifests(&cluster, machines, patches, secret)?;
         // What the rules judge: the render against the node's running config, or, when either
         // cannot be had, the failure itself. The reason and message are the rules' alone
         // (rules/machine.rules), as for `ichor config diff --manifests`.
@@ -357,53 +452,71 @@ impl Controller {
                     .classifier
                     .contract(&manifests.cluster_of(mch_in).spec.version_contract)
                     .map_err(|e| ControllerError::Render { machine: machine.into(), source: e.into() })?;
-                let mctx = render::machine::rejected_context(&manifests, mch_in, render_problem(&e));
-                (classify(contract, &[], None, &mctx)?, None)
+                let mctx = render::machine::rejected_context(&manifests, &mch, render_problem(&e));
+                (classify(contract, &[], None, &mctx)?.machine.unwrap_or_default(), None)
             }
             Ok(rendered) => {
-                let mut mctx = render::machine::context(&manifests, mch_in, &rendered);
+                let mut mctx = render::machine::context(&manifests, &mch, &rendered);
                 mctx.operation_in_progress = in_progress.clone();
-                let changes = match self.talos.running_config(&mch.spec.address).await {
+                let mut running_hash = None;
+                let text = match self.talos.running_config(&mch.spec.address).await {
                     Err(e) => {
                         mctx.node_unreachable = Some(e.to_string());
-                        vec![]
+                        None
                     }
-                    Ok(text) => {
-                        let running = Config::parse(&text).unwrap_or_default();
-                        // A boot ID Talos does not have (before 1.14) or cannot give now: no boot
-                        // is tracked, nothing is said to wait.
-                        // The node still runs the config it booted with (the common case): nothing
-                        // waits, and its values are not classified again.
-                        let config_hash = crate::plan::config_hash(&text);
-                        if let Ok(Some(id)) = self.talos.boot_id(&mch.spec.address).await {
-                            let digests = || {
-                                render::boot::boot_digests(&self.classifier, rendered.contract, &running, &id)
-                                    .map_err(|source| ControllerError::Classify { machine: machine.into(), source })
-                            };
-                            match &boot {
-                                Some(b) if b.id == id && b.config_hash == config_hash => {}
-                                Some(b) if b.id == id => {
-                                    awaiting = render::boot::changed_within_boot(&b.reboot_values, &digests()?);
-                                    mctx.applied_awaiting_reboot = awaiting.clone();
-                                }
-                                _ => {
-                                    let reboot_values = digests()?;
-                                    boot = Some(render::api::BootRecord { id, config_hash, reboot_values });
-                                }
+                    Ok(text) => Some(text),
+                };
+                // The running config is parsed only when something needs its values: a boot to
+                // record, or a verdict not kept (a resync of a settled machine needs neither).
+                let parsed: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
+                let running =
+                    |text: &str| -> &Config { parsed.get_or_init(|| Config::parse(text).unwrap_or_default()) };
+                if let Some(text) = &text {
+                    // A boot ID Talos does not have (before 1.14) or cannot give now: no boot
+                    // is tracked, nothing is said to wait.
+                    // The node still runs the config it booted with (the common case): nothing
+                    // waits, and its values are not classified again.
+                    let config_hash = crate::plan::config_hash(text);
+                    running_hash = Some(config_hash.clone());
+                    if let Ok(Some(id)) = self.talos.boot_id(&mch.spec.address).await {
+                        let digests = || {
+                            render::boot::boot_digests(&self.classifier, rendered.contract, running(text), &id)
+                                .map_err(|source| ControllerError::Classify { machine: machine.into(), source })
+                        };
+                        match &boot {
+                            Some(b) if b.id == id && b.config_hash == config_hash => {}
+                            Some(b) if b.id == id => {
+                                awaiting = render::boot::changed_within_boot(&b.reboot_values, &digests()?);
+                                mctx.applied_awaiting_reboot = awaiting.clone();
+                            }
+                            _ => {
+                                let reboot_values = digests()?;
+                                boot = Some(render::api::BootRecord { id, config_hash, reboot_values });
                             }
                         }
-                        let changes = render::diff::changes(&running, &rendered.config);
-                        live = Some((text, rendered.clone()));
-                        changes
                     }
+                }
+                // The same inputs, running config and context judge the same: kept.
+                let key = {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    (rendered.contract.to_string(), &rendered.inputs_hash, &running_hash, format!("{mctx:?}"))
+                        .hash(&mut h);
+                    h.finish()
                 };
-                (
-                    classify(rendered.contract, &changes, Some(&rendered.config), &mctx)?,
-                    Some(rendered.inputs_hash.clone()),
-                )
+                let verdict = self.verdicts.verdict(machine, key, || {
+                    let changes = match &text {
+                        Some(t) => render::diff::changes(running(t), &rendered.config),
+                        None => vec![],
+                    };
+                    classify(rendered.contract, &changes, Some(&rendered.config), &mctx)
+                        .map(|o| o.machine.unwrap_or_default())
+                })?;
+                live = text.map(|t| (t, rendered.clone()));
+                (verdict, Some(rendered.inputs_hash.clone()))
             }
         };
-        let v = outcome.machine.unwrap_or_default();
+        let v = outcome;
         // The live apply: only the rules' paths, the running config's other paths as they are.
         let mut applied_live = vec![];
         if let Some((running, rendered)) = live.filter(|_| !v.apply_paths.is_empty()) {

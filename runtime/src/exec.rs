@@ -208,6 +208,8 @@ impl<K: KubePort> Executor<'_, K> {
             Err(e) => return talos_failed(machine, e),
         };
         if config_hash(&running) != payload.running_hash {
+            // What was observed of the node no longer holds: read it afresh next time.
+            self.talos.touch(node);
             return Performed::Refused {
                 why: format!(
                     "{machine}'s running config changed since this plan was made: nothing applied; the next reconcile plans again"

@@ -29,6 +29,8 @@ pub mod sim;
 pub mod state;
 pub mod status;
 #[cfg(feature = "io")]
+pub mod stores;
+#[cfg(feature = "io")]
 pub mod talos;
 #[cfg(feature = "io")]
 pub mod webhook;

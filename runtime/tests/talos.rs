@@ -368,6 +368,31 @@ async fn a_call_that_never_answers_ends_at_its_own_deadline_while_the_others_fin
 }
 
 #[tokio::test]
+async fn a_kept_observation_stands_for_a_settled_node_until_it_is_written_to() {
+    use runtime::talos::observe::{ObservationCache, Observed};
+    let f = fleet().await;
+    let c = admin(&f);
+    let nodes = f.nodes();
+    let cache = ObservationCache::default();
+    let known = |seen: &[Observed], node: &str| seen.iter().any(|o| matches!(o, Observed::Known(n) if n.node == node));
+    let first = cache.observe_fleet(&c, &nodes, 2).await;
+    assert!(nodes.iter().all(|n| known(&first, n)), "every node answers at first");
+    // The node stops answering: its settled observation is kept, not read again.
+    f.set_fault("w1", Some(Fault::Gone));
+    let second = cache.observe_fleet(&c, &nodes, 2).await;
+    assert!(known(&second, "w1"), "a settled node observed just now is not read again");
+    // Written to (an apply, a reboot, a failed precondition): read afresh, and found gone.
+    c.touch("w1");
+    let third = cache.observe_fleet(&c, &nodes, 2).await;
+    assert!(!known(&third, "w1"), "a node written to is read again");
+    assert!(known(&third, "cp1"), "the others are still kept");
+    // Unknown is never kept: the next look reads it again (and finds it back).
+    f.set_fault("w1", None);
+    let fourth = cache.observe_fleet(&c, &nodes, 2).await;
+    assert!(known(&fourth, "w1"));
+}
+
+#[tokio::test]
 async fn one_unreachable_node_is_unknown_and_the_others_are_observed() {
     let f = fleet().await;
     f.set_fault("w1", Some(Fault::Gone));

@@ -18,6 +18,7 @@ use super::proto::machine::{
 };
 use crate::plan::ContainerdNamespace;
 use prost::Message;
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status};
@@ -123,6 +124,9 @@ pub struct Client {
     pub deadline: Duration,
     /// Attempts of a read (with backoff) before it reports TryLater.
     pub read_attempts: u32,
+    /// When each node was last written to (an apply, a reboot), shared by the clones: what
+    /// tells a kept observation it may be out of date.
+    writes: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
 }
 
 /// The role a call needs (Talos's authorization of machined's API).
@@ -158,6 +162,17 @@ fn endpoint_uri(e: &str) -> Option<(String, String)> {
 }
 
 impl Client {
+    /// Records that `node` changed now (a write of ours, or a read that found it changed under
+    /// a kept observation): its next observation is fresh.
+    pub fn touch(&self, node: &str) {
+        self.writes.lock().unwrap_or_else(|e| e.into_inner()).insert(node.to_string(), std::time::Instant::now());
+    }
+
+    /// When `node` was last touched, if ever.
+    pub fn last_write(&self, node: &str) -> Option<std::time::Instant> {
+        self.writes.lock().unwrap_or_else(|e| e.into_inner()).get(node).copied()
+    }
+
     /// A client for the context's endpoints. Channels connect lazily: an unreachable endpoint
     /// fails the calls through it (TryLater), not the client.
     pub fn new(ctx: &Context, creds: &Credentials, deadline: Duration) -> Result<Client, ClientError> {
@@ -178,7 +193,7 @@ impl Client {
                 .http2_keep_alive_interval(Duration::from_secs(30));
             endpoints.push((e.clone(), ep.connect_lazy()));
         }
-        Ok(Client { endpoints, roles: creds.roles.clone(), deadline, read_attempts: 3 })
+        Ok(Client { endpoints, roles: creds.roles.clone(), deadline, read_attempts: 3, writes: Default::default() })
     }
 
     fn channel(&self, attempt: u32) -> Channel {
@@ -283,6 +298,9 @@ impl Client {
         mode: ApplyMode,
         dry_run: bool,
     ) -> Result<Applied, TalosError> {
+        if !dry_run {
+            self.touch(node);
+        }
         let req = ApplyConfigurationRequest {
             data: config.to_vec(),
             mode: mode.wire() as i32,
@@ -411,6 +429,7 @@ impl Client {
     /// node goes away, coming back on a new boot. Never retried: a second call could reboot a
     /// node that already came back.
     pub async fn reboot(&self, node: &str) -> Result<(), TalosError> {
+        self.touch(node);
         let req = RebootRequest { mode: reboot_request::Mode::Default as i32 };
         self.once(node, "Reboot", 0, MachineServiceClient::new(self.channel(0)).reboot(self.request(node, req)))
             .await

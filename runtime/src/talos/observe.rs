@@ -138,3 +138,61 @@ pub async fn observe_fleet(c: &Client, nodes: &[String], concurrency: usize) -> 
         })
         .collect()
 }
+
+/// Observations kept between reconciles, so an operation's reconcile reads Talos for the nodes
+/// that may have changed, not for the whole fleet each time. A kept observation is used when
+/// it is settled (the node answered, every service runs healthy, the running config is the
+/// persisted one: nothing waits for a boot), younger than `RESYNC`, and taken at least `HOT`
+/// after the node's last write (`Client::touch`: our applies and reboots mark it). Anything
+/// else is observed again: a node being worked on, one that did not answer, one not settled.
+#[derive(Debug, Default)]
+pub struct ObservationCache {
+    entries: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, Arc<NodeObservation>)>>,
+}
+
+/// How long a settled observation is used before the node is read again.
+pub const RESYNC: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long after a write a node is always read afresh (a reboot answers before the node goes).
+pub const HOT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The node answered, runs every service healthy and has no config waiting for a boot.
+pub fn settled(o: &NodeObservation) -> bool {
+    o.running_config == o.persisted_config && o.services.values().all(|(running, healthy)| *running && *healthy)
+}
+
+impl ObservationCache {
+    /// The kept observation of `node`, when it may stand for a fresh one now.
+    fn kept(&self, c: &Client, node: &str, now: std::time::Instant) -> Option<Arc<NodeObservation>> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let (at, o) = entries.get(node)?;
+        let fresh = now.saturating_duration_since(*at) < RESYNC;
+        let after_write = c.last_write(node).is_none_or(|w| at.saturating_duration_since(w) >= HOT);
+        (fresh && after_write).then(|| o.clone())
+    }
+
+    /// `observe_fleet`, reading only the nodes without a kept observation that stands.
+    pub async fn observe_fleet(&self, c: &Client, nodes: &[String], concurrency: usize) -> Vec<Observed> {
+        let now = std::time::Instant::now();
+        let kept: Vec<Option<Arc<NodeObservation>>> = nodes.iter().map(|n| self.kept(c, n, now)).collect();
+        let stale: Vec<String> = nodes.iter().zip(&kept).filter(|(_, k)| k.is_none()).map(|(n, _)| n.clone()).collect();
+        let mut read = observe_fleet(c, &stale, concurrency).await.into_iter();
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        kept.into_iter()
+            .map(|k| match k {
+                Some(o) => Observed::Known(Box::new((*o).clone())),
+                None => {
+                    let o = read.next().expect("one observation per stale node");
+                    match &o {
+                        Observed::Known(n) if settled(n) => {
+                            entries.insert(n.node.clone(), (now, Arc::new((**n).clone())));
+                        }
+                        other => {
+                            entries.remove(other.node());
+                        }
+                    }
+                    o
+                }
+            })
+            .collect()
+    }
+}
