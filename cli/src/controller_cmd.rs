@@ -54,18 +54,26 @@ pub struct ControllerArgs {
 }
 
 /// A Kubernetes client from `--kubeconfig`, else as kube-rs finds one ($KUBECONFIG,
-/// ~/.kube/config, the in-cluster service account).
-async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube_client::Client> {
-    let Some(path) = kubeconfig else {
-        return kube_client::Client::try_default()
+/// ~/.kube/config, the in-cluster service account), saying who it is in its User-Agent
+/// (`ichor-controller/VERSION`: what the API server's audit log and field managers show, and
+/// what `ichor sim cluster --api-fault for=...` picks).
+async fn kube_client(kubeconfig: Option<&Path>, agent: &str) -> Result<kube_client::Client> {
+    let mut config = match kubeconfig {
+        None => kube_client::Config::infer()
             .await
-            .context("connecting to Kubernetes (KUBECONFIG, or the in-cluster service account)");
+            .context("connecting to Kubernetes (KUBECONFIG, or the in-cluster service account)")?,
+        Some(path) => {
+            let kc = kube_client::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            kube_client::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("--kubeconfig {}: no usable current context", path.display()))?
+        }
     };
-    let kc =
-        kube_client::config::Kubeconfig::read_from(path).with_context(|| format!("--kubeconfig {}", path.display()))?;
-    let config = kube_client::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .with_context(|| format!("--kubeconfig {}: no usable current context", path.display()))?;
+    let ua = format!("{agent}/{}", env!("CARGO_PKG_VERSION"));
+    if let Ok(v) = ua.parse() {
+        config.headers.push((http::header::USER_AGENT, v));
+    }
     kube_client::Client::try_from(config).context("connecting to Kubernetes")
 }
 
@@ -82,7 +90,7 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
         let creds = ctx.credentials(name, &file, now)?;
         let talos = runtime::talos::client::Client::new(ctx, &creds, Duration::from_secs(15))?;
-        let kube = kube_client(a.kubeconfig.as_deref()).await?;
+        let kube = kube_client(a.kubeconfig.as_deref(), "ichor-controller").await?;
         let controller = runtime::controller::Controller::new(
             kube,
             talos,
@@ -141,6 +149,40 @@ pub struct SimCluster {
     pub step_latency: Duration,
     /// `--release-set-kubernetes`.
     pub release_set_kubernetes: String,
+    /// `--workers`: worker machines added to the manifests' cluster.
+    pub workers: usize,
+}
+
+/// `n` worker TalosMachines added to the cluster of `files` (the first TalosCluster's name and
+/// namespace), as one more manifest file: `sim-w0001` at 10.1.0.1, and on.
+pub fn extra_workers(files: &[(String, String)], n: usize) -> Result<Option<(String, String)>> {
+    if n == 0 {
+        return Ok(None);
+    }
+    if n > 60_000 {
+        bail!("--workers {n}: at most 60000 (the addresses are 10.1.0.0/16)");
+    }
+    let cluster = files.iter().find_map(|(_, text)| {
+        let docs = render::yaml::parse_documents(text, disk::caps::TEXT).ok()?;
+        docs.into_iter().find_map(|v| {
+            (v.get("kind")?.as_str()? == "TalosCluster").then(|| {
+                let s = |k: &str| v["metadata"][k].as_str().unwrap_or_default().to_string();
+                (s("name"), s("namespace"))
+            })
+        })
+    });
+    let Some((name, namespace)) = cluster else {
+        bail!("--workers: the manifests hold no TalosCluster to add workers to")
+    };
+    let mut text = String::new();
+    for i in 1..=n {
+        text.push_str(&format!(
+            "---\napiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosMachine\nmetadata:\n  name: sim-w{i:04}\n  namespace: {namespace}\n  generation: 1\nspec:\n  clusterRef:\n    name: {name}\n  role: worker\n  address: 10.1.{}.{}\n  installDisk: /dev/sda\n",
+            i / 250,
+            i % 250 + 1
+        ));
+    }
+    Ok(Some(("--workers".into(), text)))
 }
 
 pub fn sim_cluster(
@@ -152,7 +194,8 @@ pub fn sim_cluster(
 ) -> Result<Report> {
     let handover_done = sim.handover_done;
     logging();
-    let files = disk::manifest_files(manifests)?;
+    let mut files = disk::manifest_files(manifests)?;
+    files.extend(extra_workers(&files, sim.workers)?);
     let mut api_faults = runtime::sim::kubeapi::Faults::default();
     for f in &sim.api_faults {
         api_faults.add(f).map_err(|e| anyhow::anyhow!("--api-fault {e}"))?;
@@ -349,7 +392,7 @@ pub fn run_webhook(a: &WebhookArgs) -> Result<Report> {
     logging();
     let rt = crate::io::io_runtime()?;
     rt.block_on(async {
-        let kube = kube_client(None).await?;
+        let kube = kube_client(None, "ichor-webhook").await?;
         let (cert, key) = match (&a.tls_secret, &a.tls_cert, &a.tls_key) {
             (Some(name), _, _) => runtime::webhook::tls_from_secret(&kube, &a.namespace, name).await?,
             (None, Some(c), Some(k)) => (

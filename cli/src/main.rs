@@ -240,7 +240,9 @@ enum SimCommand {
         node_fault: Vec<String>,
         /// Inject a fault on the Kubernetes API (repeatable): a fraction of writes answered
         /// 409, 500 or 429 with Retry-After (`429=0.2`), every watch cut after a while
-        /// (`drop-watch=30s`), or latency on every request (`latency=200ms`).
+        /// (`drop-watch=30s`), or latency on every request (`latency=200ms`); with
+        /// `for=ichor-controller`, only on requests whose User-Agent starts so (the controller's,
+        /// not kubectl's or the CLI's).
         #[arg(long)]
         api_fault: Vec<String>,
         /// Slow every step down by this many milliseconds (the controller's requeue and the
@@ -251,6 +253,11 @@ enum SimCommand {
         /// upgrade may target); raise it to rehearse a second upgrade.
         #[arg(long, default_value = render::embedded::RELEASE_SET_KUBERNETES)]
         release_set_kubernetes: String,
+        /// Add this many worker machines to MANIFESTS' cluster (`sim-w0001`, ... at 10.1.x.y,
+        /// each with its Node and its simulated Talos node), to try the controller at a fleet's
+        /// size (the scale benchmark runs 30, 300 and 1,000 machines).
+        #[arg(long, default_value_t = 0)]
+        workers: usize,
     },
     /// Serve a simulated Talos fleet (Talos's gRPC API over mTLS on loopback, each node
     /// behaving as its Talos version does) until interrupted. A fixture, not Talos.
@@ -413,6 +420,7 @@ fn main() -> ExitCode {
             api_fault,
             step_latency_ms,
             release_set_kubernetes,
+            workers,
         }) => {
             let sim = controller_cmd::SimCluster {
                 handover_done: handover == "done",
@@ -421,6 +429,7 @@ fn main() -> ExitCode {
                 api_faults: api_fault,
                 step_latency: std::time::Duration::from_millis(step_latency_ms),
                 release_set_kubernetes,
+                workers,
             };
             controller_cmd::sim_cluster(&manifests, &kubeconfig, &talosconfig, &listen, sim)
         }

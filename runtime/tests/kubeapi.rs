@@ -329,6 +329,30 @@ async fn unknown_paths_resources_and_verbs_answer_as_kube_apiserver_does() {
 }
 
 #[tokio::test]
+async fn faults_scoped_to_a_user_agent_spare_every_other_client() {
+    let api = kubeapi::Api::new();
+    let mut faults = kubeapi::Faults::default();
+    faults.add("500=1").unwrap();
+    faults.add("for=ichor-controller").unwrap();
+    assert!(faults.apply_to("ichor-controller/0.1.0"));
+    assert!(!faults.apply_to("kubectl/v1.32.0 (linux/amd64)"));
+    assert!(!faults.apply_to(""));
+    assert!(faults.clone().add("for=").unwrap_err().contains("unknown fault"));
+    api.set_faults(faults);
+    // A request without the controller's User-Agent (the CLI's, kubectl's) is served.
+    let (code, _, body) = raw(
+        &api,
+        Method::POST,
+        "/api/v1/namespaces/default/configmaps",
+        "application/json",
+        "application/json",
+        Some(json!({"metadata": {"name": "x"}})),
+    )
+    .await;
+    assert_eq!(code, 201, "{body}");
+}
+
+#[tokio::test]
 async fn injected_faults_answer_writes_as_an_overloaded_server_does() {
     let api = kubeapi::Api::new();
     let mut faults = kubeapi::Faults::default();

@@ -40,7 +40,13 @@ pub struct Demo {
     pub talos: Talos,
     /// The machines: name, Talos address, role.
     pub machines: Vec<(String, String, Role)>,
+    /// Per machine, the fleet's revision its Node and pods were last made from, and when: a
+    /// pass skips a machine nothing happened to (read again every `KUBELET_RESYNC`).
+    seen: std::sync::Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>,
 }
+
+/// How often a stand-in kubelet posts its Node and pods though nothing changed on its node.
+const KUBELET_RESYNC: Duration = Duration::from_secs(20);
 
 impl std::fmt::Debug for Demo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -132,7 +138,7 @@ impl Demo {
         api.put("apps", "daemonsets", json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "cilium", "namespace": "kube-system"},
             "spec": {"selector": {"matchLabels": {"k8s-app": "cilium"}}, "template": {"metadata": {"labels": {"k8s-app": "cilium"}},
                 "spec": {"containers": [{"name": "cilium-agent", "image": format!("quay.io/cilium/cilium:v{}", render::embedded::CILIUM_CHART_VERSION)}]}}}}));
-        let demo = Demo { fleet, api, talos, machines };
+        let demo = Demo { fleet, api, talos, machines, seen: Default::default() };
         // Talos's bootstrap applied kube-proxy from the first control plane's rendering.
         if let Some((_, address, _)) = demo.machines.iter().find(|m| m.2 == Role::Controlplane) {
             let mut k = KubeCluster {
@@ -168,6 +174,17 @@ impl Demo {
     /// control-plane mirror pods with their images, every DaemonSet rolled out.
     pub async fn kubelets(&self) {
         for (name, address, _) in &self.machines {
+            let revision = self.fleet.revision(address);
+            let now = std::time::Instant::now();
+            let unchanged = self
+                .seen
+                .lock()
+                .ok()
+                .and_then(|s| s.get(name).copied())
+                .is_some_and(|(r, at)| Some(r) == revision && now.saturating_duration_since(at) < KUBELET_RESYNC);
+            if unchanged {
+                continue;
+            }
             // A node away on a reboot: its Node goes Unknown (the node controller's word when a
             // kubelet stops posting) and its mirror pods not Ready; the rest stays as it was.
             let Some(boot_id) = self.fleet.boot_id(address) else {
@@ -191,6 +208,9 @@ impl Demo {
                 continue;
             };
             let Ok(o) = observe_node(&self.talos, address).await else { continue };
+            if let (Ok(mut s), Some(r)) = (self.seen.lock(), revision) {
+                s.insert(name.clone(), (r, now));
+            }
             let version = o.kubelet_image.rsplit(':').next().unwrap_or_default().to_string();
             // The node labels the running config sets (Talos's node-labels controller puts them
             // on the Node live).

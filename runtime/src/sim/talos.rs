@@ -111,6 +111,9 @@ struct NodeState {
     away: Option<Option<std::time::Instant>>,
     /// Boots so far (the boot ID is made from it).
     boot: u32,
+    /// Moves on every change of the node's resources and on each reboot's start: what lets a
+    /// stand-in skip a node nothing happened to.
+    revision: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -229,6 +232,7 @@ impl NodeState {
             reboot_time: Some(DEFAULT_REBOOT_TIME),
             away: None,
             boot: 1,
+            revision: 0,
         };
         n.set_config(&config, true);
         n.publish_boot_id();
@@ -272,6 +276,7 @@ impl NodeState {
     /// Starts a reboot: the node goes away now.
     fn go_down(&mut self) {
         self.reboots += 1;
+        self.revision += 1;
         self.away = Some(self.reboot_time.map(|d| std::time::Instant::now() + d));
     }
 
@@ -308,6 +313,7 @@ impl NodeState {
             annotations.insert("talos.dev/yaml-spec".to_string(), "1".to_string());
         }
         let res = Res { version, proto, yaml, annotations };
+        self.revision += 1;
         self.resources.insert(key.clone(), res.clone());
         Some((key, res))
     }
@@ -361,7 +367,10 @@ impl NodeState {
             || v1.and_then(|v| v.get("cluster")?.get("proxy")?.get("disabled")?.as_bool()) == Some(true);
         if disabled {
             return match self.resources.remove(&key) {
-                Some(r) => vec![(key, Res { version: 0, ..r })],
+                Some(r) => {
+                    self.revision += 1;
+                    vec![(key, Res { version: 0, ..r })]
+                }
                 None => vec![],
             };
         }
@@ -971,6 +980,7 @@ impl Fleet {
             && let Some(n) = nodes.get_mut(node)
         {
             n.fault = fault;
+            n.revision += 1;
         }
     }
 
@@ -992,6 +1002,17 @@ impl Fleet {
         {
             n.reboot_time = time;
         }
+    }
+
+    /// The node's revision (see `NodeState::revision`), after settling a reboot that is over.
+    pub fn revision(&self, node: &str) -> Option<u64> {
+        let mut nodes = self.shared.nodes.lock().ok()?;
+        let n = nodes.get_mut(node)?;
+        let changed = n.settle();
+        let r = n.revision;
+        drop(nodes);
+        Svc(self.shared.clone()).publish(node, changed);
+        Some(r)
     }
 
     /// The node's boot ID, `None` while it is away rebooting. A node whose reboot is over comes

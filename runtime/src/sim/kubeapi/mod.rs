@@ -75,9 +75,17 @@ pub struct Faults {
     pub drop_watches_after: Option<Duration>,
     /// Every request waits this long before it is served.
     pub latency: Duration,
+    /// Only requests whose User-Agent starts with this meet the faults (`for=ichor-controller`:
+    /// the controller's, not the CLI's or kubectl's); `None`: every request.
+    pub only_agent: Option<String>,
 }
 
 impl Faults {
+    /// Whether a request from this User-Agent meets the faults.
+    pub fn apply_to(&self, user_agent: &str) -> bool {
+        self.only_agent.as_ref().is_none_or(|a| user_agent.starts_with(a.as_str()))
+    }
+
     /// A fault as `ichor sim cluster --api-fault` names it: `409=0.1`, `500=0.05`,
     /// `429=0.2`, `drop-watch=30s`, `latency=200ms`.
     pub fn add(&mut self, spec: &str) -> Result<(), String> {
@@ -104,7 +112,12 @@ impl Faults {
             }
             "drop-watch" => self.drop_watches_after = Some(duration(v)?),
             "latency" => self.latency = duration(v)?,
-            _ => return Err(format!("{spec}: unknown fault {k:?}; one of 409, 500, 429, drop-watch, latency")),
+            "for" if !v.is_empty() => self.only_agent = Some(v.to_string()),
+            _ => {
+                return Err(format!(
+                    "{spec}: unknown fault {k:?}; one of 409, 500, 429, drop-watch, latency, for=USER-AGENT-PREFIX"
+                ));
+            }
         }
         Ok(())
     }
@@ -637,12 +650,14 @@ impl Api {
             Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", format!("reading the body: {e}")),
         };
         let q = query(&parts.uri);
-        let latency = match self.store.lock() {
+        let agent = parts.headers.get("user-agent").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let (latency, faulted) = match self.store.lock() {
             Ok(mut s) => {
                 s.log.push(format!("{} {}", parts.method, parts.uri));
-                s.faults.latency
+                let faulted = s.faults.apply_to(&agent);
+                (if faulted { s.faults.latency } else { Duration::ZERO }, faulted)
             }
-            Err(_) => Duration::ZERO,
+            Err(_) => (Duration::ZERO, false),
         };
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -732,6 +747,7 @@ impl Api {
         let dry = writing && q.get("dryRun").is_some_and(|d| d == "All");
         if writing
             && !dry
+            && faulted
             && let Some(fault) = self.write_fault(&key)
         {
             return fault;
@@ -746,7 +762,7 @@ impl Api {
         });
         let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
         match (parts.method.clone(), name.is_empty(), sub.as_str()) {
-            (Method::GET, true, "") if watching => api.watch(&group, &plural, &ns, &api_version, &q, table),
+            (Method::GET, true, "") if watching => api.watch(&group, &plural, &ns, &api_version, &q, table, faulted),
             (Method::GET, true, "") => api.list(&group, &plural, &ns, &api_version, &q, table),
             (Method::GET, false, _) => match api.get_viewed(&key) {
                 Some(o) => match table {
@@ -879,6 +895,8 @@ impl Api {
         )
     }
 
+    // The route's parts, the query, the table form and the request's fault scope: one request.
+    #[allow(clippy::too_many_arguments)]
     fn watch(
         &self,
         group: &str,
@@ -887,6 +905,7 @@ impl Api {
         api_version: &str,
         q: &BTreeMap<String, String>,
         table: Option<(table::Columns, bool)>,
+        faulted: bool,
     ) -> Response<Body> {
         use futures::StreamExt;
         let sel = match selector(group, plural, q) {
@@ -940,7 +959,7 @@ impl Api {
             } else {
                 s.history.iter().filter(|e| e.rv > from).cloned().collect()
             };
-            (past, s.faults.drop_watches_after)
+            (past, s.faults.drop_watches_after.filter(|_| faulted))
         };
         let (group, plural, ns) = (group.to_string(), plural.to_string(), ns.to_string());
         let keep = {
