@@ -1,0 +1,283 @@
+//! The controller at a fleet's size: the real `ichor controller` binary, as its own process,
+//! against `ichor sim cluster --no-controller --workers N` (the in-memory API and the simulated
+//! Talos fleet over gRPC and mTLS on loopback), at 30, 300 and 1,000 machines.
+//!
+//! Per size it prints: the upgrade preview's wall time right after the controller starts and
+//! once it is quiet; the controller's first pass after start (CPU seconds, per machine); its
+//! idle use (share of one core, and the custom resources written meanwhile); a Kubernetes
+//! upgrade with `--max-unavailable 10` to Completed (wall time, CPU, CPU per machine). Then
+//! the ratio of CPU per machine between the sizes (the goal: at most 1.5 from 30 to 1,000).
+//! CPU is the controller process's own (utime + stime from /proc), not the simulator's.
+//!
+//! `cargo bench -p cli --bench scale` runs the three sizes (about ten minutes on 2 cores);
+//! without `--bench` (what `cargo test --all-targets` runs) one small size, as a smoke test
+//! that the whole path works. `ICHOR_SCALE_SIZES=30,100` chooses the sizes.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ICHOR: &str = env!("CARGO_BIN_EXE_ichor");
+/// Machines the example cluster already has (3 control planes, 1 worker).
+const EXAMPLE_MACHINES: usize = 4;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// CPU seconds a process used so far (utime + stime; the clock ticks are 100 a second).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+struct Sim {
+    sim: Child,
+    controller: Option<Child>,
+    dir: PathBuf,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.controller {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = self.sim.kill();
+        let _ = self.sim.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Sim {
+    fn start(machines: usize) -> Sim {
+        let dir = std::env::temp_dir().join(format!("ichor-scale-{machines}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let workers = machines.saturating_sub(EXAMPLE_MACHINES).to_string();
+        let mut sim = Command::new(ICHOR)
+            .args(["sim", "cluster", "--no-controller", "--handover", "disabled", "--workers", &workers])
+            .arg("--kubeconfig")
+            .arg(dir.join("kubeconfig"))
+            .arg("--talosconfig")
+            .arg(dir.join("talosconfig"))
+            .current_dir(root())
+            .env("ICHOR_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(sim.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready:"), "the simulated cluster did not start: {line:?}");
+        Sim { sim, controller: None, dir }
+    }
+
+    fn start_controller(&mut self) -> u32 {
+        let kc = std::fs::read_to_string(self.dir.join("kubeconfig")).unwrap();
+        let server = kc.lines().find_map(|l| l.trim().strip_prefix("server: http://")).unwrap().to_string();
+        let (host, port) = server.rsplit_once(':').unwrap();
+        let child = Command::new(ICHOR)
+            .env("KUBERNETES_SERVICE_HOST", host)
+            .env("KUBERNETES_SERVICE_PORT", port)
+            .args(["controller", "--metrics-addr", "127.0.0.1:0", "--identity", "bench", "--kubeconfig"])
+            .arg(self.dir.join("kubeconfig"))
+            .arg("--talosconfig")
+            .arg(self.dir.join("talosconfig"))
+            .current_dir(root())
+            .env("ICHOR_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        self.controller = Some(child);
+        pid
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> (bool, String) {
+        let out = Command::new(program)
+            .args(args)
+            .env("KUBECONFIG", self.dir.join("kubeconfig"))
+            .env("TALOSCONFIG", self.dir.join("talosconfig"))
+            .current_dir(root())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("running {program}: {e}"));
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The wall time of the upgrade's preview (it reads and judges every machine).
+    fn preview(&self) -> Duration {
+        let t = Instant::now();
+        let (ok, out) = self.run(ICHOR, &["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--dry-run"]);
+        assert!(ok, "the preview failed: {out}");
+        t.elapsed()
+    }
+
+    /// Every custom resource's resourceVersion, as kubectl reads them: what a write moves.
+    fn versions(&self) -> String {
+        self.run(
+            "kubectl",
+            &[
+                "get",
+                "talosmachines,talosclusters,talosoperations,talosconfigpatches",
+                "-A",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name}={.metadata.resourceVersion} {end}",
+            ],
+        )
+        .1
+    }
+
+    /// How many TalosMachines have a Ready condition.
+    fn judged(&self) -> usize {
+        let (_, out) = self.run(
+            "kubectl",
+            &[
+                "get",
+                "talosmachines",
+                "-A",
+                "-o",
+                "jsonpath={range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+            ],
+        );
+        out.lines().filter(|l| !l.trim().is_empty()).count()
+    }
+
+    fn phase(&self) -> String {
+        self.run("kubectl", &["get", "talosoperations", "-A", "-o", "jsonpath={.items[0].status.phase}"]).1
+    }
+}
+
+/// What one size measured.
+struct Figures {
+    machines: usize,
+    preview_at_start: Duration,
+    preview_quiet: Duration,
+    first_pass_cpu: f64,
+    first_pass_wall: Duration,
+    idle_core_share: f64,
+    idle_writes: usize,
+    upgrade_wall: Duration,
+    upgrade_cpu: f64,
+}
+
+fn measure(machines: usize, idle_for: Duration) -> Figures {
+    let mut sim = Sim::start(machines);
+    let started = Instant::now();
+    let pid = sim.start_controller();
+    let preview_at_start = sim.preview();
+    // The first pass: until every machine is judged and the controller's CPU stops moving.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut last = cpu_seconds(pid);
+    loop {
+        std::thread::sleep(Duration::from_millis(1000));
+        let now = cpu_seconds(pid);
+        if (sim.judged() >= machines && now - last < 0.05) || Instant::now() > deadline {
+            break;
+        }
+        last = now;
+    }
+    let first_pass_cpu = cpu_seconds(pid);
+    let first_pass_wall = started.elapsed();
+    // Idle: nothing changes; what the controller uses and writes meanwhile.
+    let before = sim.versions();
+    let cpu0 = cpu_seconds(pid);
+    std::thread::sleep(idle_for);
+    let idle_core_share = (cpu_seconds(pid) - cpu0) / idle_for.as_secs_f64();
+    let after = sim.versions();
+    let b: std::collections::BTreeSet<&str> = before.split_whitespace().collect();
+    let idle_writes = after.split_whitespace().filter(|v| !b.contains(v)).count();
+    let preview_quiet = sim.preview();
+    // The upgrade.
+    let cpu0 = cpu_seconds(pid);
+    let t = Instant::now();
+    let (ok, out) = sim.run(
+        ICHOR,
+        &["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes", "--max-unavailable", "10"],
+    );
+    assert!(ok, "the upgrade was not started: {out}");
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    loop {
+        let p = sim.phase();
+        if p == "Completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the upgrade of {machines} machines did not complete in an hour ({p})");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Figures {
+        machines,
+        preview_at_start,
+        preview_quiet,
+        first_pass_cpu,
+        first_pass_wall,
+        idle_core_share,
+        idle_writes,
+        upgrade_wall: t.elapsed(),
+        upgrade_cpu: cpu_seconds(pid) - cpu0,
+    }
+}
+
+fn main() {
+    if std::process::Command::new("kubectl").arg("version").arg("--client").output().is_err() {
+        eprintln!("skipped: no kubectl on PATH (the machine image and CI have one)");
+        return;
+    }
+    let full = std::env::args().any(|a| a == "--bench");
+    let sizes: Vec<usize> = match std::env::var("ICHOR_SCALE_SIZES") {
+        Ok(s) => s.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
+        Err(_) if full => vec![30, 300, 1000],
+        Err(_) => vec![12],
+    };
+    let idle_for = Duration::from_secs(if full { 60 } else { 5 });
+    println!(
+        "{:>8} {:>12} {:>12} {:>14} {:>12} {:>10} {:>7} {:>11} {:>11} {:>14}",
+        "machines",
+        "preview@0 s",
+        "preview s",
+        "1st pass cpu s",
+        "per mach ms",
+        "idle core",
+        "writes",
+        "upgrade s",
+        "upg cpu s",
+        "upg cpu/mach ms"
+    );
+    let mut all = vec![];
+    for n in sizes {
+        let f = measure(n, idle_for);
+        println!(
+            "{:>8} {:>12.2} {:>12.2} {:>14.2} {:>12.1} {:>9.1}% {:>7} {:>11.1} {:>11.2} {:>14.1}   (first pass {:.1} s wall)",
+            f.machines,
+            f.preview_at_start.as_secs_f64(),
+            f.preview_quiet.as_secs_f64(),
+            f.first_pass_cpu,
+            f.first_pass_cpu * 1000.0 / f.machines as f64,
+            f.idle_core_share * 100.0,
+            f.idle_writes,
+            f.upgrade_wall.as_secs_f64(),
+            f.upgrade_cpu,
+            f.upgrade_cpu * 1000.0 / f.machines as f64,
+            f.first_pass_wall.as_secs_f64(),
+        );
+        all.push(f);
+    }
+    if let (Some(small), Some(large)) = (all.first(), all.last())
+        && all.len() > 1
+    {
+        let per = |f: &Figures, cpu: f64| cpu / f.machines as f64;
+        println!(
+            "CPU per machine, {} -> {} machines: upgrade x{:.2}, first pass x{:.2} (goal: at most x1.5)",
+            small.machines,
+            large.machines,
+            per(large, large.upgrade_cpu) / per(small, small.upgrade_cpu),
+            per(large, large.first_pass_cpu) / per(small, small.first_pass_cpu),
+        );
+    }
+}
