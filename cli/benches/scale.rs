@@ -13,6 +13,7 @@
 //! without `--bench` (what `cargo test --all-targets` runs) one small size, as a smoke test
 //! that the whole path works. `ICHOR_SCALE_SIZES=30,100` chooses the sizes.
 
+use render::api::Phase;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -149,8 +150,10 @@ impl Sim {
         out.lines().filter(|l| !l.trim().is_empty()).count()
     }
 
-    fn phase(&self) -> String {
-        self.run("kubectl", &["get", "talosoperations", "-A", "-o", "jsonpath={.items[0].status.phase}"]).1
+    fn phase(&self) -> Phase {
+        let (_, out) =
+            self.run("kubectl", &["get", "talosoperations", "-A", "-o", "jsonpath={.items[0].status.phase}"]);
+        Phase::parse(out.trim()).unwrap_or_default()
     }
 }
 
@@ -205,10 +208,10 @@ fn measure(machines: usize, idle_for: Duration) -> Figures {
     let deadline = Instant::now() + Duration::from_secs(3600);
     loop {
         let p = sim.phase();
-        if p == "Completed" {
+        if p == Phase::Completed {
             break;
         }
-        assert!(Instant::now() < deadline, "the upgrade of {machines} machines did not complete in an hour ({p})");
+        assert!(Instant::now() < deadline, "the upgrade of {machines} machines did not complete in an hour ({p:?})");
         std::thread::sleep(Duration::from_millis(200));
     }
     Figures {
