@@ -128,7 +128,7 @@ pub fn text_hash(text: &str) -> u64 {
 /// A hash of what a render reads of these objects: each whole, less its status and the
 /// metadata every write moves (resourceVersion, managedFields). A machine's status write
 /// (the machine controller's, each step's) leaves its render's key as it was; the two status
-/// values a render reads of a cluster are hashed by `RenderCache::render`.
+/// values a render reads of a cluster are hashed by `RenderCache::cluster_key`.
 fn objects_hash<T: serde::Serialize>(objects: &[&T]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -275,15 +275,11 @@ impl RenderCache {
         manifests: &Manifests,
         machines: &[&TalosMachine],
     ) -> Vec<Result<Arc<Rendered>, MachineError>> {
-        let mut shared: BTreeMap<(Option<String>, Option<String>), (u64, u64)> = BTreeMap::new();
-        for m in machines {
-            if let Ok(mch) = manifests.machine(m.metadata.name.as_deref().unwrap_or_default()) {
-                let cluster = manifests.cluster_of(mch);
-                shared
-                    .entry((cluster.metadata.namespace.clone(), cluster.metadata.name.clone()))
-                    .or_insert_with(|| Self::cluster_key(manifests, cluster));
-            }
-        }
+        let shared: BTreeMap<(Option<String>, Option<String>), (u64, u64)> = manifests
+            .clusters
+            .iter()
+            .map(|c| ((c.metadata.namespace.clone(), c.metadata.name.clone()), Self::cluster_key(manifests, c)))
+            .collect();
         par_map(machines, |m| {
             let mch = manifests.machine(m.metadata.name.as_deref().unwrap_or_default())?;
             let cluster = manifests.cluster_of(mch);

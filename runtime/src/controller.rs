@@ -338,8 +338,8 @@ impl Controller {
     }
 
     /// The cluster's custom resources loaded, or those kept from a reconcile that read the same
-    /// cluster (resourceVersion), patches (resourceVersions), machines (specs: generations)
-    /// and secret (resourceVersion). A machine's status is not part of the load: the caller
+    /// cluster (resourceVersion), patches (resourceVersions), machines (generations, labels,
+    /// annotations) and secret (resourceVersion). A machine's status is not part of the load: the caller
     /// judges with the machine it read.
     fn cluster_manifests(
         &self,
@@ -357,8 +357,11 @@ impl Controller {
         for p in &patches {
             rv(&p.metadata).hash(&mut h);
         }
+        // A machine's spec moves its generation; its labels and annotations (what patches
+        // select by, the hold) do not, so they are part of the key too.
         for m in &machines {
-            (&m.metadata.name, &m.metadata.uid, m.metadata.generation).hash(&mut h);
+            let md = &m.metadata;
+            (&md.name, &md.uid, md.generation, &md.labels, &md.annotations).hash(&mut h);
         }
         let key = h.finish();
         let name = format!(
