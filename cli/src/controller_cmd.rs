@@ -79,6 +79,10 @@ async fn kube_client(kubeconfig: Option<&Path>, agent: &str) -> Result<kube_clie
 
 pub fn run_real(a: &ControllerArgs) -> Result<Report> {
     logging();
+    if let Some(p) = runtime::crashpoint::arm()? {
+        let kinds: Vec<&str> = p.kinds.iter().map(|w| w.name()).collect();
+        eprintln!("ichor: crash point armed: the process ends right after write {} of {}", p.after, kinds.join(", "));
+    }
     let listen = a.listen.parse().with_context(|| format!("--metrics-addr {:?}: not host:port", a.listen))?;
     let rt = crate::io::io_runtime()?;
     rt.block_on(async {
@@ -220,7 +224,7 @@ pub fn sim_cluster(
                 let names: Vec<&str> = demo.machines.iter().map(|m| m.0.as_str()).collect();
                 anyhow::bail!("--node-fault: no machine {machine:?} in {} ({})", manifests.display(), names.join(", "));
             };
-            demo.fleet.set_fault(address, Some(*fault));
+            fault.inject(&demo.fleet, address);
         }
         demo.api.set_faults(api_faults);
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}"))?;

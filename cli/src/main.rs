@@ -234,8 +234,11 @@ enum SimCommand {
         /// can be stopped, killed and started again; two replicas share the Lease).
         #[arg(long)]
         no_controller: bool,
-        /// Inject a fault on a machine's Talos API: MACHINE=hang|unavailable|gone|latency:MS
-        /// (repeatable; `cp1=unavailable`).
+        /// Inject a fault on a machine's Talos API (repeatable):
+        /// MACHINE=hang|unavailable|gone|latency:MS from the start (`cp1=unavailable`); with
+        /// `,on=apply` or `,on=reboot` it starts mid-step, on the machine's next config apply or
+        /// reboot, and with `,for=5s` it ends after that long (`w1=unavailable,on=apply,for=5s`);
+        /// MACHINE=reboot-never: it never comes back from its next reboot.
         #[arg(long)]
         node_fault: Vec<String>,
         /// Inject a fault on the Kubernetes API (repeatable): a fraction of writes answered
@@ -277,7 +280,8 @@ enum SimCommand {
         /// Where to write a talosconfig (admin) for the fleet.
         #[arg(long = "talosconfig-out", visible_alias = "talosconfig")]
         talosconfig: std::path::PathBuf,
-        /// Inject a fault: NODE=hang|unavailable|gone|latency:MS (repeatable).
+        /// Inject a fault (repeatable): NODE=hang|unavailable|gone|latency:MS, from the start or
+        /// with `,on=apply|reboot[,for=5s]` from the node's next apply or reboot; NODE=reboot-never.
         #[arg(long)]
         fault: Vec<String>,
     },

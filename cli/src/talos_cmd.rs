@@ -153,12 +153,34 @@ pub fn apply(
 }
 
 /// A node fault as `--fault` (and `ichor sim cluster --node-fault`) names it:
-/// `NODE=hang|unavailable|gone|latency:MS`.
-pub fn node_fault(flag: &str, f: &str) -> Result<(String, runtime::sim::talos::Fault)> {
-    use runtime::sim::talos::Fault;
-    let expected = || format!("{flag} {f:?}: expected NODE=hang|unavailable|gone|latency:MS");
+/// `NODE=hang|unavailable|gone|latency:MS|reboot-never[,on=apply|reboot][,for=SECONDSs]`.
+/// With `on=`, the fault starts on the node's next apply or reboot (mid-step) and lasts `for`
+/// (for good without it); `reboot-never`: the node never comes back from its next reboot.
+pub fn node_fault(flag: &str, f: &str) -> Result<(String, NodeFault)> {
+    use runtime::sim::talos::{ArmedFault, Fault, Trigger};
+    let expected = || {
+        format!(
+            "{flag} {f:?}: expected NODE=hang|unavailable|gone|latency:MS|reboot-never[,on=apply|reboot][,for=SECONDSs]"
+        )
+    };
     let (node, what) = f.split_once('=').with_context(expected)?;
-    let fault = match what {
+    let mut parts = what.split(',');
+    let kind = parts.next().unwrap_or_default();
+    let (mut on, mut lasting) = (None, None);
+    for part in parts {
+        match part.split_once('=') {
+            Some(("on", "apply")) => on = Some(Trigger::Apply),
+            Some(("on", "reboot")) => on = Some(Trigger::Reboot),
+            Some(("for", d)) => match d.strip_suffix('s').and_then(|n| n.parse::<u64>().ok()) {
+                Some(n) => lasting = Some(Duration::from_secs(n)),
+                None => bail!("{}: for={d:?} is not a number of seconds such as 5s", expected()),
+            },
+            _ => bail!("{}: {part:?} is neither on=apply|reboot nor for=SECONDSs", expected()),
+        }
+    }
+    let fault = match kind {
+        "reboot-never" if on.is_none() && lasting.is_none() => return Ok((node.to_string(), NodeFault::RebootNever)),
+        "reboot-never" => bail!("{}: reboot-never takes neither on= nor for=", expected()),
         "hang" => Fault::Hang,
         "unavailable" => Fault::Unavailable,
         "gone" => Fault::Gone,
@@ -167,7 +189,36 @@ pub fn node_fault(flag: &str, f: &str) -> Result<(String, runtime::sim::talos::F
             None => bail!("{}", expected()),
         },
     };
-    Ok((node.to_string(), fault))
+    Ok((
+        node.to_string(),
+        match on {
+            Some(on) => NodeFault::Armed(ArmedFault { fault, on, lasting }),
+            None if lasting.is_some() => bail!("{}: for= needs on=apply|reboot", expected()),
+            None => NodeFault::Now(fault),
+        },
+    ))
+}
+
+/// A parsed `--fault`/`--node-fault`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeFault {
+    /// In force from the start.
+    Now(runtime::sim::talos::Fault),
+    /// Starts on the node's next apply or reboot.
+    Armed(runtime::sim::talos::ArmedFault),
+    /// The node does not come back from its next reboot.
+    RebootNever,
+}
+
+impl NodeFault {
+    /// Puts it on `node` of `fleet`.
+    pub fn inject(self, fleet: &runtime::sim::talos::Fleet, node: &str) {
+        match self {
+            NodeFault::Now(f) => fleet.set_fault(node, Some(f)),
+            NodeFault::Armed(a) => fleet.arm_fault(node, a),
+            NodeFault::RebootNever => fleet.set_reboot_time(node, None),
+        }
+    }
 }
 
 /// `ichor sim talos`: serves a simulated fleet until interrupted.
@@ -194,7 +245,7 @@ pub fn sim(
             if !fleet.nodes().contains(node) {
                 bail!("--fault: no node {node:?} in the fleet ({})", fleet.nodes().join(", "));
             }
-            fleet.set_fault(node, Some(*fault));
+            fault.inject(&fleet, node);
         }
         let text = fleet.talosconfig(&["os:admin"])?;
         write_private(talosconfig, &text)?;

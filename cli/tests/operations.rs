@@ -5,6 +5,7 @@
 //! and the API's port redacted), rewritten with `TRYCMD=overwrite`.
 
 use render::api::Phase;
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -103,6 +104,11 @@ impl Sim {
 
     /// One replica of `ichor controller` with its own identity in the Lease.
     fn replica(&self, identity: &str) -> Child {
+        self.replica_with(identity, &[], Stdio::null())
+    }
+
+    /// A replica with more environment (`ICHOR_CRASH_AFTER`) and its stderr sent to `stderr`.
+    fn replica_with(&self, identity: &str, env: &[(&str, &str)], stderr: Stdio) -> Child {
         let server = self.server();
         let (host, port) = server.rsplit_once(':').unwrap();
         Command::new(env!("CARGO_BIN_EXE_ichor"))
@@ -115,8 +121,9 @@ impl Sim {
             .args(["--identity", identity])
             .current_dir(root())
             .env("ICHOR_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap()
     }
@@ -1106,4 +1113,124 @@ fn switches_both_ways_and_an_upgrade_complete_with_their_controller_killed_at_ra
     let versions: Vec<&str> = versions.split_whitespace().collect();
     assert!(versions.len() == 4 && versions.iter().all(|v| *v == "v1.37.0"), "{versions:?}");
     eprintln!("two switches and an upgrade completed after {total} SIGKILL(s) of their controller");
+}
+
+impl Sim {
+    /// Runs `ichor controller` armed (`ICHOR_CRASH_AFTER`) to end itself, as a SIGKILL would,
+    /// right after its Nth write of one of `kinds`, and starts it again after each crash, until
+    /// `phase` is terminal (150 s at most): N is 1-3 from `seed`, and 1 with ICHOR_LONG_TESTS
+    /// (a crash right after every such write). Returns the crashes per kind of write; the
+    /// caller finishes with an unarmed controller.
+    fn crash_after_writes(&self, seed: u64, kinds: &str, phase: &dyn Fn() -> Phase) -> BTreeMap<String, u32> {
+        let long = std::env::var_os("ICHOR_LONG_TESTS").is_some();
+        let (mut z, mut crashes, start) = (seed, BTreeMap::new(), std::time::Instant::now());
+        let log = self.dir.join("crash.log");
+        while start.elapsed() < std::time::Duration::from_secs(150)
+            && !matches!(phase(), Phase::Completed | Phase::Paused)
+        {
+            z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let n = if long { 1 } else { 1 + (z >> 33) % 3 };
+            let point = format!("{kinds}:{n}");
+            let file = std::fs::File::create(&log).unwrap();
+            let mut c = self.replica_with("ichor-test", &[("ICHOR_CRASH_AFTER", &point)], Stdio::from(file));
+            let ended = loop {
+                if let Some(status) = c.try_wait().unwrap() {
+                    break Some(status);
+                }
+                if matches!(phase(), Phase::Completed | Phase::Paused) {
+                    break None;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            };
+            let Some(status) = ended else {
+                self.stop(c);
+                break;
+            };
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let kind = text.lines().find_map(|l| l.split("crash point: ending the process right after ").nth(1));
+            let kind = kind
+                .and_then(|k| k.split_whitespace().next())
+                .unwrap_or_else(|| panic!("the controller ended ({status}) without its crash point:\n{text}"));
+            *crashes.entry(kind.to_string()).or_insert(0) += 1;
+        }
+        crashes
+    }
+}
+
+/// A config rollout whose controller ends itself right after a Talos apply, a reboot, a cordon
+/// or uncordon, a drain or a status write (ICHOR_CRASH_AFTER), again and again: it completes,
+/// and every node rebooted exactly once (a reboot-class change is never applied twice),
+/// uncordoned and Converged.
+#[test]
+fn a_config_rollout_ends_the_same_with_its_controller_crashed_right_after_each_kind_of_write() {
+    let sim = Sim::start_args("rollout-crash-points", "done", &["--no-controller"]);
+    apply_module_patch(&sim);
+    let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    let crashes = sim.crash_after_writes(0xc4a5, "talos-apply,talos-reboot,cordon,drain,status", &|| sim.phase());
+    let controller = sim.controller();
+    let p = sim.wait_phase(&|p| matches!(p, Phase::Completed | Phase::Paused));
+    assert_eq!(p, Phase::Completed, "after crashes {crashes:?}");
+    sim.wait_quiet();
+    sim.stop(controller);
+    for kind in ["talos-apply", "talos-reboot", "cordon", "status"] {
+        assert!(crashes.contains_key(kind), "no crash right after a {kind}: {crashes:?}");
+    }
+    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
+    let boots: Vec<&str> = boots.split_whitespace().collect();
+    assert!(boots.len() == 4 && boots.iter().all(|b| b.ends_with("-boot-2")), "{crashes:?}: {boots:?}");
+    let (_, out, _) = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.unschedulable}"]).unwrap();
+    assert_eq!(out.trim(), "", "a node left cordoned");
+    let path = "jsonpath={.items[*].status.conditions[0].reason}";
+    let reasons = sim.kubectl(&["get", "talosmachines", "-n", "ichor-system", "-o", path]).unwrap().1;
+    assert_eq!(reasons, "Converged Converged Converged Converged");
+    eprintln!("the rollout completed after crashes right after writes: {crashes:?}");
+}
+
+/// A kube-proxy switch both ways and an upgrade whose controller ends itself right after a
+/// server-side apply, a delete, a Job create, a Talos apply or a status write, again and again:
+/// each completes, one Cilium Job ran per mode, no node rebooted, every kubelet on the target.
+#[test]
+fn switches_and_an_upgrade_end_the_same_with_their_controller_crashed_right_after_each_kind_of_write() {
+    let sim = Sim::start_args("switch-crash-points", "disabled", &["--no-controller"]);
+    let boots_before = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
+    let mut all: BTreeMap<String, u32> = BTreeMap::new();
+    for (seed, args, name) in [
+        (0x61, &["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"][..], "kube-proxy-replaced"),
+        (0x62, &["cni", "kube-proxy", "enabled", "--cluster", "lab", "--yes"][..], "kube-proxy-enabled"),
+        (
+            0x63,
+            &["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"][..],
+            "upgrade-kubernetes-1-37-0",
+        ),
+    ] {
+        let (code, _, err) = sim.ichor(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let kinds = "server-side-apply,delete,job-create,talos-apply,status";
+        let crashes = sim.crash_after_writes(seed, kinds, &|| sim.phase_of(name));
+        let controller = sim.controller();
+        let start = std::time::Instant::now();
+        while !matches!(sim.phase_of(name), Phase::Completed | Phase::Paused) && start.elapsed().as_secs() < 90 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        sim.stop(controller);
+        assert_eq!(sim.phase_of(name), Phase::Completed, "{name} after crashes {crashes:?}");
+        for (k, n) in crashes {
+            *all.entry(k).or_insert(0) += n;
+        }
+    }
+    sim.wait_quiet();
+    for kind in ["server-side-apply", "delete", "job-create", "talos-apply", "status"] {
+        assert!(all.contains_key(kind), "no crash right after a {kind}: {all:?}");
+    }
+    let jobs =
+        sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "jsonpath={.items[*].metadata.name}"]).unwrap().1;
+    assert_eq!(jobs.split_whitespace().count(), 2, "one Cilium Job per mode: {jobs}");
+    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
+    assert_eq!(boots, boots_before, "a node rebooted");
+    let (_, versions, _) =
+        sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.kubeletVersion}"]).unwrap();
+    let versions: Vec<&str> = versions.split_whitespace().collect();
+    assert!(versions.len() == 4 && versions.iter().all(|v| *v == "v1.37.0"), "{versions:?}");
+    eprintln!("two switches and an upgrade completed after crashes right after writes: {all:?}");
 }

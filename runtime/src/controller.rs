@@ -577,6 +577,7 @@ impl Controller {
             .patch_status(machine, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .map_err(kube_err(format!("writing the status of TalosMachine {namespace}/{machine}")))?;
+        crate::crashpoint::after(crate::crashpoint::Write::Status);
         Ok(MachineReconciled { condition, applied: applied_live })
     }
 
@@ -656,6 +657,7 @@ impl Controller {
         ops.patch_status(operation, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .map_err(kube_err(format!("writing the status of TalosOperation {namespace}/{operation}")))?;
+        crate::crashpoint::after(crate::crashpoint::Write::Status);
         if after.cluster.status_kube_proxy != read.snapshot.cluster.status_kube_proxy {
             let clusters: Api<TalosCluster> = Api::namespaced(self.kube.clone(), namespace);
             let mode = after.cluster.status_kube_proxy.map(|m| m.name());
@@ -667,6 +669,7 @@ impl Controller {
                 )
                 .await
                 .map_err(kube_err(format!("writing the status of TalosCluster {namespace}/{}", after.cluster.name)))?;
+            crate::crashpoint::after(crate::crashpoint::Write::Status);
         }
         Ok(())
     }

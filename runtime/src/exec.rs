@@ -127,8 +127,19 @@ impl<K: KubePort> Executor<'_, K> {
         out
     }
 
-    /// Performs one action (the machine controller's live apply uses it alone).
+    /// Performs one action (the machine controller's live apply uses it alone); a write that
+    /// succeeded passes its crash point (`crashpoint::after`).
     pub async fn perform(&mut self, a: &Action) -> Performed {
+        let p = self.perform_one(a).await;
+        if matches!(p, Performed::Done)
+            && let Some(w) = write_kind(a)
+        {
+            crate::crashpoint::after(w);
+        }
+        p
+    }
+
+    async fn perform_one(&mut self, a: &Action) -> Performed {
         let kube = |r: Result<(), K::Error>| match r {
             Ok(()) => Performed::Done,
             Err(e) => Performed::Interrupted { why: crate::error_chain(&e) },
@@ -221,6 +232,21 @@ impl<K: KubePort> Executor<'_, K> {
             Err(e) => talos_failed(machine, e),
         }
     }
+}
+
+/// The kind of write an action makes, if it writes.
+fn write_kind(a: &Action) -> Option<crate::crashpoint::Write> {
+    use crate::crashpoint::Write;
+    Some(match a {
+        Action::Apply { .. } | Action::ApplyStaged { .. } => Write::TalosApply,
+        Action::Reboot { .. } => Write::TalosReboot,
+        Action::Cordon { .. } | Action::Uncordon { .. } => Write::Cordon,
+        Action::Drain { .. } => Write::Drain,
+        Action::SyncManifests { .. } | Action::RestoreKubeProxy { .. } => Write::ServerSideApply,
+        Action::Delete { .. } => Write::Delete,
+        Action::CiliumJob { .. } => Write::JobCreate,
+        _ => return None,
+    })
 }
 
 /// A Talos error: a refusal fails the machine's step (the run goes on with the rest); anything

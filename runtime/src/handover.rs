@@ -244,6 +244,7 @@ mod io {
             )
             .await
             .map_err(kube)?;
+            crate::crashpoint::after(crate::crashpoint::Write::Status);
         }
         Ok(d.requeue)
     }

@@ -11,6 +11,7 @@ pub mod admission;
 pub mod assemble;
 #[cfg(feature = "io")]
 pub mod controller;
+pub mod crashpoint;
 #[cfg(feature = "io")]
 pub mod exec;
 pub mod facts;

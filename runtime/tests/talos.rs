@@ -367,6 +367,32 @@ async fn a_call_that_never_answers_ends_at_its_own_deadline_while_the_others_fin
     assert!(took >= Duration::from_millis(750) && took < Duration::from_secs(5), "{took:?}");
 }
 
+/// A fault armed on apply starts once the apply took (mid-step: the apply answered, the next
+/// call does not) and ends after its time; a node armed to stay away after its reboot does.
+#[tokio::test]
+async fn an_armed_fault_starts_mid_step_on_the_next_apply_and_ends_after_its_time() {
+    use runtime::sim::talos::{ArmedFault, Trigger};
+    let f = fleet().await;
+    let c = admin(&f);
+    let lasting = Some(Duration::from_millis(600));
+    f.arm_fault("w1", ArmedFault { fault: Fault::Unavailable, on: Trigger::Apply, lasting });
+    let before = c.running_config("w1").await.unwrap();
+    assert!(c.version("w1").await.is_ok(), "armed, not yet started");
+    let desired = bump_kubelet(&before);
+    c.apply("w1", desired.as_bytes(), ApplyMode::NoReboot, false).await.unwrap();
+    let e = c.running_config("w1").await.unwrap_err();
+    assert!(e.is_transient() && e.to_string().contains("service unavailable"), "{e}");
+    assert!(c.running_config("cp1").await.is_ok(), "the other nodes answer");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(c.running_config("w1").await.unwrap(), desired, "back after its time, with the apply kept");
+    // Never back from its next reboot.
+    f.set_reboot_time("w1", None);
+    c.reboot("w1").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let e = c.version("w1").await.unwrap_err();
+    assert!(e.to_string().contains("rebooting"), "{e}");
+}
+
 #[tokio::test]
 async fn a_kept_observation_stands_for_a_settled_node_until_it_is_written_to() {
     use runtime::talos::observe::{ObservationCache, Observed};

@@ -3,7 +3,8 @@
 //! It is not Talos and never claims to be: nothing boots, nothing runs.
 //!
 //! Start at `Fleet::start` (nodes, a generated CA, one apid-style endpoint that routes by the
-//! `node` header), `Fleet::talosconfig` (a talosconfig for it), and `Fleet::set_fault` (latency,
+//! `node` header), `Fleet::talosconfig` (a talosconfig for it), `Fleet::arm_fault` (a fault that
+//! starts mid-step, on the next apply or reboot) and `Fleet::set_fault` (latency,
 //! Unavailable, a call that never answers, a node that goes away). MachineService.Reboot (and
 //! 1.13's REBOOT apply) takes a node away for `Fleet::set_reboot_time` (or for good); it comes
 //! back on a new boot ID running its persisted config. Each node keeps COSI
@@ -74,6 +75,24 @@ pub enum Fault {
     Gone,
 }
 
+/// What starts an armed fault (`Fleet::arm_fault`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// The node's next config apply (after it took the config).
+    Apply,
+    /// The node's next reboot (after it went down).
+    Reboot,
+}
+
+/// A fault that starts mid-step: on the node's next apply or reboot, for a while or for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArmedFault {
+    pub fault: Fault,
+    pub on: Trigger,
+    /// How long it lasts once started; `None`: until cleared.
+    pub lasting: Option<Duration>,
+}
+
 /// The fleet could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -105,6 +124,10 @@ struct NodeState {
     pulls: Vec<(String, String)>,
     reboots: u32,
     fault: Option<Fault>,
+    /// When `fault` ends by itself (an armed fault's `lasting`).
+    fault_until: Option<std::time::Instant>,
+    /// A fault waiting for its trigger.
+    armed: Option<ArmedFault>,
     /// How long a reboot keeps the node away; `None`: it never comes back (a fault).
     reboot_time: Option<Duration>,
     /// Away on a reboot, until then (`Some(None)`: for good).
@@ -229,6 +252,8 @@ impl NodeState {
             pulls: vec![],
             reboots: 0,
             fault: None,
+            fault_until: None,
+            armed: None,
             reboot_time: Some(DEFAULT_REBOOT_TIME),
             away: None,
             boot: 1,
@@ -278,6 +303,26 @@ impl NodeState {
         self.reboots += 1;
         self.revision += 1;
         self.away = Some(self.reboot_time.map(|d| std::time::Instant::now() + d));
+    }
+
+    /// An armed fault waiting for `t` starts now.
+    fn trigger(&mut self, t: Trigger) {
+        if let Some(a) = self.armed.filter(|a| a.on == t) {
+            self.armed = None;
+            self.fault = Some(a.fault);
+            self.fault_until = a.lasting.map(|d| std::time::Instant::now() + d);
+            self.revision += 1;
+        }
+    }
+
+    /// The fault in force now (one whose time is over is cleared).
+    fn current_fault(&mut self) -> Option<Fault> {
+        if self.fault_until.is_some_and(|t| std::time::Instant::now() >= t) {
+            self.fault = None;
+            self.fault_until = None;
+            self.revision += 1;
+        }
+        self.fault
     }
 
     /// A node whose reboot is over comes back on a new boot, running its persisted config.
@@ -552,7 +597,7 @@ impl Svc {
             match nodes.get_mut(&node) {
                 Some(n) => {
                     let changed = n.settle();
-                    (n.fault, n.away.is_some(), changed)
+                    (n.current_fault(), n.away.is_some(), changed)
                 }
                 None => return Err(Status::unavailable(format!("connection error: no route to {node}"))),
             }
@@ -699,6 +744,7 @@ impl MachineService for Svc {
                 if mode == Mode::Reboot {
                     n.go_down();
                 }
+                n.trigger(Trigger::Apply);
                 changed
             })?;
             self.publish(&node, changed);
@@ -739,6 +785,7 @@ impl MachineService for Svc {
         allowed(&req, &["os:operator"])?;
         let actor = self.with_node(&node, |n| {
             n.go_down();
+            n.trigger(Trigger::Reboot);
             format!("reboot-{}-{}", n.spec.name, n.reboots)
         })?;
         Ok(Response::new(RebootResponse { messages: vec![Reboot { metadata: None, actor_id: actor }] }))
@@ -980,7 +1027,17 @@ impl Fleet {
             && let Some(n) = nodes.get_mut(node)
         {
             n.fault = fault;
+            n.fault_until = None;
             n.revision += 1;
+        }
+    }
+
+    /// Arms a fault that starts on the node's next apply or reboot (replacing one armed before).
+    pub fn arm_fault(&self, node: &str, armed: ArmedFault) {
+        if let Ok(mut nodes) = self.shared.nodes.lock()
+            && let Some(n) = nodes.get_mut(node)
+        {
+            n.armed = Some(armed);
         }
     }
 
