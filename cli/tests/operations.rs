@@ -1234,3 +1234,130 @@ fn switches_and_an_upgrade_end_the_same_with_their_controller_crashed_right_afte
     assert!(versions.len() == 4 && versions.iter().all(|v| *v == "v1.37.0"), "{versions:?}");
     eprintln!("two switches and an upgrade completed after crashes right after writes: {all:?}");
 }
+
+/// The controller's own requests meet API faults (the sim's `--api-fault for=ichor-controller`:
+/// a fifth of its writes answered 409, 500 or 429, every watch cut after 4 s, 30 ms on every
+/// request; the test's kubectl and CLI calls are spared): a kube-proxy switch both ways, an
+/// upgrade and a config rollout each complete, one Cilium Job per mode, each node rebooted once.
+#[test]
+fn operations_complete_when_the_controllers_requests_meet_api_faults() {
+    let faults = [
+        "--api-fault",
+        "for=ichor-controller",
+        "--api-fault",
+        "409=0.1",
+        "--api-fault",
+        "500=0.05",
+        "--api-fault",
+        "429=0.05",
+        "--api-fault",
+        "drop-watch=4s",
+        "--api-fault",
+        "latency=30ms",
+    ];
+    let mut extra = vec!["--no-controller"];
+    extra.extend(faults);
+    let sim = Sim::start_args("api-faults", "disabled", &extra);
+    let controller = sim.controller();
+    let started = std::time::Instant::now();
+    for (args, name) in [
+        (&["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"][..], "kube-proxy-replaced"),
+        (&["cni", "kube-proxy", "enabled", "--cluster", "lab", "--yes"][..], "kube-proxy-enabled"),
+        (&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"][..], "upgrade-kubernetes-1-37-0"),
+        (&["config", "apply", "--cluster", "lab", "--yes"][..], "config-rollout"),
+    ] {
+        if name == "config-rollout" {
+            apply_module_patch(&sim);
+        }
+        let (code, _, err) = sim.ichor(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let start = std::time::Instant::now();
+        while !matches!(sim.phase_of(name), Phase::Completed | Phase::Paused) && start.elapsed().as_secs() < 120 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
+        assert_eq!(sim.phase_of(name), Phase::Completed, "{name} under API faults: {status}");
+    }
+    sim.wait_quiet();
+    sim.stop(controller);
+    let jobs =
+        sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "jsonpath={.items[*].metadata.name}"]).unwrap().1;
+    assert_eq!(jobs.split_whitespace().count(), 2, "one Cilium Job per mode: {jobs}");
+    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
+    let boots: Vec<&str> = boots.split_whitespace().collect();
+    assert!(boots.len() == 4 && boots.iter().all(|b| b.ends_with("-boot-2")), "each node rebooted once: {boots:?}");
+    let (_, versions, _) =
+        sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.kubeletVersion}"]).unwrap();
+    let versions: Vec<&str> = versions.split_whitespace().collect();
+    assert!(versions.len() == 4 && versions.iter().all(|v| *v == "v1.37.0"), "{versions:?}");
+    eprintln!("two switches, an upgrade and a rollout completed under API faults in {:?}", started.elapsed());
+}
+
+/// Talos faults that start mid-step (the sim's `--node-fault MACHINE=FAULT,on=apply|reboot,for=`):
+/// cp2 unavailable right after its apply, cp3 gone right after its apply, w1 hanging right after
+/// its reboot, each for a few seconds. The rollout completes as without them: each node
+/// rebooted once, uncordoned and Converged.
+#[test]
+fn a_config_rollout_completes_through_talos_faults_that_start_mid_step() {
+    let sim = Sim::start_args(
+        "talos-faults",
+        "done",
+        &[
+            "--no-controller",
+            "--node-fault",
+            "cp2=unavailable,on=apply,for=4s",
+            "--node-fault",
+            "cp3=gone,on=apply,for=4s",
+            "--node-fault",
+            "w1=hang,on=reboot,for=6s",
+        ],
+    );
+    let controller = sim.controller();
+    apply_module_patch(&sim);
+    let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    let start = std::time::Instant::now();
+    while !matches!(sim.phase(), Phase::Completed | Phase::Paused) && start.elapsed().as_secs() < 150 {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let p = sim.phase();
+    let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
+    assert_eq!(p, Phase::Completed, "{status}");
+    sim.wait_quiet();
+    sim.stop(controller);
+    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
+    let boots: Vec<&str> = boots.split_whitespace().collect();
+    assert!(boots.len() == 4 && boots.iter().all(|b| b.ends_with("-boot-2")), "each node rebooted once: {boots:?}");
+    let (_, out, _) = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.unschedulable}"]).unwrap();
+    assert_eq!(out.trim(), "", "a node left cordoned");
+    eprintln!("the rollout completed through Talos faults in {:?}", start.elapsed());
+}
+
+/// A node that never comes back from its reboot (`--node-fault w1=reboot-never`): the rollout
+/// waits for it on its clock, and the status names the node and the limit; nothing else is
+/// rebooted while it waits (past 20 minutes the step fails and the rollout pauses naming it: a
+/// rules test, `rules/tests/rollout.yaml`).
+#[test]
+fn a_node_that_never_comes_back_from_its_reboot_is_named_in_the_wait() {
+    let sim = Sim::start_args("reboot-never", "done", &["--no-controller", "--node-fault", "cp2=reboot-never"]);
+    let controller = sim.controller();
+    apply_module_patch(&sim);
+    let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    let start = std::time::Instant::now();
+    let waits = |s: &str| s.contains("waiting on machines/cp2") && s.contains("waiting for it to come back");
+    while start.elapsed().as_secs() < 60 && !waits(&sim.ichor(&["status", "--cluster", "lab"]).1) {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    // A few more reconciles: still waiting, nothing else started.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let status = sim.ichor(&["status", "--cluster", "lab"]).1;
+    sim.stop(controller);
+    assert!(waits(&status) && status.contains("limit 20 minutes"), "{status}");
+    assert_eq!(sim.phase(), Phase::Running, "{status}");
+    assert!(status.contains("cp1: Done") && status.contains("work left on: cp3, w1"), "{status}");
+    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
+    let boots: Vec<&str> = boots.split_whitespace().collect();
+    // cp1 back on its second boot; cp2 away (its Node still reports its first); no other reboot.
+    assert_eq!(boots.iter().filter(|b| b.ends_with("-boot-2")).count(), 1, "{boots:?}");
+}

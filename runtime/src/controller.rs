@@ -600,7 +600,7 @@ impl Controller {
             if outcome.refused() {
                 return Ok(Reconciled { snapshot: read.snapshot.clone(), plan, outcome, status: read.snapshot });
             }
-            let after = crate::status::record(&read.snapshot, &plan, &outcome.failed());
+            let after = crate::status::record(&read.snapshot, &plan, outcome.actions.len(), &outcome.failed());
             match self.write_status(namespace, operation, &read, &after).await {
                 Ok(()) => return Ok(Reconciled { snapshot: read.snapshot, plan, outcome, status: after }),
                 Err(ControllerError::Kube { source: kube_client::Error::Api(s), .. })

@@ -10,8 +10,25 @@ use crate::state::{MachineProgress, ObservedState};
 use render::api::{MachinePhase, Phase};
 
 /// `s` with the status changes of `plan` recorded (nodes and the workload cluster as they were).
-/// `failed` adds steps the executor failed (a Talos refusal): machine and message.
-pub fn record(s: &ObservedState, plan: &Plan, failed: &[(String, String)]) -> ObservedState {
+/// `reached`: how many of the plan's actions the executor went through (all of them, unless a
+/// transient error or a failed drain stopped it). A run that stopped early is recorded as a
+/// crash at that point would leave it: no status change after it (a reboot's step is never
+/// recorded done when the reboot did not answer), and an end it did not reach is not taken
+/// (the phase stays). `failed` adds steps the executor failed (a Talos refusal): machine and
+/// message.
+pub fn record(s: &ObservedState, plan: &Plan, reached: usize, failed: &[(String, String)]) -> ObservedState {
+    let cut;
+    let plan = if reached < plan.actions.len() {
+        let mut p = plan.clone();
+        p.actions.truncate(reached);
+        if p.phase.is_terminal() {
+            p.phase = s.operation.phase;
+        }
+        cut = p;
+        &cut
+    } else {
+        plan
+    };
     let mut after = s.clone();
     let op = &mut after.operation;
     // The waits are this plan's, each with its words and clock; none once none runs.

@@ -783,6 +783,54 @@ async fn a_config_rollout_killed_at_random_points_reboots_each_machine_once() {
     }
 }
 
+/// A reboot that does not answer (cp1 unavailable right after its apply, for a while) is not
+/// recorded as sent, though its plan held the step: once the node answers it is rebooted, and
+/// the rollout completes with every node rebooted once. (Recorded as sent, the rollout would
+/// wait 20 minutes for a node that never went down, then fail it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reboot_that_did_not_answer_is_not_recorded_and_is_sent_once_the_node_answers() {
+    use runtime::sim::talos::{ArmedFault, Fault, Trigger};
+    let w = cluster().await;
+    for (_, address) in ALL_MACHINES {
+        w.demo.fleet.set_reboot_time(address, Some(Duration::from_millis(120)));
+    }
+    let lasting = Some(Duration::from_millis(1500));
+    w.demo.fleet.arm_fault("10.0.0.11", ArmedFault { fault: Fault::Unavailable, on: Trigger::Apply, lasting });
+    create_module_patch(&w, &[]).await;
+    let ops = create_rollout(&w).await;
+    let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
+    let mut interrupted = 0;
+    for i in 0..1000 {
+        let r = w.controller.reconcile(NS, "config-rollout", &runtime::plan::rfc3339(t0 + 5 * i)).await.unwrap();
+        let reboots_cp1 = r
+            .plan
+            .actions
+            .iter()
+            .any(|(a, _)| matches!(a, runtime::plan::Action::Reboot { machine, .. } if machine == "cp1"));
+        if reboots_cp1 && r.outcome.stopped().is_some() {
+            interrupted += 1;
+            let st = ops.get("config-rollout").await.unwrap().status.unwrap_or_default();
+            assert!(
+                !st.done.iter().any(|d| d.starts_with("reboot/cp1/")),
+                "recorded a reboot that did not answer: {st:?}"
+            );
+            assert_eq!(w.demo.fleet.reboots("10.0.0.11"), 0);
+        }
+        assert!(r.plan.phase != Phase::Paused, "paused at reconcile {i}: {:#?}", r.plan.actions);
+        if r.plan.phase == Phase::Completed {
+            break;
+        }
+        kubelets(&w).await;
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    assert!(interrupted > 0, "the fault never interrupted cp1's reboot");
+    let st = ops.get("config-rollout").await.unwrap().status.unwrap_or_default();
+    assert_eq!(st.phase, Some(Phase::Completed), "{st:?}");
+    for (name, address) in ALL_MACHINES {
+        assert_eq!(w.demo.fleet.reboots(address), 1, "{name}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_does_not_come_back_pauses_the_rollout_naming_it_and_nothing_else_reboots() {
     let w = cluster().await;

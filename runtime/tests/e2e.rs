@@ -256,7 +256,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
             // died before acting on them: ADR 0057's resume case (a marker is not truth).
             let mut starts = plan.clone();
             starts.actions.retain(|(a, _)| matches!(a, runtime::plan::Action::Start { .. }));
-            status = runtime::status::record(&s, &starts, &[]).operation;
+            status = runtime::status::record(&s, &starts, starts.actions.len(), &[]).operation;
             continue;
         }
         if let Crash::MidPlan(k) = c {
@@ -269,7 +269,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
             // Died before writing status: the next reconcile re-derives from what it sees.
             continue;
         }
-        status = runtime::status::record(&s, &plan, &outcome.failed()).operation;
+        status = runtime::status::record(&s, &plan, outcome.actions.len(), &outcome.failed()).operation;
     }
     panic!("the upgrade did not complete in 300 reconciles");
 }

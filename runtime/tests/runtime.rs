@@ -370,7 +370,7 @@ fn check_plans(
         check(&s, &plan, &ctx);
         // The plan's own status changes recorded, as the executor records them: planning again
         // never repeats a finished cluster-wide step or a status already set.
-        let after = runtime::status::record(&s, &plan, &[]);
+        let after = runtime::status::record(&s, &plan, plan.actions.len(), &[]);
         let next = planner.plan(&after).unwrap_or_else(|e| panic!("{e}\n{text}"));
         for (a, _) in &next.actions {
             match a {
