@@ -1118,18 +1118,19 @@ fn switches_both_ways_and_an_upgrade_complete_with_their_controller_killed_at_ra
 impl Sim {
     /// Runs `ichor controller` armed (`ICHOR_CRASH_AFTER`) to end itself, as a SIGKILL would,
     /// right after its Nth write of one of `kinds`, and starts it again after each crash, until
-    /// `phase` is terminal (150 s at most): N is 1-3 from `seed`, and 1 with ICHOR_LONG_TESTS
-    /// (a crash right after every such write). Returns the crashes per kind of write; the
-    /// caller finishes with an unarmed controller.
+    /// `phase` is terminal (150 s at most, 600 s with ICHOR_LONG_TESTS): N is 1-3 from `seed`,
+    /// 1-2 with ICHOR_LONG_TESTS (N is never always 1: a step that a crash interrupted redoes
+    /// its idempotent writes first, its cordon, so crashing after each first write would end
+    /// every run at that same cordon). Returns the crashes per kind of write; the caller
+    /// finishes with an unarmed controller.
     fn crash_after_writes(&self, seed: u64, kinds: &str, phase: &dyn Fn() -> Phase) -> BTreeMap<String, u32> {
         let long = std::env::var_os("ICHOR_LONG_TESTS").is_some();
         let (mut z, mut crashes, start) = (seed, BTreeMap::new(), std::time::Instant::now());
         let log = self.dir.join("crash.log");
-        while start.elapsed() < std::time::Duration::from_secs(150)
-            && !matches!(phase(), Phase::Completed | Phase::Paused)
-        {
+        let cap = std::time::Duration::from_secs(if long { 600 } else { 150 });
+        while start.elapsed() < cap && !matches!(phase(), Phase::Completed | Phase::Paused) {
             z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let n = if long { 1 } else { 1 + (z >> 33) % 3 };
+            let n = 1 + (z >> 33) % if long { 2 } else { 3 };
             let point = format!("{kinds}:{n}");
             let file = std::fs::File::create(&log).unwrap();
             let mut c = self.replica_with("ichor-test", &[("ICHOR_CRASH_AFTER", &point)], Stdio::from(file));

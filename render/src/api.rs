@@ -110,7 +110,7 @@ impl Default for ClusterNetwork {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Hash)]
 #[serde(rename_all = "camelCase")]
 /// What the machine controller does with a node that drifted from its render.
 pub enum DriftPolicy {
@@ -152,7 +152,7 @@ pub enum CniPreset {
     Custom,
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "camelCase")]
 /// Who serves Kubernetes Services on the nodes.
 pub enum KubeProxyMode {
@@ -301,7 +301,7 @@ pub struct ClusterRef {
     pub name: String,
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "camelCase")]
 /// A machine's role in the cluster.
 pub enum Role {

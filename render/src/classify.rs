@@ -230,7 +230,9 @@ impl Classified {
 }
 
 /// The cluster and machine context of a machine's classification (`config diff --manifests`).
-#[derive(Clone, Debug)]
+/// Hashed into the machine controller's verdict key: the same inputs, running config and
+/// context judge the same.
+#[derive(Clone, Debug, Hash)]
 pub struct MachineContext {
     /// The machine's role.
     pub role: Role,

@@ -545,10 +545,10 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
             boot_id: status.and_then(|s| s.node_info.as_ref()).map(|i| i.boot_id.clone()).filter(|b| !b.is_empty()),
             awaiting_reboot: m.status.as_ref().map(|s| s.applied_awaiting_reboot.clone()).unwrap_or_default(),
             unhealthy_services: talos.map(|t| t.unhealthy_services.clone()).unwrap_or_default(),
-            cordoned: nodes
-                .get(name.as_str())
-                .and_then(|n| n.metadata.annotations.as_ref())
-                .is_some_and(|a| a.contains_key(render::api::CORDONED)),
+            cordoned: nodes.get(name.as_str()).is_some_and(|n| {
+                n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::CORDONED))
+                    && n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+            }),
         };
         let running = talos.map(|t| t.running_config.as_str());
         if let Some(running) = running {

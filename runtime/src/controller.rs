@@ -503,8 +503,7 @@ impl Controller {
                 let key = {
                     use std::hash::{Hash, Hasher};
                     let mut h = std::collections::hash_map::DefaultHasher::new();
-                    (rendered.contract.to_string(), &rendered.inputs_hash, &running_hash, format!("{mctx:?}"))
-                        .hash(&mut h);
+                    (rendered.contract.to_string(), &rendered.inputs_hash, &running_hash, &mctx).hash(&mut h);
                     h.finish()
                 };
                 let verdict = self.verdicts.verdict(machine, key, || {

@@ -119,7 +119,8 @@ pub struct Machine {
     /// Talos services not running and healthy (`etcd`, ...), as its Talos reported them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unhealthy_services: Vec<String>,
-    /// Its Node carries Ichor's cordon mark: an operation's step cordoned it.
+    /// Its Node carries Ichor's cordon mark and is unschedulable: an operation's step cordoned
+    /// it, and nobody uncordoned it since.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordoned: bool,
 }
