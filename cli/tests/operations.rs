@@ -998,27 +998,7 @@ fn a_config_rollout_completes_with_its_controller_killed_at_random_points() {
     let p = sim.wait_phase(&|p| matches!(p, Phase::Completed | Phase::Paused));
     assert_eq!(p, Phase::Completed, "after {kills} kill(s)");
     sim.wait_quiet();
-    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
-    let boots: Vec<&str> = boots.split_whitespace().collect();
-    assert_eq!(boots.len(), 4, "{boots:?}");
-    assert!(
-        boots.iter().all(|b| b.ends_with("-boot-2")),
-        "each node rebooted exactly once, after {kills} kill(s): {boots:?}"
-    );
-    let (_, out, _) = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.unschedulable}"]).unwrap();
-    assert_eq!(out.trim(), "", "a node left cordoned");
-    let reasons = sim
-        .kubectl(&[
-            "get",
-            "talosmachines",
-            "-n",
-            "ichor-system",
-            "-o",
-            "jsonpath={.items[*].status.conditions[0].reason}",
-        ])
-        .unwrap()
-        .1;
-    assert_eq!(reasons, "Converged Converged Converged Converged");
+    sim.assert_rolled_out_once(&format!("after {kills} kill(s)"));
     sim.stop(controller);
     eprintln!("the rollout completed after {kills} SIGKILL(s) of its controller");
 }
@@ -1073,6 +1053,14 @@ impl Sim {
     }
 }
 
+/// A kube-proxy switch both ways, then an upgrade to v1.37.0, as typed, with the names of the
+/// TalosOperations they create.
+const SWITCHES_AND_UPGRADE: [(&[&str], &str); 3] = [
+    (&["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"], "kube-proxy-replaced"),
+    (&["cni", "kube-proxy", "enabled", "--cluster", "lab", "--yes"], "kube-proxy-enabled"),
+    (&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"], "upgrade-kubernetes-1-37-0"),
+];
+
 /// A kube-proxy switch both ways, then an upgrade, each with its controller SIGKILLed at random
 /// points: each completes, one Cilium Job per mode ran, every kubelet ends on the target.
 #[test]
@@ -1080,15 +1068,7 @@ fn switches_both_ways_and_an_upgrade_complete_with_their_controller_killed_at_ra
     let sim = Sim::start_args("switch-kills", "disabled", &["--no-controller"]);
     let boots_before = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
     let mut total = 0;
-    for (seed, args, name) in [
-        (0x51, &["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"][..], "kube-proxy-replaced"),
-        (0x52, &["cni", "kube-proxy", "enabled", "--cluster", "lab", "--yes"][..], "kube-proxy-enabled"),
-        (
-            0x53,
-            &["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"][..],
-            "upgrade-kubernetes-1-37-0",
-        ),
-    ] {
+    for (seed, (args, name)) in (0x51..).zip(SWITCHES_AND_UPGRADE) {
         let (code, _, err) = sim.ichor(args);
         assert_eq!(code, 0, "{args:?}: {err}");
         let (controller, kills) = sim.kill_at_random_points(seed, &|| sim.phase_of(name));
@@ -1101,29 +1081,27 @@ fn switches_both_ways_and_an_upgrade_complete_with_their_controller_killed_at_ra
         total += kills;
     }
     sim.wait_quiet();
-    let jobs =
-        sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "jsonpath={.items[*].metadata.name}"]).unwrap().1;
-    // Named by their values' hash: one Job per mode, however often the step was retried.
-    assert_eq!(jobs.split_whitespace().count(), 2, "one Cilium Job per mode: {jobs}");
-    // Neither a switch nor an upgrade reboots a node here: a retried step did not either.
-    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
-    assert_eq!(boots, boots_before, "a node rebooted");
-    let (_, versions, _) =
-        sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.kubeletVersion}"]).unwrap();
-    let versions: Vec<&str> = versions.split_whitespace().collect();
-    assert!(versions.len() == 4 && versions.iter().all(|v| *v == "v1.37.0"), "{versions:?}");
+    sim.assert_switched_twice_and_upgraded(Some(&boots_before));
     eprintln!("two switches and an upgrade completed after {total} SIGKILL(s) of their controller");
 }
 
 impl Sim {
     /// Runs `ichor controller` armed (`ICHOR_CRASH_AFTER`) to end itself, as a SIGKILL would,
-    /// right after its Nth write of one of `kinds`, and starts it again after each crash, until
-    /// `phase` is terminal (150 s at most, 600 s with ICHOR_LONG_TESTS): N is 1-3 from `seed`,
-    /// 1-2 with ICHOR_LONG_TESTS (N is never always 1: a step that a crash interrupted redoes
-    /// its idempotent writes first, its cordon, so crashing after each first write would end
-    /// every run at that same cordon). Returns the crashes per kind of write; the caller
-    /// finishes with an unarmed controller.
-    fn crash_after_writes(&self, seed: u64, kinds: &str, phase: &dyn Fn() -> Phase) -> BTreeMap<String, u32> {
+    /// right after a write, and starts it again after each crash, until `phase` is terminal
+    /// (150 s at most, 600 s with ICHOR_LONG_TESTS). Every other run ends right after its first
+    /// write of one of `rare` (writes made once per step or per mode, such as a Job create,
+    /// which a count over every kind could step over); the others after their Nth write of one
+    /// of `kinds`, N 1-3 from `seed` (1-2 with ICHOR_LONG_TESTS). N is never always 1: a step a
+    /// crash interrupted redoes its idempotent writes first (a manifest sync), so crashing
+    /// after each first write would end every run at that same write. Returns the crashes per
+    /// kind of write; the caller finishes with an unarmed controller.
+    fn crash_after_writes(
+        &self,
+        seed: u64,
+        rare: &str,
+        kinds: &str,
+        phase: &dyn Fn() -> Phase,
+    ) -> BTreeMap<String, u32> {
         let long = std::env::var_os("ICHOR_LONG_TESTS").is_some();
         let (mut z, mut crashes, start) = (seed, BTreeMap::new(), std::time::Instant::now());
         let log = self.dir.join("crash.log");
@@ -1131,7 +1109,8 @@ impl Sim {
         while start.elapsed() < cap && !matches!(phase(), Phase::Completed | Phase::Paused) {
             z = z.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let n = 1 + (z >> 33) % if long { 2 } else { 3 };
-            let point = format!("{kinds}:{n}");
+            let runs: u32 = crashes.values().sum();
+            let point = if runs.is_multiple_of(2) { format!("{rare}:1") } else { format!("{kinds}:{n}") };
             let file = std::fs::File::create(&log).unwrap();
             let mut c = self.replica_with("ichor-test", &[("ICHOR_CRASH_AFTER", &point)], Stdio::from(file));
             let ended = loop {
@@ -1161,14 +1140,29 @@ impl Sim {
 /// A config rollout whose controller ends itself right after a Talos apply, a reboot, a cordon
 /// or uncordon, a drain or a status write (ICHOR_CRASH_AFTER), again and again: it completes,
 /// and every node rebooted exactly once (a reboot-class change is never applied twice),
-/// uncordoned and Converged.
+/// uncordoned and Converged. `ICHOR_LONG_TESTS=1` runs it five times, each with its own seed.
 #[test]
 fn a_config_rollout_ends_the_same_with_its_controller_crashed_right_after_each_kind_of_write() {
-    let sim = Sim::start_args("rollout-crash-points", "done", &["--no-controller"]);
+    let mut total = 0;
+    for seed in 0xc4a5..0xc4a5 + rounds() {
+        total += rollout_with_crash_points(seed);
+    }
+    eprintln!("{} rollout(s) completed after {total} crashes right after writes", rounds());
+}
+
+/// One run of the crash-point scenarios: five with ICHOR_LONG_TESTS.
+fn rounds() -> u64 {
+    if std::env::var_os("ICHOR_LONG_TESTS").is_some() { 5 } else { 1 }
+}
+
+/// The rollout with crash points; the crashes it took.
+fn rollout_with_crash_points(seed: u64) -> u32 {
+    let sim = Sim::start_args(&format!("rollout-crash-points-{seed}"), "done", &["--no-controller"]);
     apply_module_patch(&sim);
     let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--yes"]);
     assert_eq!(code, 0, "{err}");
-    let crashes = sim.crash_after_writes(0xc4a5, "talos-apply,talos-reboot,cordon,drain,status", &|| sim.phase());
+    let all = "talos-apply,talos-reboot,cordon,drain,status";
+    let crashes = sim.crash_after_writes(seed, "talos-apply,talos-reboot,cordon", all, &|| sim.phase());
     let controller = sim.controller();
     let p = sim.wait_phase(&|p| matches!(p, Phase::Completed | Phase::Paused));
     assert_eq!(p, Phase::Completed, "after crashes {crashes:?}");
@@ -1177,38 +1171,38 @@ fn a_config_rollout_ends_the_same_with_its_controller_crashed_right_after_each_k
     for kind in ["talos-apply", "talos-reboot", "cordon", "status"] {
         assert!(crashes.contains_key(kind), "no crash right after a {kind}: {crashes:?}");
     }
-    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
-    let boots: Vec<&str> = boots.split_whitespace().collect();
-    assert!(boots.len() == 4 && boots.iter().all(|b| b.ends_with("-boot-2")), "{crashes:?}: {boots:?}");
-    let (_, out, _) = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.unschedulable}"]).unwrap();
-    assert_eq!(out.trim(), "", "a node left cordoned");
-    let path = "jsonpath={.items[*].status.conditions[0].reason}";
-    let reasons = sim.kubectl(&["get", "talosmachines", "-n", "ichor-system", "-o", path]).unwrap().1;
-    assert_eq!(reasons, "Converged Converged Converged Converged");
+    sim.assert_rolled_out_once(&format!("after crashes {crashes:?}"));
     eprintln!("the rollout completed after crashes right after writes: {crashes:?}");
+    crashes.values().sum()
 }
 
 /// A kube-proxy switch both ways and an upgrade whose controller ends itself right after a
 /// server-side apply, a delete, a Job create, a Talos apply or a status write, again and again:
 /// each completes, one Cilium Job ran per mode, no node rebooted, every kubelet on the target.
+/// `ICHOR_LONG_TESTS=1` runs it five times, each with its own seeds.
 #[test]
 fn switches_and_an_upgrade_end_the_same_with_their_controller_crashed_right_after_each_kind_of_write() {
-    let sim = Sim::start_args("switch-crash-points", "disabled", &["--no-controller"]);
+    let mut total = 0;
+    for round in 0..rounds() {
+        total += switches_with_crash_points(0x61 + 0x10 * round);
+    }
+    eprintln!(
+        "{} round(s) of two switches and an upgrade completed after {total} crashes right after writes",
+        rounds()
+    );
+}
+
+/// The two switches and the upgrade with crash points, from `seed`; the crashes they took.
+fn switches_with_crash_points(seed: u64) -> u32 {
+    let sim = Sim::start_args(&format!("switch-crash-points-{seed}"), "disabled", &["--no-controller"]);
     let boots_before = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
     let mut all: BTreeMap<String, u32> = BTreeMap::new();
-    for (seed, args, name) in [
-        (0x61, &["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"][..], "kube-proxy-replaced"),
-        (0x62, &["cni", "kube-proxy", "enabled", "--cluster", "lab", "--yes"][..], "kube-proxy-enabled"),
-        (
-            0x63,
-            &["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"][..],
-            "upgrade-kubernetes-1-37-0",
-        ),
-    ] {
+    for (seed, (args, name)) in (seed..).zip(SWITCHES_AND_UPGRADE) {
         let (code, _, err) = sim.ichor(args);
         assert_eq!(code, 0, "{args:?}: {err}");
         let kinds = "server-side-apply,delete,job-create,talos-apply,status";
-        let crashes = sim.crash_after_writes(seed, kinds, &|| sim.phase_of(name));
+        let rare = "job-create,delete,server-side-apply,talos-apply";
+        let crashes = sim.crash_after_writes(seed, rare, kinds, &|| sim.phase_of(name));
         let controller = sim.controller();
         let start = std::time::Instant::now();
         while !matches!(sim.phase_of(name), Phase::Completed | Phase::Paused) && start.elapsed().as_secs() < 90 {
@@ -1224,16 +1218,9 @@ fn switches_and_an_upgrade_end_the_same_with_their_controller_crashed_right_afte
     for kind in ["server-side-apply", "delete", "job-create", "talos-apply", "status"] {
         assert!(all.contains_key(kind), "no crash right after a {kind}: {all:?}");
     }
-    let jobs =
-        sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "jsonpath={.items[*].metadata.name}"]).unwrap().1;
-    assert_eq!(jobs.split_whitespace().count(), 2, "one Cilium Job per mode: {jobs}");
-    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
-    assert_eq!(boots, boots_before, "a node rebooted");
-    let (_, versions, _) =
-        sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.kubeletVersion}"]).unwrap();
-    let versions: Vec<&str> = versions.split_whitespace().collect();
-    assert!(versions.len() == 4 && versions.iter().all(|v| *v == "v1.37.0"), "{versions:?}");
+    sim.assert_switched_twice_and_upgraded(Some(&boots_before));
     eprintln!("two switches and an upgrade completed after crashes right after writes: {all:?}");
+    all.values().sum()
 }
 
 /// The controller's own requests meet API faults (the sim's `--api-fault for=ichor-controller`:
@@ -1261,12 +1248,8 @@ fn operations_complete_when_the_controllers_requests_meet_api_faults() {
     let sim = Sim::start_args("api-faults", "disabled", &extra);
     let controller = sim.controller();
     let started = std::time::Instant::now();
-    for (args, name) in [
-        (&["cni", "kube-proxy", "replaced", "--cluster", "lab", "--yes"][..], "kube-proxy-replaced"),
-        (&["cni", "kube-proxy", "enabled", "--cluster", "lab", "--yes"][..], "kube-proxy-enabled"),
-        (&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"][..], "upgrade-kubernetes-1-37-0"),
-        (&["config", "apply", "--cluster", "lab", "--yes"][..], "config-rollout"),
-    ] {
+    let rollout = (&["config", "apply", "--cluster", "lab", "--yes"][..], "config-rollout");
+    for (args, name) in SWITCHES_AND_UPGRADE.into_iter().chain([rollout]) {
         if name == "config-rollout" {
             apply_module_patch(&sim);
         }
@@ -1281,16 +1264,9 @@ fn operations_complete_when_the_controllers_requests_meet_api_faults() {
     }
     sim.wait_quiet();
     sim.stop(controller);
-    let jobs =
-        sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "jsonpath={.items[*].metadata.name}"]).unwrap().1;
-    assert_eq!(jobs.split_whitespace().count(), 2, "one Cilium Job per mode: {jobs}");
-    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
-    let boots: Vec<&str> = boots.split_whitespace().collect();
-    assert!(boots.len() == 4 && boots.iter().all(|b| b.ends_with("-boot-2")), "each node rebooted once: {boots:?}");
-    let (_, versions, _) =
-        sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.kubeletVersion}"]).unwrap();
-    let versions: Vec<&str> = versions.split_whitespace().collect();
-    assert!(versions.len() == 4 && versions.iter().all(|v| *v == "v1.37.0"), "{versions:?}");
+    // The rollout rebooted each node once; the switches and the upgrade none.
+    sim.assert_switched_twice_and_upgraded(None);
+    sim.assert_rolled_out_once("under API faults");
     eprintln!("two switches, an upgrade and a rollout completed under API faults in {:?}", started.elapsed());
 }
 
@@ -1326,11 +1302,7 @@ fn a_config_rollout_completes_through_talos_faults_that_start_mid_step() {
     assert_eq!(p, Phase::Completed, "{status}");
     sim.wait_quiet();
     sim.stop(controller);
-    let boots = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
-    let boots: Vec<&str> = boots.split_whitespace().collect();
-    assert!(boots.len() == 4 && boots.iter().all(|b| b.ends_with("-boot-2")), "each node rebooted once: {boots:?}");
-    let (_, out, _) = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.unschedulable}"]).unwrap();
-    assert_eq!(out.trim(), "", "a node left cordoned");
+    sim.assert_rolled_out_once("through Talos faults");
     eprintln!("the rollout completed through Talos faults in {:?}", start.elapsed());
 }
 
@@ -1361,4 +1333,45 @@ fn a_node_that_never_comes_back_from_its_reboot_is_named_in_the_wait() {
     let boots: Vec<&str> = boots.split_whitespace().collect();
     // cp1 back on its second boot; cp2 away (its Node still reports its first); no other reboot.
     assert_eq!(boots.iter().filter(|b| b.ends_with("-boot-2")).count(), 1, "{boots:?}");
+}
+
+impl Sim {
+    /// The end of a config rollout of `apply_module_patch`, as kubectl reads it: every node
+    /// rebooted exactly once (its Node reports its second boot: a reboot-class change is never
+    /// applied twice), none left cordoned, every TalosMachine Converged.
+    fn assert_rolled_out_once(&self, context: &str) {
+        // The machine controller looks again within 15 s of a read that failed (a node that
+        // hung answers a call only at its 15 s deadline): its statuses are read once settled.
+        let path = "jsonpath={.items[*].status.conditions[0].reason}";
+        let converged = "Converged Converged Converged Converged";
+        let reasons = || self.kubectl(&["get", "talosmachines", "-n", "ichor-system", "-o", path]).unwrap().1;
+        let start = std::time::Instant::now();
+        while reasons() != converged && start.elapsed() < std::time::Duration::from_secs(45) {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+        assert_eq!(reasons(), converged, "{context}");
+        let boots = self.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
+        let boots: Vec<&str> = boots.split_whitespace().collect();
+        assert!(boots.len() == 4 && boots.iter().all(|b| b.ends_with("-boot-2")), "{context}: {boots:?}");
+        let (_, out, _) = self.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.unschedulable}"]).unwrap();
+        assert_eq!(out.trim(), "", "{context}: a node left cordoned");
+    }
+
+    /// The end of a kube-proxy switch both ways and an upgrade to v1.37.0: one Cilium Job per
+    /// mode (named by their values' hash, however often the step was retried), every kubelet on
+    /// the target, and, given the boot IDs before, no node rebooted.
+    fn assert_switched_twice_and_upgraded(&self, boots_before: Option<&str>) {
+        let path = "jsonpath={.items[*].metadata.name}";
+        let jobs = self.kubectl(&["get", "jobs", "-n", "kube-system", "-o", path]).unwrap().1;
+        assert_eq!(jobs.split_whitespace().count(), 2, "one Cilium Job per mode: {jobs}");
+        if let Some(before) = boots_before {
+            let path = "jsonpath={.items[*].status.nodeInfo.bootID}";
+            let boots = self.kubectl(&["get", "nodes", "-o", path]).unwrap().1;
+            assert_eq!(boots, before, "a node rebooted");
+        }
+        let path = "jsonpath={.items[*].status.nodeInfo.kubeletVersion}";
+        let versions = self.kubectl(&["get", "nodes", "-o", path]).unwrap().1;
+        let versions: Vec<&str> = versions.split_whitespace().collect();
+        assert!(versions.len() == 4 && versions.iter().all(|v| *v == "v1.37.0"), "{versions:?}");
+    }
 }
