@@ -10,6 +10,7 @@ mod config_cmd;
 mod contract_cmd;
 mod controller_cmd;
 mod disk;
+mod install_cmd;
 mod io;
 mod op_cmd;
 mod output;
@@ -105,17 +106,17 @@ enum Command {
     /// Simulated systems for tests and demos.
     #[command(subcommand)]
     Sim(SimCommand),
-    /// Print the manifests that install Ichor's controller: its ServiceAccount, its ClusterRole
-    /// (least privilege, each rule with why), the Cilium Job's own ServiceAccount, a Deployment.
+    /// Print the manifests that install Ichor: the controller (its ServiceAccount, its ClusterRole,
+    /// least privilege, each rule with why; a Deployment), the Cilium Job's own ServiceAccount,
+    /// the validating webhook with its TLS (generated here, or cert-manager's), hardened.
     #[command(
-        after_help = "Example:\n  ichor crds | kubectl apply --server-side -f -\n  ichor install | kubectl apply -f -"
+        after_help = "Examples:\n  ichor crds | kubectl apply --server-side -f -\n  ichor install --talosconfig ~/.talos/config | kubectl apply -f -\n  ichor install --cert-manager | kubectl apply -f -\n  ichor install --rotate-certs | kubectl apply -f -"
     )]
-    Install {
-        #[arg(long, default_value = "ichor-system")]
-        namespace: String,
-        #[arg(long, default_value = runtime::kube::JOB_IMAGE)]
-        image: String,
-    },
+    Install(install_cmd::InstallArgs),
+    /// Print what `ichor install` created, for `kubectl delete -f -`; the CRDs last and only
+    /// with `--crds`.
+    #[command(after_help = "Example:\n  ichor uninstall | kubectl delete --ignore-not-found -f -")]
+    Uninstall(install_cmd::UninstallArgs),
     /// Start a Kubernetes upgrade: preview (machines, order, what would block), consent, then
     /// the cluster's spec and a TalosOperation.
     #[command(subcommand)]
@@ -437,9 +438,8 @@ fn main() -> ExitCode {
             };
             controller_cmd::sim_cluster(&manifests, &kubeconfig, &talosconfig, &listen, sim)
         }
-        Command::Install { namespace, image } => {
-            Ok(Report { stdout: runtime::rbac::install_yaml(&namespace, &image), ..Report::default() })
-        }
+        Command::Install(a) => install_cmd::install(&a),
+        Command::Uninstall(a) => install_cmd::uninstall(&a),
     };
     match result {
         Ok(report) => match write_all(std::io::stdout().lock(), &report.stdout) {

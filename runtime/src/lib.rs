@@ -17,6 +17,8 @@ pub mod exec;
 pub mod facts;
 pub mod handover;
 #[cfg(feature = "io")]
+pub mod install;
+#[cfg(feature = "io")]
 pub mod kube;
 pub mod messages;
 pub mod plan;
