@@ -34,7 +34,11 @@ pub const RESUME: &str = "ichor.maesh.dev/resume";
 #[kube(crates(kube_core = "::kube_core"))]
 #[kube(status = "TalosClusterStatus", shortname = "tc")]
 #[kube(printcolumn = r#"{"name":"Kubernetes","type":"string","jsonPath":".spec.kubernetesVersion"}"#)]
-#[kube(printcolumn = r#"{"name":"Contract","type":"string","jsonPath":".spec.versionContract"}"#)]
+#[kube(printcolumn = r#"{"name":"Talos","type":"string","jsonPath":".spec.talosVersion"}"#)]
+#[kube(printcolumn = r#"{"name":"Kube-Proxy","type":"string","jsonPath":".spec.cni.kubeProxy"}"#)]
+#[kube(printcolumn = r#"{"name":"Hand-Over","type":"string","jsonPath":".spec.cni.handover"}"#)]
+#[kube(printcolumn = r#"{"name":"Contract","type":"string","priority":1,"jsonPath":".spec.versionContract"}"#)]
+#[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosClusterSpec {
     /// The Kubernetes API endpoint, an https URL (`https://host:6443`).
@@ -279,6 +283,14 @@ pub struct Condition {
 #[kube(status = "TalosMachineStatus", shortname = "tm")]
 #[kube(printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#)]
 #[kube(printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role"}"#)]
+#[kube(
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#
+)]
+#[kube(
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#
+)]
+#[kube(printcolumn = r#"{"name":"Address","type":"string","priority":1,"jsonPath":".spec.address"}"#)]
+#[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosMachineSpec {
     /// The cluster the machine belongs to.
@@ -363,6 +375,9 @@ pub struct BootRecord {
 #[kube(group = "ichor.maesh.dev", version = "v1alpha1", kind = "TalosConfigPatch", namespaced)]
 #[kube(crates(kube_core = "::kube_core"))]
 #[kube(shortname = "tcp")]
+#[kube(printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#)]
+#[kube(printcolumn = r#"{"name":"Order","type":"integer","jsonPath":".spec.order"}"#)]
+#[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosConfigPatchSpec {
     /// The cluster whose machines the patch selects from.
@@ -395,7 +410,11 @@ pub struct PatchSelector {
 #[kube(crates(kube_core = "::kube_core"))]
 #[kube(status = "TalosOperationStatus", shortname = "top")]
 #[kube(printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.kind"}"#)]
+#[kube(printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.clusterRef.name"}"#)]
 #[kube(printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#)]
+#[kube(printcolumn = r#"{"name":"Stage","type":"string","jsonPath":".status.stage"}"#)]
+#[kube(printcolumn = r#"{"name":"Paused","type":"string","priority":1,"jsonPath":".status.pausedReason"}"#)]
+#[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]
 #[serde(rename_all = "camelCase")]
 pub struct TalosOperationSpec {
     /// The cluster the operation acts on.
