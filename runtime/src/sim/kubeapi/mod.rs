@@ -551,6 +551,9 @@ impl Api {
             *obj = json!({});
         }
         let old = s.objects.get(key).cloned();
+        if key.0.is_empty() && key.1 == "secrets" {
+            string_data_into_data(obj);
+        }
         let meta = obj.as_object_mut().expect("an object").entry("metadata").or_insert_with(|| json!({}));
         if !meta.is_object() {
             *meta = json!({});
@@ -1451,4 +1454,21 @@ impl Api {
 /// The names of every kind this API has held (for RBAC checks in tests).
 pub fn plurals(objects: &BTreeMap<Key, Json>) -> BTreeSet<(String, String)> {
     objects.keys().map(|k| (k.0.clone(), k.1.clone())).collect()
+}
+
+/// What kube-apiserver does to a Secret on every write: `stringData` is a write-only
+/// convenience, merged into `data` (base64, its keys winning) and never stored.
+fn string_data_into_data(obj: &mut Json) {
+    use base64::Engine as _;
+    let Some(m) = obj.as_object_mut() else { return };
+    let Some(Json::Object(strings)) = m.remove("stringData") else { return };
+    let data = m.entry("data").or_insert_with(|| json!({}));
+    if !data.is_object() {
+        *data = json!({});
+    }
+    let data = data.as_object_mut().expect("data is an object");
+    for (k, v) in strings {
+        let text = v.as_str().unwrap_or_default();
+        data.insert(k, json!(base64::engine::general_purpose::STANDARD.encode(text)));
+    }
 }
