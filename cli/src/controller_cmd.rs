@@ -331,33 +331,48 @@ pub fn run_demo(manifests: &Path, to: &str, dump: Option<PathBuf>) -> Result<Rep
             let _ = stopped.await;
         }));
         let kubelets = tokio::spawn(demo.clone().kubelets_forever(Duration::from_millis(100)));
-        let started = std::time::Instant::now();
+        // Every status the controller writes, in order: a watch, not a poll that could miss one.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
         let mut last = String::new();
-        let phase = loop {
-            let st = ops.get(&op_name).await?.status.unwrap_or_default();
-            let phase = st.phase();
-            let machines: Vec<String> = st
-                .machines
-                .iter()
-                .map(|(m, p)| format!("{m} {} {}", p.stage.as_deref().unwrap_or(""), p.phase))
-                .collect();
-            let steps = if st.done.is_empty() { String::new() } else { format!(" [{}]", st.done.join(", ")) };
-            let line = format!("  {phase}{steps}: {}\n", if machines.is_empty() { "no machine started".into() } else { machines.join(", ") });
-            if line != last {
-                eprint!("{line}");
-                s += &line;
-                last = line;
-            }
-            if phase == render::api::Phase::Completed || phase == render::api::Phase::Paused {
-                if let Some(r) = st.paused_reason {
-                    s += &format!("  paused: {r}\n");
+        let mut current = ops.get(&op_name).await?;
+        let phase = 'follow: loop {
+            let rv = current.metadata.resource_version.clone().unwrap_or_else(|| "0".into());
+            let params = kube_client::api::WatchParams::default().fields(&format!("metadata.name={op_name}")).timeout(60);
+            let mut events = Box::pin(ops.watch(&params, &rv).await?);
+            loop {
+                let st = current.status.clone().unwrap_or_default();
+                let phase = st.phase();
+                let machines: Vec<String> = st
+                    .machines
+                    .iter()
+                    .map(|(m, p)| format!("{m} {} {}", p.stage.as_deref().unwrap_or(""), p.phase))
+                    .collect();
+                let steps = if st.done.is_empty() { String::new() } else { format!(" [{}]", st.done.join(", ")) };
+                let line = format!("  {phase}{steps}: {}\n", if machines.is_empty() { "no machine started".into() } else { machines.join(", ") });
+                if line != last {
+                    eprint!("{line}");
+                    s += &line;
+                    last = line;
                 }
-                break phase;
+                if phase == render::api::Phase::Completed || phase == render::api::Phase::Paused {
+                    if let Some(r) = st.paused_reason {
+                        s += &format!("  paused: {r}\n");
+                    }
+                    break 'follow phase;
+                }
+                let next = tokio::time::timeout_at(deadline, futures::StreamExt::next(&mut events)).await;
+                match next {
+                    Err(_) => bail!("the simulated upgrade did not finish within 5 minutes"),
+                    // The watch ended (its timeout): start another from the last version seen.
+                    Ok(None) => continue 'follow,
+                    Ok(Some(event)) => match event? {
+                        kube_client::api::WatchEvent::Added(o) | kube_client::api::WatchEvent::Modified(o) => current = o,
+                        kube_client::api::WatchEvent::Deleted(_) => bail!("TalosOperation {ns}/{op_name} was deleted"),
+                        kube_client::api::WatchEvent::Bookmark(_) => {}
+                        kube_client::api::WatchEvent::Error(e) => bail!("watching TalosOperation {ns}/{op_name}: {}", e.message),
+                    },
+                }
             }
-            if started.elapsed() > Duration::from_secs(300) {
-                bail!("the simulated upgrade did not finish within 5 minutes");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         };
         kubelets.abort();
         let _ = stop.send(());

@@ -822,6 +822,7 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
     }
     let (_, out, _) = sim.kubectl(&["get", "crd", "talosclusters.ichor.maesh.dev"]).unwrap();
     assert!(out.contains("talosclusters.ichor.maesh.dev"), "{out}");
+    installed_as_shipped(&sim);
 
     // kubectl validates strictly by default: an unknown field is refused, named.
     let cluster = std::fs::read_to_string(root().join("examples/clusters/lab-v1.14/cluster.yaml")).unwrap();
@@ -830,6 +831,83 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
     let (code, _, err) = sim.kubectl(&["apply", "-f", &file.to_string_lossy()]).unwrap();
     assert_ne!(code, 0);
     assert!(err.contains("strict decoding error: unknown field \"spec.kubernetesVersoin\""), "{err}");
+}
+
+/// The first line as written: `ichor install | kubectl apply -f -`, then the example
+/// cluster applied, leaves a controller Deployment, a webhook whose certificate verifies
+/// against its `caBundle` for the Service's name, and no reference to a Secret that does not
+/// exist; the printer columns are what `kubectl get` shows.
+fn installed_as_shipped(sim: &Sim) {
+    use base64::Engine as _;
+    let (_, yaml, _) = sim.ichor(&["install"]);
+    let out = Command::new("kubectl")
+        .args(["apply", "-f", "-"])
+        .env("KUBECONFIG", sim.dir.join("kubeconfig"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(yaml.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success(), "ichor install | kubectl apply -f -: {}", String::from_utf8_lossy(&out.stderr));
+    let examples = root().join("examples/clusters/lab-v1.14");
+    let (code, _, err) = sim.kubectl(&["apply", "-f", &examples.to_string_lossy()]).unwrap();
+    assert_eq!(code, 0, "kubectl apply -f examples/clusters/lab-v1.14/: {err}");
+    let get = |args: &[&str]| -> serde_json::Value {
+        let (code, out, err) = sim.kubectl(&[args, &["-o", "json"][..]].concat()).unwrap();
+        assert_eq!(code, 0, "kubectl get {args:?}: {err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let deployments = get(&["get", "deployments", "-n", "ichor-system"]);
+    let deployments = deployments["items"].as_array().unwrap();
+    assert!(deployments.iter().any(|d| d["metadata"]["name"] == "ichor-controller"), "{deployments:?}");
+    // Every Secret a pod mounts without `optional`, or the webhook reads, exists.
+    let mut referenced = vec![];
+    for d in deployments {
+        let pod = &d["spec"]["template"]["spec"];
+        for v in pod["volumes"].as_array().into_iter().flatten() {
+            if v["secret"].is_object() && v["secret"]["optional"] != true {
+                referenced.push(v["secret"]["secretName"].as_str().unwrap().to_string());
+            }
+        }
+        for c in pod["containers"].as_array().unwrap() {
+            let args: Vec<&str> = c["args"].as_array().unwrap().iter().filter_map(|a| a.as_str()).collect();
+            if let Some(i) = args.iter().position(|a| *a == "--tls-secret") {
+                referenced.push(args[i + 1].to_string());
+            }
+        }
+    }
+    assert!(referenced.contains(&"ichor-webhook-tls".to_string()), "{referenced:?}");
+    for name in &referenced {
+        let (code, _, err) = sim.kubectl(&["get", "secret", name, "-n", "ichor-system"]).unwrap();
+        assert_eq!(code, 0, "Secret {name} is referenced and does not exist: {err}");
+    }
+    let hook = get(&["get", "validatingwebhookconfiguration", "ichor"]);
+    assert!(hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].is_null(), "no cert-manager reference");
+    let b64 = |v: &serde_json::Value| {
+        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap()).unwrap()).unwrap()
+    };
+    let bundle = b64(&hook["webhooks"][0]["clientConfig"]["caBundle"]);
+    let secret = get(&["get", "secret", "ichor-webhook-tls", "-n", "ichor-system"]);
+    let (crt, key) = (b64(&secret["data"]["tls.crt"]), b64(&secret["data"]["tls.key"]));
+    runtime::install::verify(&bundle, &crt, &key, "ichor-webhook.ichor-system.svc").unwrap();
+    // The printer columns, as kubectl prints them.
+    for (resource, header) in [
+        ("talosmachines", ["CLUSTER", "ROLE", "READY", "REASON", "AGE"]),
+        ("talosclusters", ["KUBERNETES", "TALOS", "KUBE-PROXY", "HAND-OVER", "AGE"]),
+        ("talosconfigpatches", ["CLUSTER", "ORDER", "AGE", "AGE", "AGE"]),
+    ] {
+        let (code, out, err) = sim.kubectl(&["get", resource, "-n", "ichor-system"]).unwrap();
+        assert_eq!(code, 0, "{err}");
+        let first = out.lines().next().unwrap_or_default();
+        assert!(header.iter().all(|h| first.contains(h)), "kubectl get {resource}: {out}");
+    }
+    let (_, out, _) = sim.kubectl(&["get", "talosmachines", "-n", "ichor-system"]).unwrap();
+    assert!(out.lines().skip(1).any(|l| l.contains("True") || l.contains("False")), "READY is filled: {out}");
 }
 
 /// With `--handover done`, Argo CD's stand-in owns Cilium: a kube-proxy switch waits for the
