@@ -87,7 +87,7 @@ pub enum ValuesCommand {
         /// not read offline).
         #[arg(long, value_enum)]
         kube_proxy: Option<KubeProxy>,
-        #[arg(long, value_enum, default_value_t)]
+        #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
 }
@@ -185,8 +185,10 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
             let tunnel = if spec.tunnel_protocol.is_empty() { "vxlan" } else { spec.tunnel_protocol.as_str() };
             let v = cilium::layered(&user, replaced, tunnel);
             let stdout = match output {
-                Output::Json => serde_json::to_string_pretty(&v)? + "\n",
-                Output::Text => format!("# kube-proxy mode: {mode} (from {source})\n{}", serde_yaml::to_string(&v)?),
+                o @ (Output::Json | Output::Yaml) => o.data(&v)?,
+                Output::Text | Output::Wide => {
+                    format!("# kube-proxy mode: {mode} (from {source})\n{}", serde_yaml::to_string(&v)?)
+                }
             };
             Ok(Report { stdout, ..Report::default() })
         }
@@ -220,6 +222,7 @@ fn helm_apply(
             stdout: refusals(&rs),
             stderr: format!("{source}: refused; Helm was not run\n"),
             findings: true,
+            ..Report::default()
         });
     }
     let layered = cilium::layered(&user, replaced, tunnel);

@@ -26,7 +26,7 @@ pub enum ConfigCommand {
         path: String,
         #[arg(long)]
         contract: String,
-        #[arg(long, value_enum, default_value_t)]
+        #[arg(short, long, value_enum, default_value_t)]
         output: Output,
         /// Read fieldmeta.yaml, *.rules and contracts/ from DIR instead of the embedded rules.
         #[arg(long)]
@@ -38,18 +38,28 @@ pub enum ConfigCommand {
         after_help = "Examples:\n  ichor config diff --from running.yaml --to desired.yaml\n  ichor config diff --from running.yaml --to desired.yaml --contract v1.14 --output json\n  ichor config diff --node w1 --talosconfig talosconfig --to desired.yaml\n\nExit: 0 no changes, 1 changes (or Talos would refuse the config), 2 error."
     )]
     Diff {
-        #[arg(long, required_unless_present_any = ["manifests", "node"], conflicts_with_all = ["manifests", "node"])]
+        #[arg(long, required_unless_present_any = ["manifests", "nodes"], conflicts_with_all = ["manifests", "nodes"])]
         from: Option<PathBuf>,
         #[arg(long, required_unless_present = "manifests", conflicts_with = "manifests")]
         to: Option<PathBuf>,
-        /// Compare with the live node's running config (read through Talos's API) instead of
-        /// `--from`; needs `--talosconfig`.
-        #[arg(long, requires = "talosconfig", conflicts_with = "manifests")]
-        node: Option<String>,
-        #[arg(long, requires = "node")]
+        /// Compare with the live nodes' running configs (read through Talos's API) instead of
+        /// `--from` (talosctl's `-n`; several by commas, each reported).
+        #[arg(
+            short = 'n',
+            long = "nodes",
+            visible_alias = "node",
+            value_delimiter = ',',
+            conflicts_with = "manifests"
+        )]
+        nodes: Vec<String>,
+        /// The endpoints the calls go through (talosctl's `-e`), instead of the context's.
+        #[arg(short = 'e', long, value_delimiter = ',', requires = "nodes")]
+        endpoints: Vec<String>,
+        /// The talosconfig (default: $TALOSCONFIG, else ~/.talos/config).
+        #[arg(long, requires = "nodes")]
         talosconfig: Option<PathBuf>,
         /// The talosconfig context (default: its current one).
-        #[arg(long, requires = "node")]
+        #[arg(long, requires = "nodes")]
         context: Option<String>,
         /// Each Talos call's own deadline, in seconds.
         #[arg(long, default_value_t = 10)]
@@ -65,7 +75,7 @@ pub enum ConfigCommand {
         /// The contract; inferred from the documents when absent (and printed).
         #[arg(long)]
         contract: Option<String>,
-        #[arg(long, value_enum, default_value_t)]
+        #[arg(short, long, value_enum, default_value_t)]
         output: Output,
         #[arg(long)]
         rules: Option<PathBuf>,
@@ -101,7 +111,8 @@ pub fn run(cmd: ConfigCommand) -> Result<Report> {
         ConfigCommand::Diff {
             from,
             to,
-            node,
+            nodes,
+            endpoints,
             talosconfig,
             context,
             timeout,
@@ -112,8 +123,8 @@ pub fn run(cmd: ConfigCommand) -> Result<Report> {
             output,
             rules,
         } => {
-            if let (Some(node), Some(talosconfig), Some(to)) = (node, talosconfig, to.as_ref()) {
-                let args = crate::talos_cmd::NodeArgs { node, talosconfig, context, timeout };
+            if let (false, Some(to)) = (nodes.is_empty(), to.as_ref()) {
+                let args = crate::talos_cmd::NodeArgs { nodes, endpoints, talosconfig, context, timeout };
                 return crate::talos_cmd::node_diff(&args, to, contract.as_deref(), output, rules.as_deref());
             }
             let c = disk::classifier(rules.as_deref())?;
@@ -170,7 +181,7 @@ fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -
     });
     let why = c.why(contract, k);
     let stdout = match output {
-        Output::Json => {
+        o @ (Output::Json | Output::Yaml) => {
             let v = json!({
                 "path": shown,
                 "contract": contract.to_string(),
@@ -182,9 +193,9 @@ fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -
                 "sensitive": k.sensitive,
                 "decidedBy": decided.map(|r| json!({"file": r.file, "line": r.line, "doc": r.doc})),
             });
-            serde_json::to_string_pretty(&v)? + "\n"
+            o.data(&v)?
         }
-        Output::Text => {
+        Output::Text | Output::Wide => {
             let mut s = format!("{shown} at {contract}: {}\n", k.class);
             s += &format!("  why:        {why}\n");
             match (k.entry(), k.reason) {

@@ -12,18 +12,44 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How the long-running commands log (`--log-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One line per event; coloured only when stderr is a terminal (and NO_COLOR is unset).
+    #[default]
+    Text,
+    /// One JSON object per line, for a log collector.
+    Json,
+}
+
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// Chosen once, from the command line, before a command starts logging.
+pub fn set_log_format(f: LogFormat) {
+    let _ = LOG_FORMAT.set(f);
+}
+
 fn logging() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("ICHOR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match LOG_FORMAT.get().copied().unwrap_or_default() {
+        LogFormat::Json => b.json().flatten_event(true).try_init(),
+        LogFormat::Text => {
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            b.with_ansi(colour).try_init()
+        }
+    };
 }
 
 /// What `ichor controller` is given.
 #[derive(clap::Args, Debug)]
 pub struct ControllerArgs {
-    /// The talosconfig the controller reaches the nodes with (os:admin).
+    /// The talosconfig the controller reaches the nodes with (os:admin; default: $TALOSCONFIG,
+    /// else ~/.talos/config).
     #[arg(long)]
-    pub talosconfig: PathBuf,
+    pub talosconfig: Option<PathBuf>,
     /// The talosconfig context (default: its current one).
     #[arg(long)]
     pub context: Option<String>,
@@ -86,8 +112,9 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
     let listen = a.listen.parse().with_context(|| format!("--metrics-addr {:?}: not host:port", a.listen))?;
     let rt = crate::io::io_runtime()?;
     rt.block_on(async {
-        let file = a.talosconfig.display().to_string();
-        let text = disk::read_text(&a.talosconfig, disk::caps::TEXT, "a talosconfig")?;
+        let path = crate::talos_cmd::find_talosconfig(a.talosconfig.as_deref())?;
+        let file = path.display().to_string();
+        let text = disk::read_text(&path, disk::caps::TEXT, "a talosconfig")?;
         let cfg = runtime::talos::config::TalosConfig::parse(&text, &file)?;
         let (name, ctx) = cfg.context(a.context.as_deref(), &file)?;
         let now =

@@ -32,6 +32,10 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How `controller`, `webhook` and `sim cluster` log: text (no colour off a terminal) or
+    /// JSON lines. The level comes from ICHOR_LOG (default info).
+    #[arg(long, global = true, value_enum, default_value_t, env = "ICHOR_LOG_FORMAT")]
+    log_format: controller_cmd::LogFormat,
 }
 
 #[derive(Subcommand, Debug)]
@@ -61,7 +65,7 @@ enum Command {
         /// The observed-state snapshot (YAML; its format is in the README).
         #[arg(long)]
         state: std::path::PathBuf,
-        #[arg(long, value_enum, default_value_t)]
+        #[arg(short, long, value_enum, default_value_t)]
         output: Output,
         /// Show each action's proof.
         #[arg(long)]
@@ -100,7 +104,7 @@ enum Command {
         contract: Option<String>,
         #[arg(long)]
         rules: Option<std::path::PathBuf>,
-        #[arg(long, value_enum, default_value_t = Output::Text)]
+        #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
     /// Simulated systems for tests and demos.
@@ -133,7 +137,7 @@ enum Command {
         cluster: Option<String>,
         #[arg(long)]
         watch: bool,
-        #[arg(long, value_enum, default_value_t)]
+        #[arg(short, long, value_enum, default_value_t)]
         output: Output,
         #[command(flatten)]
         kube: op_cmd::KubeArgs,
@@ -150,6 +154,52 @@ enum Command {
     /// in-cluster) and the nodes in the talosconfig, while holding the Lease.
     #[command(after_help = "Example:\n  ichor controller --talosconfig talosconfig --namespace ichor-system")]
     Controller(controller_cmd::ControllerArgs),
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Examples:\n  source <(ichor completion bash)\n  ichor completion zsh > \"${fpath[1]}/_ichor\"\n  ichor completion fish > ~/.config/fish/completions/ichor.fish"
+    )]
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page: ichor(1), or with `--dir DIR` write one page per command there.
+    #[command(after_help = "Examples:\n  ichor man | man -l -\n  ichor man --dir /usr/local/share/man/man1")]
+    Man {
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
+}
+
+/// `ichor completion SHELL`: clap_complete's script for the whole command tree.
+fn completion(shell: clap_complete::Shell) -> anyhow::Result<Report> {
+    use clap::CommandFactory;
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "ichor", &mut out);
+    Ok(Report { stdout: String::from_utf8(out)?, ..Report::default() })
+}
+
+/// `ichor man [--dir DIR]`: roff from clap_mangen, ichor(1) on stdout or every page in DIR
+/// (`ichor-config-diff.1` and so on).
+fn man(dir: Option<&std::path::Path>) -> anyhow::Result<Report> {
+    use anyhow::Context;
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    match dir {
+        None => {
+            let mut out = Vec::new();
+            clap_mangen::Man::new(cmd).render(&mut out)?;
+            Ok(Report { stdout: String::from_utf8(out)?, ..Report::default() })
+        }
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            clap_mangen::generate_to(cmd, dir)
+                .with_context(|| format!("writing the man pages to {}", dir.display()))?;
+            let n = std::fs::read_dir(dir)?
+                .filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "1")))
+                .count();
+            Ok(Report { stdout: format!("Wrote {n} man pages to {}.\n", dir.display()), ..Report::default() })
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -174,7 +224,7 @@ enum OperationCommand {
     /// Resume a paused operation (its failed machines start their step again).
     Resume {
         name: String,
-        #[arg(long, value_enum, default_value_t)]
+        #[arg(short, long, value_enum, default_value_t)]
         output: Output,
         #[command(flatten)]
         kube: op_cmd::KubeArgs,
@@ -182,7 +232,7 @@ enum OperationCommand {
     /// Abort an operation: it does nothing more and releases the cluster lock.
     Abort {
         name: String,
-        #[arg(long, value_enum, default_value_t)]
+        #[arg(short, long, value_enum, default_value_t)]
         output: Output,
         #[command(flatten)]
         kube: op_cmd::KubeArgs,
@@ -191,7 +241,7 @@ enum OperationCommand {
     List {
         #[arg(long)]
         cluster: Option<String>,
-        #[arg(long, value_enum, default_value_t)]
+        #[arg(short, long, value_enum, default_value_t)]
         output: Output,
         #[command(flatten)]
         kube: op_cmd::KubeArgs,
@@ -321,11 +371,47 @@ impl From<KubeProxy> for render::api::KubeProxyMode {
     }
 }
 
+/// `-o/--output`, as kubectl spells it: `text` and `wide` are for people (`wide` adds columns
+/// where there is a table), `json` and `yaml` are the same data for programs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     #[default]
     Text,
     Json,
+    Yaml,
+    Wide,
+}
+
+impl Output {
+    /// Whether this form is data (JSON or YAML) rather than text for people.
+    pub fn is_data(self) -> bool {
+        matches!(self, Output::Json | Output::Yaml)
+    }
+
+    /// The data in this form: pretty JSON, or YAML (the same tree); text forms print JSON.
+    pub fn data(self, v: &impl serde::Serialize) -> Result<String, OutputError> {
+        Ok(match self {
+            Output::Yaml => serde_yaml::to_string(v)?,
+            _ => serde_json::to_string_pretty(v)? + "\n",
+        })
+    }
+
+    /// Reads back what `data` printed (a command that adds fields to another's report).
+    pub fn parse_data(self, text: &str) -> Result<serde_json::Value, OutputError> {
+        Ok(match self {
+            Output::Yaml => serde_yaml::from_str(text)?,
+            _ => serde_json::from_str(text)?,
+        })
+    }
+}
+
+/// Printing a report as data failed (a value that has no JSON or YAML form).
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("printing the output as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("printing the output as YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
 }
 
 /// What a command has to say: stdout, stderr, and whether it found something.
@@ -335,6 +421,9 @@ pub struct Report {
     pub stderr: String,
     /// Exit 1 (success with findings) instead of 0.
     pub findings: bool,
+    /// Exit 2 after printing: part of the work failed (one node of several), the rest is
+    /// reported.
+    pub failed: bool,
 }
 
 /// An error that already printed its own diagnostics; main adds one summary line.
@@ -377,6 +466,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    controller_cmd::set_log_format(cli.log_format);
     let result = match cli.command {
         Command::Rules(cmd) => rules_cmd::run(cmd),
         Command::Contract(cmd) => contract_cmd::run(cmd),
@@ -440,6 +530,8 @@ fn main() -> ExitCode {
         }
         Command::Install(a) => install_cmd::install(&a),
         Command::Uninstall(a) => install_cmd::uninstall(&a),
+        Command::Completion { shell } => completion(shell),
+        Command::Man { dir } => man(dir.as_deref()),
     };
     match result {
         Ok(report) => match write_all(std::io::stdout().lock(), &report.stdout) {
@@ -450,7 +542,13 @@ fn main() -> ExitCode {
             }
             Written::Done => {
                 let _ = write_all(std::io::stderr().lock(), &report.stderr);
-                if report.findings { ExitCode::from(1) } else { ExitCode::SUCCESS }
+                if report.failed {
+                    ExitCode::from(2)
+                } else if report.findings {
+                    ExitCode::from(1)
+                } else {
+                    ExitCode::SUCCESS
+                }
             }
         },
         Err(err) => {

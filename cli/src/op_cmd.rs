@@ -23,8 +23,9 @@ use std::time::Duration;
 /// Which Kubernetes cluster, as `kubectl` chooses it.
 #[derive(clap::Args, Debug, Clone)]
 pub struct KubeArgs {
-    /// The kubeconfig (default: $KUBECONFIG, else ~/.kube/config).
-    #[arg(long, env = "KUBECONFIG")]
+    /// The kubeconfig (default: as kubectl finds it: $KUBECONFIG's files merged, first one
+    /// winning; an empty or unset KUBECONFIG means ~/.kube/config).
+    #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context (default: its current context).
     #[arg(long)]
@@ -39,16 +40,17 @@ pub struct KubeArgs {
 pub struct StartArgs {
     #[arg(long)]
     pub cluster: String,
-    /// The talosconfig the preview reads the nodes with (the controller's own read).
-    #[arg(long, env = "TALOSCONFIG")]
-    pub talosconfig: PathBuf,
+    /// The talosconfig the preview reads the nodes with (the controller's own read; default:
+    /// $TALOSCONFIG, else ~/.talos/config).
+    #[arg(long)]
+    pub talosconfig: Option<PathBuf>,
     /// Answer yes to the confirmation (for scripts).
     #[arg(long)]
     pub yes: bool,
     /// Print the TalosOperation and the plan; create and change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    #[arg(long, value_enum, default_value_t)]
+    #[arg(short, long, value_enum, default_value_t)]
     pub output: Output,
     #[command(flatten)]
     pub kube: KubeArgs,
@@ -60,7 +62,25 @@ pub async fn connect(a: &KubeArgs) -> Result<(kube_client::Client, String)> {
     let options = KubeConfigOptions { context: a.context.clone(), ..Default::default() };
     let kubeconfig = match &a.kubeconfig {
         Some(p) => Kubeconfig::read_from(p).with_context(|| format!("--kubeconfig {}", p.display()))?,
-        None => Kubeconfig::read().context("reading the kubeconfig ($KUBECONFIG, else ~/.kube/config)")?,
+        None => {
+            let home = std::env::var_os("HOME").map(PathBuf::from);
+            let files = kubeconfig_files(std::env::var_os("KUBECONFIG").as_deref(), home.as_deref());
+            let mut merged: Option<Kubeconfig> = None;
+            for f in files.iter().filter(|f| f.exists()) {
+                let k = Kubeconfig::read_from(f).with_context(|| format!("the kubeconfig {}", f.display()))?;
+                merged = Some(match merged {
+                    None => k,
+                    Some(m) => m.merge(k).with_context(|| format!("merging the kubeconfig {}", f.display()))?,
+                });
+            }
+            let shown: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+            merged.with_context(|| {
+                format!(
+                    "no kubeconfig: none of {} exists; set KUBECONFIG to your cluster's kubeconfig or pass --kubeconfig",
+                    shown.join(", ")
+                )
+            })?
+        }
     };
     let context_ns = kubeconfig
         .contexts
@@ -73,6 +93,18 @@ pub async fn connect(a: &KubeArgs) -> Result<(kube_client::Client, String)> {
     let namespace = a.namespace.clone().or(context_ns).unwrap_or_else(|| "ichor-system".into());
     let client = kube_client::Client::try_from(config).context("building the Kubernetes client")?;
     Ok((client, namespace))
+}
+
+/// The kubeconfig files kubectl reads, in order (the first one's current context and
+/// entries win): KUBECONFIG's list with empty entries skipped, or ~/.kube/config when it names
+/// none (unset or empty). Files that do not exist are skipped by the reader, as kubectl does.
+fn kubeconfig_files(env: Option<&std::ffi::OsStr>, home: Option<&std::path::Path>) -> Vec<PathBuf> {
+    let listed: Vec<PathBuf> =
+        env.map(|v| std::env::split_paths(v).filter(|p| !p.as_os_str().is_empty()).collect()).unwrap_or_default();
+    if !listed.is_empty() {
+        return listed;
+    }
+    home.map(|h| vec![h.join(".kube").join("config")]).unwrap_or_default()
 }
 
 fn talos_client(path: &std::path::Path) -> Result<runtime::talos::client::Client> {
@@ -175,14 +207,14 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         };
         // With --output json the refusal is also data on stdout: what is in the way, and why.
         let stdout = match a.output {
-            Output::Json => {
+            o @ (Output::Json | Output::Yaml) => {
                 let v =
                     json!({"created": false, "inTheWay": {"name": name, "phase": phase}, "message": stderr.trim_end()});
-                serde_json::to_string_pretty(&v)? + "\n"
+                o.data(&v)?
             }
-            Output::Text => String::new(),
+            Output::Text | Output::Wide => String::new(),
         };
-        return Ok(Report { stdout, stderr, findings: true });
+        return Ok(Report { stdout, stderr, findings: true, ..Report::default() });
     }
     // The same target started again after an abort or a failure: a fresh name (`-2`, `-3` ...).
     let op_name = {
@@ -202,7 +234,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     // reconcile.
     let controller = runtime::controller::Controller::new(
         client.clone(),
-        talos_client(&a.talosconfig)?,
+        talos_client(&crate::talos_cmd::find_talosconfig(a.talosconfig.as_deref())?)?,
         planner,
         disk::classifier(None)?,
     );
@@ -305,8 +337,8 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     }
     if a.dry_run {
         let stdout = match a.output {
-            Output::Json => serde_json::to_string_pretty(&json_out(false))? + "\n",
-            Output::Text => format!("{text}\nThe TalosOperation (not created, --dry-run):\n{op_yaml}"),
+            o @ (Output::Json | Output::Yaml) => o.data(&json_out(false))?,
+            Output::Text | Output::Wide => format!("{text}\nThe TalosOperation (not created, --dry-run):\n{op_yaml}"),
         };
         return Ok(Report { stdout, findings: !blocking.is_empty(), ..Report::default() });
     }
@@ -314,8 +346,8 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     // written), with or without --yes.
     if !blocking.is_empty() {
         let stdout = match a.output {
-            Output::Json => serde_json::to_string_pretty(&json_out(false))? + "\n",
-            Output::Text => String::new(),
+            o @ (Output::Json | Output::Yaml) => o.data(&json_out(false))?,
+            Output::Text | Output::Wide => String::new(),
         };
         return Ok(Report {
             stdout,
@@ -323,6 +355,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 "{text}Not started: nothing was written. Clear what blocks it, then run the command again.\n"
             ),
             findings: true,
+            ..Report::default()
         });
     }
     // A Git-tracked cluster: the spec change belongs in Git, with the consent annotation.
@@ -394,8 +427,8 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         .await?;
     }
     let stdout = match a.output {
-        Output::Json => serde_json::to_string_pretty(&json_out(true))? + "\n",
-        Output::Text => format!(
+        o @ (Output::Json | Output::Yaml) => o.data(&json_out(true))?,
+        Output::Text | Output::Wide => format!(
             "{text}Created TalosOperation {ns}/{op_name}. Follow it with: ichor status --cluster {} --watch\n",
             a.cluster
         ),
@@ -583,15 +616,15 @@ pub fn status(
             .filter(|o| o.metadata.name.as_ref().is_some_and(|n| names.contains(n)))
             .any(|o| matches!(phase(o), Phase::Paused | Phase::Aborted));
         let stdout = match output {
-            Output::Json => {
+            o @ (Output::Json | Output::Yaml) => {
                 let v: Vec<serde_json::Value> = items
                     .iter()
                     .map(|o| json!({"name": o.metadata.name, "cluster": o.spec.cluster_ref.name, "kind": o.spec.kind, "target": o.spec.target, "status": o.status}))
                     .collect();
-                serde_json::to_string_pretty(&json!({"namespace": ns, "operations": v}))? + "\n"
+                o.data(&json!({"namespace": ns, "operations": v}))?
             }
-            Output::Text if items.is_empty() => format!("No TalosOperations in {ns}.\n"),
-            Output::Text => {
+            Output::Text | Output::Wide if items.is_empty() => format!("No TalosOperations in {ns}.\n"),
+            Output::Text | Output::Wide => {
                 let mut text: String = items.iter().map(describe).collect();
                 if let Some(n) = name {
                     text += &events_of(&client, &ns, n).await?;
@@ -708,8 +741,8 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let stdout = if output == Output::Json {
-            serde_json::to_string_pretty(&json!({"namespace": ns, "operation": name, "was": was, "now": now.unwrap_or(was), "acted": now.is_some(), "pausedReason": st.paused_reason}))? + "\n"
+        let stdout = if output.is_data() {
+            output.data(&json!({"namespace": ns, "operation": name, "was": was, "now": now.unwrap_or(was), "acted": now.is_some(), "pausedReason": st.paused_reason}))?
         } else if now.is_none() {
             format!(
                 "Asked TalosOperation {ns}/{name} to {}; no controller acted on it within 10 s: is ichor controller running? It acts at its next reconcile.\n",
@@ -752,7 +785,7 @@ pub fn list(cluster: Option<&str>, output: Output, kube: &KubeArgs) -> Result<Re
         let created = |o: &TalosOperation| o.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
         items.sort_by_key(|o| (created(o), o.metadata.name.clone()));
         let now = crate::io::now();
-        let rows: Vec<[String; 6]> = items
+        let rows: Vec<[String; 9]> = items
             .iter()
             .map(|o| {
                 let age = o
@@ -761,32 +794,40 @@ pub fn list(cluster: Option<&str>, output: Output, kube: &KubeArgs) -> Result<Re
                     .as_ref()
                     .map(|t| age(now - t.0.as_second()))
                     .unwrap_or_default();
+                let st = o.status.clone().unwrap_or_default();
+                let (counted, done) = counted_machines(&st);
                 [
                     o.metadata.name.clone().unwrap_or_default(),
                     o.spec.cluster_ref.name.clone(),
                     o.spec.kind.name().to_string(),
                     target_of(o),
-                    o.status.as_ref().map(|s| s.phase()).unwrap_or_default().to_string(),
+                    st.phase().to_string(),
                     age,
+                    st.stage.clone().unwrap_or_default(),
+                    format!("{done}/{counted}"),
+                    st.paused_reason.clone().unwrap_or_default(),
                 ]
             })
             .collect();
         let stdout = match output {
-            Output::Json => {
+            o @ (Output::Json | Output::Yaml) => {
                 let v: Vec<serde_json::Value> = rows
                     .iter()
-                    .map(|r| json!({"name": r[0], "cluster": r[1], "kind": r[2], "target": r[3], "phase": r[4], "age": r[5]}))
+                    .map(|r| json!({"name": r[0], "cluster": r[1], "kind": r[2], "target": r[3], "phase": r[4], "age": r[5], "stage": r[6], "machinesDone": r[7], "pausedReason": r[8]}))
                     .collect();
-                serde_json::to_string_pretty(&json!({"namespace": ns, "operations": v}))? + "\n"
+                o.data(&json!({"namespace": ns, "operations": v}))?
             }
-            Output::Text if rows.is_empty() => format!("No TalosOperations in {ns}.\n"),
-            Output::Text => {
-                let header = ["NAME", "CLUSTER", "KIND", "TARGET", "PHASE", "AGE"].map(str::to_string);
-                let all: Vec<&[String; 6]> = std::iter::once(&header).chain(rows.iter()).collect();
-                let widths: Vec<usize> = (0..6).map(|i| all.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+            Output::Text | Output::Wide if rows.is_empty() => format!("No TalosOperations in {ns}.\n"),
+            o @ (Output::Text | Output::Wide) => {
+                // `wide` adds the stage, the machines done of those counted, and why it paused.
+                let n = if o == Output::Wide { 9 } else { 6 };
+                let header =
+                    ["NAME", "CLUSTER", "KIND", "TARGET", "PHASE", "AGE", "STAGE", "MACHINES", "PAUSED"].map(str::to_string);
+                let all: Vec<&[String; 9]> = std::iter::once(&header).chain(rows.iter()).collect();
+                let widths: Vec<usize> = (0..n).map(|i| all.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
                 all.iter()
                     .map(|r| {
-                        let cells: Vec<String> = (0..6).map(|i| format!("{:w$}", r[i], w = widths[i])).collect();
+                        let cells: Vec<String> = (0..n).map(|i| format!("{:w$}", r[i], w = widths[i])).collect();
                         cells.join("   ").trim_end().to_string() + "\n"
                     })
                     .collect()
@@ -852,6 +893,21 @@ pub fn delete(name: &str, force: bool, kube: &KubeArgs) -> Result<Report> {
 mod tests {
     use super::*;
     use render::api::{MachineProgress, TalosOperationStatus};
+
+    #[test]
+    fn kubeconfig_files_follow_kubectl() {
+        let home = std::path::Path::new("/home/u");
+        let default = vec![PathBuf::from("/home/u/.kube/config")];
+        assert_eq!(kubeconfig_files(None, Some(home)), default);
+        assert_eq!(kubeconfig_files(Some("".as_ref()), Some(home)), default);
+        assert_eq!(kubeconfig_files(Some(":".as_ref()), Some(home)), default);
+        assert_eq!(
+            kubeconfig_files(Some("/a:/b".as_ref()), Some(home)),
+            vec![PathBuf::from("/a"), PathBuf::from("/b")]
+        );
+        assert_eq!(kubeconfig_files(Some("/a::".as_ref()), None), vec![PathBuf::from("/a")]);
+        assert!(kubeconfig_files(None, None).is_empty());
+    }
 
     fn progress(phase: MachinePhase) -> MachineProgress {
         MachineProgress { phase, ..MachineProgress::default() }

@@ -105,7 +105,7 @@ pub fn diff_report(
     };
     let pairs: Vec<(&diff::Change, &Classified)> = changes.iter().zip(&outcome.changes).collect();
     let stdout = match output {
-        Output::Json => {
+        o @ (Output::Json | Output::Yaml) => {
             let list: Vec<Json> = pairs.iter().map(|(ch, k)| change_json(c, contract, ch, k)).collect();
             let v = json!({
                 "contract": contract.to_string(),
@@ -115,9 +115,9 @@ pub fn diff_report(
                 "rejected": outcome.rejected.iter().map(|r| json!({"message": r.message, "at": r.at})).collect::<Vec<_>>(),
                 "machine": machine.and_then(|(name, _, hash)| verdict_json(name, hash)),
             });
-            serde_json::to_string_pretty(&v)? + "\n"
+            o.data(&v)?
         }
-        Output::Text => {
+        Output::Text | Output::Wide => {
             let mut s = String::from("Dry run summary:\n");
             match &inferred {
                 Some(why) => s += &format!("Contract: {contract} (inferred: {why}; pass --contract to choose)\n"),

@@ -34,7 +34,7 @@ pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) ->
     });
     let roots: Vec<usize> = plan.actions.iter().flat_map(|(_, p)| p.iter().copied()).collect();
     let stdout = match output {
-        Output::Json => {
+        o @ (Output::Json | Output::Yaml) => {
             let actions: Vec<serde_json::Value> = plan
                 .actions
                 .iter()
@@ -58,9 +58,9 @@ pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) ->
                 // Every proof step once; actions name their proofs by id.
                 v["proofs"] = plan.proofs.to_json(&roots);
             }
-            serde_json::to_string_pretty(&v)? + "\n"
+            o.data(&v)?
         }
-        Output::Text => {
+        Output::Text | Output::Wide => {
             let mut out =
                 format!("Operation {} ({}) on cluster {}: {}\n", plan.operation, plan.kind, s.cluster.name, plan.phase);
             if let Some(c) = &plan.confirmation {

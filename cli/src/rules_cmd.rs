@@ -29,7 +29,7 @@ pub enum RulesCommand {
         /// FACTS.json: {"relation": [[value, ...], ...]}; strings are symbols, integers numbers.
         #[arg(long)]
         facts: Option<PathBuf>,
-        #[arg(long, value_enum, default_value_t)]
+        #[arg(short, long, value_enum, default_value_t)]
         output: Output,
         /// A tuple to explain, as rel("a", 1); repeatable.
         #[arg(long)]
@@ -114,7 +114,7 @@ fn check(dir: &Path) -> Result<Report> {
             }
         }
     }
-    Ok(Report { stdout, stderr: warnings, findings })
+    Ok(Report { stdout, stderr: warnings, findings, ..Report::default() })
 }
 
 fn eval(
@@ -152,7 +152,10 @@ fn eval(
     }
     let stdout = match output {
         Output::Json => json_output(&engine, &db, &explanations),
-        Output::Text => text_output(&engine, &db, &explanations),
+        Output::Yaml => {
+            Output::Yaml.data(&serde_json::from_str::<serde_json::Value>(&json_output(&engine, &db, &explanations))?)?
+        }
+        Output::Text | Output::Wide => text_output(&engine, &db, &explanations),
     };
     let mut stderr = warnings;
     if timings {
@@ -167,7 +170,7 @@ fn eval(
             ms(written)
         );
     }
-    Ok(Report { stdout, stderr, findings: false })
+    Ok(Report { stdout, stderr, ..Report::default() })
 }
 
 fn fact_errors(path: &Path, errs: &[engine::facts::FactError]) -> anyhow::Error {
@@ -294,5 +297,5 @@ fn test(dir: &Path) -> Result<Report> {
         }
     }
     out.push_str(&format!("{passed} passed, {failed} failed\n"));
-    Ok(Report { stdout: out, stderr: warnings, findings: failed > 0 })
+    Ok(Report { stdout: out, stderr: warnings, findings: failed > 0, ..Report::default() })
 }

@@ -17,14 +17,19 @@ use runtime::talos::config::TalosConfig;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Where a node is reached.
+/// Where nodes are reached, as talosctl reaches them.
 #[derive(clap::Args, Debug)]
 pub struct NodeArgs {
-    /// The node, as the talosconfig's endpoints reach it (its `node` header).
+    /// The nodes (talosctl's `-n`), as the endpoints reach them (each call's `node` header):
+    /// several by commas or by repeating; each is reported, one failing does not stop the rest.
+    #[arg(short = 'n', long = "nodes", visible_alias = "node", value_delimiter = ',', required = true)]
+    pub nodes: Vec<String>,
+    /// The endpoints the calls go through (talosctl's `-e`), instead of the context's.
+    #[arg(short = 'e', long, value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    /// The talosconfig (default: $TALOSCONFIG, else ~/.talos/config, as talosctl finds it).
     #[arg(long)]
-    pub node: String,
-    #[arg(long)]
-    pub talosconfig: PathBuf,
+    pub talosconfig: Option<PathBuf>,
     /// The talosconfig context (default: its current one).
     #[arg(long)]
     pub context: Option<String>,
@@ -33,15 +38,85 @@ pub struct NodeArgs {
     pub timeout: u64,
 }
 
+/// The talosconfig file talosctl would read: the flag, else $TALOSCONFIG (when not empty),
+/// else ~/.talos/config.
+pub fn talosconfig_path(flag: Option<&Path>, env: Option<&std::ffi::OsStr>, home: Option<&Path>) -> Option<PathBuf> {
+    flag.map(Path::to_path_buf)
+        .or_else(|| env.filter(|v| !v.is_empty()).map(PathBuf::from))
+        .or_else(|| home.map(|h| h.join(".talos").join("config")))
+}
+
+/// `talosconfig_path` from this process's environment, or an error saying where to put one.
+pub fn find_talosconfig(flag: Option<&Path>) -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let env = std::env::var_os("TALOSCONFIG");
+    let path = talosconfig_path(flag, env.as_deref(), home.as_deref())
+        .context("no talosconfig: pass --talosconfig FILE, or set TALOSCONFIG, or put one at ~/.talos/config")?;
+    let defaulted = flag.is_none() && env.as_deref().is_none_or(|v| v.is_empty());
+    if defaulted && !path.exists() {
+        bail!(
+            "no talosconfig: neither --talosconfig nor TALOSCONFIG is given, and {} does not exist; pass --talosconfig FILE or set TALOSCONFIG",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
 /// The client, made inside the I/O runtime (its channels belong to it).
 fn client(a: &NodeArgs, rt: &tokio::runtime::Runtime) -> Result<Client> {
     let _inside = rt.enter();
-    let file = a.talosconfig.display().to_string();
-    let text = disk::read_text(&a.talosconfig, disk::caps::TEXT, "a talosconfig")?;
+    let path = find_talosconfig(a.talosconfig.as_deref())?;
+    let file = path.display().to_string();
+    let text = disk::read_text(&path, disk::caps::TEXT, "a talosconfig")?;
     let cfg = TalosConfig::parse(&text, &file)?;
     let (name, ctx) = cfg.context(a.context.as_deref(), &file)?;
+    let mut ctx = ctx.clone();
+    if !a.endpoints.is_empty() {
+        ctx.endpoints = a.endpoints.clone();
+    }
     let creds = ctx.credentials(name, &file, now())?;
-    Ok(Client::new(ctx, &creds, Duration::from_secs(a.timeout.max(1)))?)
+    Ok(Client::new(&ctx, &creds, Duration::from_secs(a.timeout.max(1)))?)
+}
+
+/// Runs `each` for every node of `-n`: one node's report as it is; several, each under its
+/// name (text), or as `{"nodes": [...]}` with a node's error in its own entry (JSON, YAML).
+/// A node that fails is reported and the rest still run; the exit is then 2.
+fn per_node(a: &NodeArgs, output: Output, mut each: impl FnMut(&str) -> Result<Report>) -> Result<Report> {
+    if let [node] = a.nodes.as_slice() {
+        return each(node);
+    }
+    let mut all = Report::default();
+    let mut data = Vec::new();
+    for node in &a.nodes {
+        match each(node) {
+            Ok(r) => {
+                all.findings |= r.findings;
+                all.failed |= r.failed;
+                all.stderr += &r.stderr;
+                if output.is_data() {
+                    let mut v = output.parse_data(&r.stdout)?;
+                    v["node"] = serde_json::json!(node);
+                    data.push(v);
+                } else {
+                    all.stdout += &format!("=== node {node}\n{}\n", r.stdout.trim_end());
+                }
+            }
+            Err(e) => {
+                all.failed = true;
+                // The error names its node already (every Talos error does).
+                all.stderr += &format!("ichor: error: {e:#}\n");
+                if output.is_data() {
+                    data.push(serde_json::json!({"node": node, "error": format!("{e:#}")}));
+                } else {
+                    all.stdout += &format!("=== node {node}\nerror: {e:#}\n");
+                }
+            }
+        }
+    }
+    if output.is_data() {
+        all.stdout = output.data(&serde_json::json!({ "nodes": data }))?;
+    }
+    Ok(all)
 }
 
 fn running(rt: &tokio::runtime::Runtime, c: &Client, node: &str) -> Result<render::config::Config> {
@@ -55,7 +130,7 @@ fn running(rt: &tokio::runtime::Runtime, c: &Client, node: &str) -> Result<rende
     })
 }
 
-/// `ichor config diff --node`: what applying DESIRED would do to the live node.
+/// `ichor config diff --node`: what applying DESIRED would do to each live node.
 pub fn node_diff(
     a: &NodeArgs,
     to: &Path,
@@ -67,12 +142,14 @@ pub fn node_diff(
     let desired = disk::read_config(to)?;
     let rt = io_runtime()?;
     let client = client(a, &rt)?;
-    let old = running(&rt, &client, &a.node)?;
-    let from = format!("{} (running)", a.node);
-    diff_report(&c, (&old, &from), (&desired, &to.to_string_lossy()), contract, output, None)
+    per_node(a, output, |node| {
+        let old = running(&rt, &client, node)?;
+        let from = format!("{node} (running)");
+        diff_report(&c, (&old, &from), (&desired, &to.to_string_lossy()), contract, output, None)
+    })
 }
 
-/// `ichor apply --node`: applies DESIRED with no reboot when every changed path is
+/// `ichor apply --node`: applies DESIRED to each node with no reboot when every changed path is
 /// live-applicable; otherwise refuses with the reasons and applies nothing.
 pub fn apply(
     a: &NodeArgs,
@@ -87,69 +164,71 @@ pub fn apply(
     let desired_text = disk::read_text(desired_path, render::config::MAX_CONFIG_BYTES, "a machine configuration")?;
     let rt = io_runtime()?;
     let client = client(a, &rt)?;
-    let old = running(&rt, &client, &a.node)?;
-    let from = format!("{} (running)", a.node);
-    let mut report =
-        diff_report(&c, (&old, &from), (&desired, &desired_path.to_string_lossy()), contract, output, None)?;
-    // What was done, after the diff: text lines, or fields of the diff's JSON.
-    let finish = |mut report: Report, applied: bool, lines: String| -> Result<Report> {
-        if output == Output::Json {
-            let mut v: serde_json::Value = serde_json::from_str(&report.stdout)?;
-            v["node"] = serde_json::json!(a.node);
-            v["dryRun"] = serde_json::json!(dry_run);
-            v["applied"] = serde_json::json!(applied);
-            v["result"] = serde_json::json!(lines.trim());
-            report.stdout = serde_json::to_string_pretty(&v)? + "\n";
-        } else {
-            report.stdout += &lines;
+    per_node(a, output, |node| {
+        let old = running(&rt, &client, node)?;
+        let from = format!("{} (running)", node);
+        let mut report =
+            diff_report(&c, (&old, &from), (&desired, &desired_path.to_string_lossy()), contract, output, None)?;
+        // What was done, after the diff: text lines, or fields of the diff's JSON.
+        let finish = |mut report: Report, applied: bool, lines: String| -> Result<Report> {
+            if output.is_data() {
+                let mut v = output.parse_data(&report.stdout)?;
+                v["node"] = serde_json::json!(node);
+                v["dryRun"] = serde_json::json!(dry_run);
+                v["applied"] = serde_json::json!(applied);
+                v["result"] = serde_json::json!(lines.trim());
+                report.stdout = output.data(&v)?;
+            } else {
+                report.stdout += &lines;
+            }
+            Ok(report)
+        };
+        let contract = match contract {
+            Some(n) => c.contract(n)?,
+            None => c.infer_contract(&[&old, &desired]).0,
+        };
+        let changes = render::diff::changes(&old, &desired);
+        let outcome = c.classify_machine(contract, &changes, Some(&desired), None, false)?;
+        if outcome.verdict == Verdict::NoChanges && outcome.rejected.is_empty() {
+            report.findings = false;
+            return finish(report, false, format!("\nNothing to apply: {} already runs this configuration.\n", node));
         }
-        Ok(report)
-    };
-    let contract = match contract {
-        Some(n) => c.contract(n)?,
-        None => c.infer_contract(&[&old, &desired]).0,
-    };
-    let changes = render::diff::changes(&old, &desired);
-    let outcome = c.classify_machine(contract, &changes, Some(&desired), None, false)?;
-    if outcome.verdict == Verdict::NoChanges && outcome.rejected.is_empty() {
+        let blocking: Vec<String> = changes
+            .iter()
+            .zip(&outcome.changes)
+            .filter(|(_, k)| k.class != Class::Safe)
+            .map(|(ch, k)| format!("{} ({})", ch.path, k.class))
+            .collect();
+        if !blocking.is_empty() || !outcome.rejected.is_empty() {
+            let mut lines = "\nRefused: nothing was applied.\n".to_string();
+            if !blocking.is_empty() {
+                lines += &format!(
+                    "  Not live-applicable: {}. Apply them with a reboot (or the operation that owns them), not with `ichor apply`.\n",
+                    blocking.join(", ")
+                );
+            }
+            if !outcome.rejected.is_empty() {
+                lines += "  Talos would refuse the configuration (above); fix it first.\n";
+            }
+            report.findings = true;
+            return finish(report, false, lines);
+        }
+        let applied = rt.block_on(client.apply(node, desired_text.as_bytes(), ApplyMode::NoReboot, dry_run))?;
+        if applied.mode != "NO_REBOOT" {
+            bail!("{}: Talos answered mode {} to a NO_REBOOT apply: {}", node, applied.mode, applied.details);
+        }
+        let mut lines = format!(
+            "\n{} {}: {}\n",
+            if dry_run { "Dry run on" } else { "Applied to" },
+            node,
+            applied.details.replace('\n', " ")
+        );
+        for w in &applied.warnings {
+            lines += &format!("  warning: {w}\n");
+        }
         report.findings = false;
-        return finish(report, false, format!("\nNothing to apply: {} already runs this configuration.\n", a.node));
-    }
-    let blocking: Vec<String> = changes
-        .iter()
-        .zip(&outcome.changes)
-        .filter(|(_, k)| k.class != Class::Safe)
-        .map(|(ch, k)| format!("{} ({})", ch.path, k.class))
-        .collect();
-    if !blocking.is_empty() || !outcome.rejected.is_empty() {
-        let mut lines = "\nRefused: nothing was applied.\n".to_string();
-        if !blocking.is_empty() {
-            lines += &format!(
-                "  Not live-applicable: {}. Apply them with a reboot (or the operation that owns them), not with `ichor apply`.\n",
-                blocking.join(", ")
-            );
-        }
-        if !outcome.rejected.is_empty() {
-            lines += "  Talos would refuse the configuration (above); fix it first.\n";
-        }
-        report.findings = true;
-        return finish(report, false, lines);
-    }
-    let applied = rt.block_on(client.apply(&a.node, desired_text.as_bytes(), ApplyMode::NoReboot, dry_run))?;
-    if applied.mode != "NO_REBOOT" {
-        bail!("{}: Talos answered mode {} to a NO_REBOOT apply: {}", a.node, applied.mode, applied.details);
-    }
-    let mut lines = format!(
-        "\n{} {}: {}\n",
-        if dry_run { "Dry run on" } else { "Applied to" },
-        a.node,
-        applied.details.replace('\n', " ")
-    );
-    for w in &applied.warnings {
-        lines += &format!("  warning: {w}\n");
-    }
-    report.findings = false;
-    finish(report, !dry_run, lines)
+        finish(report, !dry_run, lines)
+    })
 }
 
 /// A node fault as `--fault` (and `ichor sim cluster --node-fault`) names it:
@@ -277,4 +356,20 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
         f.write_all(text.as_bytes()).with_context(|| format!("writing {}", tmp.display()))?;
     }
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_talosconfig_is_found_as_talosctl_finds_it() {
+        let (home, flag, env) = (Path::new("/home/u"), Path::new("/f"), std::ffi::OsStr::new("/e"));
+        assert_eq!(talosconfig_path(Some(flag), Some(env), Some(home)), Some(PathBuf::from("/f")));
+        assert_eq!(talosconfig_path(None, Some(env), Some(home)), Some(PathBuf::from("/e")));
+        let default = Some(PathBuf::from("/home/u/.talos/config"));
+        assert_eq!(talosconfig_path(None, Some("".as_ref()), Some(home)), default);
+        assert_eq!(talosconfig_path(None, None, Some(home)), default);
+        assert_eq!(talosconfig_path(None, None, None), None);
+    }
 }

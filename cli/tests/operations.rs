@@ -256,6 +256,12 @@ fn upgrade_kubernetes_then_status_watch_completes_the_upgrade() {
     let (code, out, _) = sim.ichor(&["status", "--cluster", "lab", "--output", "json"]);
     assert_eq!(code, 0);
     golden("upgrade-status.json", &out);
+    // -o yaml is the same data as -o json.
+    let (code, yaml, _) = sim.ichor(&["status", "--cluster", "lab", "-o", "yaml"]);
+    assert_eq!(code, 0);
+    golden("upgrade-status.yaml", &yaml);
+    let from_yaml: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(from_yaml, serde_json::from_str::<serde_json::Value>(&out).unwrap());
     // Starting it again: the cluster already runs it, nothing to do, nothing written.
     let (code, out, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);
     assert_eq!(code, 0, "{err}");
@@ -360,6 +366,11 @@ fn kube_proxy_switch_is_created_with_its_consent_then_aborted() {
     assert_eq!(code, 0, "{err}");
     let ages = regex::Regex::new(r"(?m)\b\d+[smhd]$").unwrap();
     golden("operation-list.stdout", &ages.replace_all(&out, "<age>"));
+    let (code, out, err) = sim.ichor(&["operation", "list", "-o", "wide"]);
+    assert_eq!(code, 0, "{err}");
+    // The AGE column is padded to its widest age: an age and its padding are one token.
+    let ages = regex::Regex::new(r"\b\d+[smhd] +").unwrap();
+    golden("operation-list-wide.stdout", &ages.replace_all(&out, "<age>   "));
     let (code, out, _) = sim.ichor(&["status", "kube-proxy-replaced-2"]);
     assert_eq!(code, 0);
     assert!(out.contains("waiting on AwaitingCNIChange since") && out.contains(", until "), "{out}");

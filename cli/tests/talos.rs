@@ -105,6 +105,70 @@ fn diff_then_apply_a_live_change_to_a_simulated_v1_14_node() {
     assert!(out.contains("Nothing to apply"), "{out}");
 }
 
+/// talosctl's habits: `-n` with several nodes (each reported, one unreachable failing alone,
+/// exit 2), `-e` overriding the context's endpoints, and the talosconfig found through
+/// TALOSCONFIG or ~/.talos/config.
+#[test]
+fn several_nodes_are_each_reported_and_the_talosconfig_is_found_as_talosctl_finds_it() {
+    let sim = Sim::start("nodes");
+    let same = sim.file("same.yaml", &example("examples/configs/v1.14/controlplane.yaml"));
+    let home = sim.dir.join("home");
+    std::fs::create_dir_all(home.join(".talos")).unwrap();
+    std::fs::copy(&sim.talosconfig, home.join(".talos/config")).unwrap();
+    let diff = |nodes: &str, extra: &[&str]| {
+        run(ichor()
+            .env_remove("TALOSCONFIG")
+            .env("HOME", &home)
+            .args(["config", "diff", "-n", nodes, "--timeout", "3"])
+            .args(extra)
+            .arg("--to")
+            .arg(&same))
+    };
+    // ~/.talos/config, one node: as before.
+    let (code, out, err) = diff("cp1", &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("Verdict: NoChanges") && !out.contains("=== node"), "{out}");
+    // Two nodes, one the fleet does not have: both reported, exit 2.
+    let (code, out, err) = diff("cp1,nowhere", &[]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.contains("=== node cp1\nDry run summary:") && out.contains("Verdict: NoChanges"), "{out}");
+    assert!(out.contains("=== node nowhere\nerror: nowhere: "), "{out}");
+    assert!(err.contains("ichor: error: nowhere: ") && !err.contains("cp1"), "{err}");
+    let (code, out, _) = diff("cp1,nowhere", &["-o", "json"]);
+    assert_eq!(code, 2);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["nodes"][0]["node"], "cp1");
+    assert_eq!(v["nodes"][0]["verdict"], "NoChanges");
+    assert_eq!(v["nodes"][1]["node"], "nowhere");
+    assert!(v["nodes"][1]["error"].as_str().unwrap().starts_with("nowhere: "), "{v}");
+    // -e: the calls go through the given endpoint, not the context's.
+    let (code, _, err) = diff("cp1", &["-e", "127.0.0.1:1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+    // TALOSCONFIG wins over ~/.talos/config; an empty one is unset.
+    std::fs::write(home.join(".talos/config"), "not: a talosconfig\n").unwrap();
+    let (code, out, err) = run(ichor()
+        .env("TALOSCONFIG", &sim.talosconfig)
+        .env("HOME", &home)
+        .args(["config", "diff", "--node", "cp1", "--to"])
+        .arg(&same));
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = run(ichor()
+        .env("TALOSCONFIG", "")
+        .env("HOME", &home)
+        .args(["config", "diff", "--node", "cp1", "--to"])
+        .arg(&same));
+    assert_eq!(code, 2);
+    assert!(err.contains(".talos/config"), "{err}");
+    let (code, _, err) = run(ichor()
+        .env_remove("TALOSCONFIG")
+        .env("HOME", sim.dir.join("nobody"))
+        .args(["config", "diff", "--node", "cp1", "--to"])
+        .arg(&same));
+    assert_eq!(code, 2);
+    assert!(err.contains("no talosconfig:") && err.contains("--talosconfig"), "{err}");
+}
+
 #[test]
 fn apply_refuses_what_is_not_live_applicable_and_applies_nothing() {
     let sim = Sim::start("refuse");

@@ -348,6 +348,38 @@ fn error_policy(_: Arc<TalosOperation>, e: &ReconcileError, _: Arc<Ctx>) -> Acti
     Action::requeue(Duration::from_secs(15))
 }
 
+/// Logs each change of who acts: this replica holding the Lease, or waiting for it (and who
+/// holds it), so a replica that does nothing says why.
+fn log_lease_changes(mut leader: tokio::sync::watch::Receiver<bool>, client: kube_client::Client, config: &RunConfig) {
+    let (ns, name, me) = (config.namespace.clone(), config.lease_name.clone(), config.identity.clone());
+    tokio::spawn(async move {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client, &ns);
+        let mut was = None;
+        loop {
+            let now = *leader.borrow_and_update();
+            if was != Some(now) {
+                if now {
+                    tracing::info!(lease = %format!("{ns}/{name}"), identity = %me, "holding the Lease: this replica acts");
+                } else {
+                    let holder = leases
+                        .get_opt(&name)
+                        .await
+                        .ok()
+                        .flatten()
+                        .and_then(|l| l.spec.and_then(|s| s.holder_identity))
+                        .filter(|h| !h.is_empty() && *h != me)
+                        .unwrap_or_else(|| "nobody yet".into());
+                    tracing::info!(lease = %format!("{ns}/{name}"), identity = %me, holder = %holder, "waiting for the Lease: this replica acts only once it holds it");
+                }
+                was = Some(now);
+            }
+            if leader.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+}
+
 /// Runs until `shutdown` resolves; releases the Lease on the way out.
 pub async fn run(
     controller: Arc<Controller>,
@@ -364,6 +396,7 @@ pub async fn run(
         .build()
         .await?;
     let (leader, lease_task) = lease.watch().await;
+    log_lease_changes(leader.clone(), client.clone(), &config);
     // The lists every reconcile reads come from watches from here on (see `stores`).
     let _ = controller.stores.set(crate::stores::Stores::start(&client, &config.namespace).await);
     let stores = controller.stores.get().expect("set just now");
