@@ -848,11 +848,10 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
 /// cluster applied, leaves a controller Deployment, a webhook whose certificate verifies
 /// against its `caBundle` for the Service's name, and no reference to a Secret that does not
 /// exist; the printer columns are what `kubectl get` shows.
-fn installed_as_shipped(sim: &Sim) {
-    use base64::Engine as _;
-    let (_, yaml, _) = sim.ichor(&["install"]);
-    let out = Command::new("kubectl")
-        .args(["apply", "-f", "-"])
+/// `kubectl ARGS` with `yaml` on its stdin, against the simulated cluster.
+fn kubectl_with_input(sim: &Sim, args: &[&str], yaml: &str) -> std::process::Output {
+    Command::new("kubectl")
+        .args(args)
         .env("KUBECONFIG", sim.dir.join("kubeconfig"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -863,7 +862,25 @@ fn installed_as_shipped(sim: &Sim) {
             c.stdin.take().unwrap().write_all(yaml.as_bytes())?;
             c.wait_with_output()
         })
-        .unwrap();
+        .unwrap()
+}
+
+fn installed_as_shipped(sim: &Sim) {
+    use base64::Engine as _;
+    let (_, yaml, _) = sim.ichor(&["install"]);
+    let (_, crds, _) = sim.ichor(&["crds"]);
+    // A server-side dry run first: every document accepted, nothing kept.
+    for (what, text) in [("ichor install", &yaml), ("ichor crds", &crds)] {
+        let out = kubectl_with_input(sim, &["apply", "--server-side", "--dry-run=server", "-f", "-"], text);
+        assert!(
+            out.status.success(),
+            "{what} | kubectl apply --server-side --dry-run=server: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (code, _, _) = sim.kubectl(&["get", "deployment", "ichor-controller", "-n", "ichor-system"]).unwrap();
+    assert_ne!(code, 0, "a server-side dry run kept the Deployment");
+    let out = kubectl_with_input(sim, &["apply", "-f", "-"], &yaml);
     assert!(out.status.success(), "ichor install | kubectl apply -f -: {}", String::from_utf8_lossy(&out.stderr));
     let examples = root().join("examples/clusters/lab-v1.14");
     let (code, _, err) = sim.kubectl(&["apply", "-f", &examples.to_string_lossy()]).unwrap();
