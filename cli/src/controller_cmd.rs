@@ -447,7 +447,19 @@ pub fn run_webhook(a: &WebhookArgs) -> Result<Report> {
             ),
             _ => bail!("--tls-secret NAME, or --tls-cert FILE with --tls-key FILE"),
         };
-        let config = runtime::webhook::server_config(&cert, &key)?;
+        let served = runtime::webhook::ReloadableCert::new(&cert, &key)?;
+        let config = served.server_config()?;
+        // A renewed Secret is served without a restart (rotation, cert-manager's renewal).
+        if let Some(name) = &a.tls_secret {
+            tokio::spawn(runtime::webhook::follow_tls_secret(
+                kube.clone(),
+                a.namespace.clone(),
+                name.clone(),
+                served.clone(),
+                (cert, key),
+                Duration::from_secs(30),
+            ));
+        }
         let keys = render::inventory::Inventory::parse(render::embedded::CILIUM_KEYS.1)
             .context(render::embedded::CILIUM_KEYS.0)?;
         let hook = Arc::new(runtime::webhook::Webhook { kube, keys });

@@ -92,11 +92,19 @@ pub enum InstallError {
 /// key for `name`: a whole TLS handshake in memory, as the API server would make it.
 /// `ichor install` checks what it generated before printing it.
 pub fn verify(ca_pem: &str, cert_pem: &str, key_pem: &str, name: &str) -> Result<(), InstallError> {
+    verify_server(ca_pem, crate::webhook::server_config(cert_pem, key_pem)?, name)
+}
+
+/// `verify` against a server config as it is now (one that reloads its certificate, say).
+pub fn verify_server(
+    ca_pem: &str,
+    server: std::sync::Arc<rustls::ServerConfig>,
+    name: &str,
+) -> Result<(), InstallError> {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
     use std::sync::Arc;
     let fail = |source| InstallError::Verify { name: name.into(), source };
-    let server = crate::webhook::server_config(cert_pem, key_pem)?;
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()).flatten() {
         roots.add(c).map_err(fail)?;
@@ -641,14 +649,13 @@ spec:
 /// `--rotate-certs`: a new CA and serving certificate, as the two objects that carry them (the
 /// Secret and the webhook configuration's `caBundle`), to apply over a running installation.
 pub fn rotate_yaml(o: &Install) -> String {
-    let ns = &o.namespace;
     let mut docs = tls_documents(o);
     docs.push(webhook_configuration(o));
     format!(
-        "# New webhook certificates: `ichor install --rotate-certs | kubectl apply -f -`, then\n\
-         #   kubectl -n {ns} rollout restart deployment/ichor-webhook\n\
-         # (the webhook reads its certificate at start; writes of TalosClusters and TalosOperations are\n\
-         # refused for the seconds between the apply and the restart).\n{}",
+        "# New webhook certificates: `ichor install --rotate-certs | kubectl apply -f -`. The webhook\n\
+         # reads its Secret from the API every 30 s and serves the new certificate from then on, no\n\
+         # restart; in those seconds the API server may refuse writes of TalosClusters and\n\
+         # TalosOperations (the new caBundle, the old certificate): retry them.\n{}",
         docs.join("---\n")
     )
 }

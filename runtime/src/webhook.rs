@@ -168,6 +168,91 @@ pub fn server_config(cert_pem: &str, key_pem: &str) -> Result<Arc<rustls::Server
     Ok(Arc::new(cfg))
 }
 
+/// The serving certificate, replaceable while the webhook runs: a renewed Secret (`ichor
+/// install --rotate-certs`, or cert-manager's renewal) is served from the next handshake on,
+/// with no restart.
+#[derive(Debug)]
+pub struct ReloadableCert(std::sync::RwLock<Arc<rustls::sign::CertifiedKey>>);
+
+impl ReloadableCert {
+    /// The certificate and key from PEM; errors name `tls.crt` or `tls.key`.
+    pub fn new(cert_pem: &str, key_pem: &str) -> Result<Arc<ReloadableCert>, WebhookError> {
+        Ok(Arc::new(ReloadableCert(std::sync::RwLock::new(certified_key(cert_pem, key_pem)?))))
+    }
+
+    /// Serves this certificate from the next handshake on; a bad one is refused and the old
+    /// one kept.
+    pub fn replace(&self, cert_pem: &str, key_pem: &str) -> Result<(), WebhookError> {
+        let k = certified_key(cert_pem, key_pem)?;
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = k;
+        Ok(())
+    }
+
+    /// A rustls server config that asks this for its certificate at every handshake.
+    pub fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>, WebhookError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| WebhookError::Tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_cert_resolver(self.clone());
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(cfg))
+    }
+}
+
+impl rustls::server::ResolvesServerCert for ReloadableCert {
+    fn resolve(&self, _: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.read().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+}
+
+fn certified_key(cert_pem: &str, key_pem: &str) -> Result<Arc<rustls::sign::CertifiedKey>, WebhookError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| WebhookError::Tls(format!("tls.crt: {e}")))?;
+    if certs.is_empty() {
+        return Err(WebhookError::Tls("tls.crt: no certificate".into()));
+    }
+    let key =
+        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| WebhookError::Tls(format!("tls.key: {e}")))?;
+    let signing =
+        rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| WebhookError::Tls(format!("tls.key: {e}")))?;
+    let k = rustls::sign::CertifiedKey::new(certs, signing);
+    k.keys_match().map_err(|e| WebhookError::Tls(format!("tls.crt and tls.key do not belong together: {e}")))?;
+    Ok(Arc::new(k))
+}
+
+/// Keeps `cert` equal to the Secret's: reads it every `every` and replaces the certificate
+/// when its PEM changed (a read that fails, or a bad certificate, keeps the old one, logged).
+pub async fn follow_tls_secret(
+    client: kube_client::Client,
+    namespace: String,
+    name: String,
+    cert: Arc<ReloadableCert>,
+    mut served: (String, String),
+    every: std::time::Duration,
+) {
+    loop {
+        tokio::time::sleep(every).await;
+        match tls_from_secret(&client, &namespace, &name).await {
+            Ok(now) if now != served => match cert.replace(&now.0, &now.1) {
+                Ok(()) => {
+                    tracing::info!(secret = %format!("{namespace}/{name}"), "serving the renewed certificate");
+                    served = now;
+                }
+                Err(e) => {
+                    tracing::warn!(secret = %format!("{namespace}/{name}"), error = %e, "the renewed certificate is refused; serving the old one")
+                }
+            },
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "reading the TLS Secret; serving the certificate read before"),
+        }
+    }
+}
+
 /// How long a client has to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Connections held at once (handshaking or open); past it a new one is closed at once.

@@ -284,3 +284,26 @@ fn uninstall_lists_every_object_the_last_first_and_the_crds_only_when_asked() {
     assert_eq!(with.len(), created.len() + 1);
     assert_eq!(with.last().unwrap()["kind"], "CustomResourceDefinition");
 }
+
+/// The webhook serves a renewed certificate from its next handshake on, with no restart (what
+/// `ichor install --rotate-certs` and cert-manager's renewal rely on); a bad one is refused and
+/// the served one kept.
+#[test]
+fn a_replaced_certificate_is_served_from_the_next_handshake_and_a_bad_one_is_refused() {
+    use runtime::install::{verify_server, webhook_certs};
+    use runtime::webhook::ReloadableCert;
+    let name = "ichor-webhook.ichor-system.svc";
+    // The handshake checks validity against the clock: certificates made now.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (a, b) = (webhook_certs("ichor-system", now).unwrap(), webhook_certs("ichor-system", now).unwrap());
+    let cert = ReloadableCert::new(&a.cert_pem, &a.key_pem).unwrap();
+    let server = cert.server_config().unwrap();
+    verify_server(&a.ca_pem, server.clone(), name).unwrap();
+    assert!(verify_server(&b.ca_pem, server.clone(), name).is_err());
+    cert.replace(&b.cert_pem, &b.key_pem).unwrap();
+    verify_server(&b.ca_pem, server.clone(), name).unwrap();
+    assert!(verify_server(&a.ca_pem, server.clone(), name).is_err());
+    let e = cert.replace(&a.cert_pem, &b.key_pem).unwrap_err().to_string();
+    assert!(e.contains("do not belong together"), "{e}");
+    verify_server(&b.ca_pem, server, name).unwrap();
+}
