@@ -815,19 +815,7 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
         ("install", &["apply", "--dry-run=server", "-f", "-"][..]),
     ] {
         let (_, yaml, _) = sim.ichor(&[what]);
-        let out = Command::new("kubectl")
-            .args(args)
-            .env("KUBECONFIG", sim.dir.join("kubeconfig"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                use std::io::Write;
-                c.stdin.take().unwrap().write_all(yaml.as_bytes())?;
-                c.wait_with_output()
-            })
-            .unwrap();
+        let out = kubectl_with_input(&sim, args, &yaml);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "ichor {what} | kubectl {args:?}: {err}");
     }
