@@ -150,22 +150,7 @@ pub async fn tls_from_secret(
 
 /// A rustls server config from PEM (HTTP/1.1, as the API server speaks to webhooks).
 pub fn server_config(cert_pem: &str, key_pem: &str) -> Result<Arc<rustls::ServerConfig>, WebhookError> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-        .collect::<Result<_, _>>()
-        .map_err(|e| WebhookError::Tls(format!("tls.crt: {e}")))?;
-    let key =
-        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| WebhookError::Tls(format!("tls.key: {e}")))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| WebhookError::Tls(e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| WebhookError::Tls(e.to_string()))?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
+    ReloadableCert::new(cert_pem, key_pem)?.server_config()
 }
 
 /// The serving certificate, replaceable while the webhook runs: a renewed Secret (`ichor
