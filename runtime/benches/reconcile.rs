@@ -67,6 +67,7 @@ fn main() {
                 kube_proxy_manifest: None,
                 address: None,
                 boot_id: None,
+                talos_boot_id: None,
                 awaiting_reboot: vec![],
                 unhealthy_services: vec![],
                 cordoned: false,

@@ -71,6 +71,8 @@ pub struct MachineRead {
     pub address: Option<String>,
     /// Its Node's boot ID, when the kubelet reported one.
     pub boot_id: Option<String>,
+    /// The boot its Talos says it is on, when Talos answered and has a `BootID` (1.14+).
+    pub talos_boot_id: Option<String>,
     /// Its TalosMachine's `status.appliedAwaitingReboot`.
     pub awaiting_reboot: Vec<String>,
     /// Talos services that are not running and healthy, when its Talos was read.
@@ -110,6 +112,7 @@ fn entry(m: &MachineRead, contract: Contract, pending: Option<Vec<PendingPath>>)
         conditions: BTreeMap::new(),
         address: m.address.clone(),
         boot_id: m.boot_id.clone(),
+        talos_boot_id: m.talos_boot_id.clone(),
         awaiting_reboot: m.awaiting_reboot.clone(),
         unhealthy_services: m.unhealthy_services.clone(),
         cordoned: m.cordoned,
@@ -334,6 +337,8 @@ pub struct TalosRead {
     pub manifests: Vec<String>,
     /// Talos services that are not running and healthy (`etcd` on a control plane, ...).
     pub unhealthy_services: Vec<String>,
+    /// The boot Talos says it is on (Talos 1.14 and later).
+    pub boot_id: Option<String>,
 }
 
 /// What one reconcile read from Kubernetes and Talos, as plain data: the objects as the API
@@ -543,6 +548,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .map(|t| t.manifests.iter().any(|x| x == crate::plan::KUBE_PROXY_MANIFEST)),
             address: Some(m.spec.address.clone()),
             boot_id: status.and_then(|s| s.node_info.as_ref()).map(|i| i.boot_id.clone()).filter(|b| !b.is_empty()),
+            talos_boot_id: talos.and_then(|t| t.boot_id.clone()),
             awaiting_reboot: m.status.as_ref().map(|s| s.applied_awaiting_reboot.clone()).unwrap_or_default(),
             unhealthy_services: talos.map(|t| t.unhealthy_services.clone()).unwrap_or_default(),
             cordoned: nodes.get(name.as_str()).is_some_and(|n| {
@@ -673,6 +679,7 @@ mod tests {
                             running_config: r.text,
                             manifests: vec![],
                             unhealthy_services: vec![],
+                            boot_id: None,
                         },
                     )
                 })

@@ -251,6 +251,7 @@ impl Controller {
                         talos_version: o.talos_version,
                         running_config: o.running_config,
                         manifests: o.manifests,
+                        boot_id: o.boot_id,
                         unhealthy_services: o
                             .services
                             .iter()

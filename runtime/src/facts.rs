@@ -32,6 +32,7 @@ pub struct Rels {
     pub last_in_order: Input<1>,
     pub pending_value: Input<3>,
     pub node_boot: Input<2>,
+    pub talos_boot: Input<2>,
     pub progress_boot: Input<2>,
     pub rollout_machine: Input<1>,
     pub awaiting_reboot: Input<2>,
@@ -128,6 +129,7 @@ impl Rels {
             last_in_order: b.input("last_in_order", [("machine", S)]),
             pending_value: b.input("pending_value", [("machine", S), ("path", S), ("value", S)]),
             node_boot: b.input("node_boot", [("machine", S), ("boot", S)]),
+            talos_boot: b.input("talos_boot", [("machine", S), ("boot", S)]),
             progress_boot: b.input("progress_boot", [("machine", S), ("boot", S)]),
             rollout_machine: b.input("rollout_machine", [("machine", S)]),
             awaiting_reboot: b.input("awaiting_reboot", [("machine", S), ("path", S)]),
@@ -346,6 +348,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
         if let Some(boot) = &m.boot_id {
             let row = [name, b.sym(boot)];
             r.node_boot.push(&mut b, row);
+        }
+        if let Some(boot) = &m.talos_boot_id {
+            let row = [name, b.sym(boot)];
+            r.talos_boot.push(&mut b, row);
         }
         for p in &m.awaiting_reboot {
             let row = [name, b.sym(p)];

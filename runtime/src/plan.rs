@@ -570,8 +570,12 @@ impl Planner {
         let addresses: HashMap<&str, &str> =
             s.machines.iter().filter_map(|x| Some((x.name.as_str(), x.address.as_deref()?))).collect();
         let node_of = |m: &str| addresses.get(m).map(|a| a.to_string());
-        let boots: HashMap<&str, &str> =
-            s.machines.iter().filter_map(|x| Some((x.name.as_str(), x.boot_id.as_deref()?))).collect();
+        // The boot a step starts on: Talos's word when it has one (ahead of the Node's).
+        let boots: HashMap<&str, &str> = s
+            .machines
+            .iter()
+            .filter_map(|x| Some((x.name.as_str(), x.talos_boot_id.as_deref().or(x.boot_id.as_deref())?)))
+            .collect();
         let mut actions: Vec<(Action, Vec<usize>)> = vec![];
         let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
         for row @ [was] in r.act_abort.rows(&db) {

@@ -112,6 +112,11 @@ pub struct Machine {
     /// The boot the node is on (its Node's `status.nodeInfo.bootID`), when reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// The boot the node's Talos says it is on (its `BootID` resource, Talos 1.14 and later),
+    /// when Talos answered this reconcile: ahead of the Node's, which follows only once the
+    /// kubelet posts on the new boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub talos_boot_id: Option<String>,
     /// Reboot-class paths applied within the node's current boot, not in effect until the next
     /// (its TalosMachine's `status.appliedAwaitingReboot`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

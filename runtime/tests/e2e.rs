@@ -120,6 +120,7 @@ fn machine_read(o: &NodeObservation, name: &str, role: Role, runs_controller: bo
         kube_proxy_manifest: (role == Role::Controlplane).then(|| o.manifests.iter().any(|m| m == "10-kube-proxy")),
         address: None,
         boot_id: None,
+        talos_boot_id: None,
         awaiting_reboot: vec![],
         unhealthy_services: vec![],
         cordoned: false,

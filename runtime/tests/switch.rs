@@ -138,6 +138,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                     .then(|| o.manifests.iter().any(|m| m == "10-kube-proxy")),
                 address: None,
                 boot_id: None,
+                talos_boot_id: None,
                 awaiting_reboot: vec![],
                 unhealthy_services: vec![],
                 cordoned: false,

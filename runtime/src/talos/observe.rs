@@ -28,6 +28,10 @@ pub struct NodeObservation {
     pub services: BTreeMap<String, (bool, bool)>,
     /// Bootstrap manifests Talos rendered (ids, e.g. `10-kube-proxy`); empty on a worker.
     pub manifests: Vec<String>,
+    /// The boot Talos says it is on (its `BootID` resource, Talos 1.14 and later): the kernel's
+    /// boot ID, the one the kubelet reports on the Node, known as soon as Talos answers on a new
+    /// boot (the Node's follows only once the kubelet posts again).
+    pub boot_id: Option<String>,
 }
 
 /// A node observed, or why it could not be.
@@ -66,13 +70,14 @@ fn id(r: &super::proto::cosi::resource::Resource) -> String {
 
 /// Reads one node; its calls run together, each under its own deadline.
 pub async fn observe_node(c: &Client, node: &str) -> Result<NodeObservation, TalosError> {
-    let (version, running, persisted, kubelet, services, manifests) = tokio::join!(
+    let (version, running, persisted, kubelet, services, manifests, boot_id) = tokio::join!(
         c.version(node),
         c.machine_config(node, "v1alpha1"),
         c.machine_config(node, "persistent"),
         c.get(node, "k8s", "KubeletSpecs.kubernetes.talos.dev", "kubelet"),
         c.list(node, "runtime", "Services.v1alpha1.talos.dev"),
         c.list(node, "controlplane", "Manifests.kubernetes.talos.dev"),
+        c.boot_id(node),
     );
     let mut o = NodeObservation {
         node: node.to_string(),
@@ -80,6 +85,7 @@ pub async fn observe_node(c: &Client, node: &str) -> Result<NodeObservation, Tal
         running_config: running?,
         persisted_config: persisted?,
         kubelet_image: KubeletSpecSpec::decode(spec(&kubelet?)).map(|k| k.image).unwrap_or_default(),
+        boot_id: boot_id?,
         ..NodeObservation::default()
     };
     for s in services? {
