@@ -94,14 +94,21 @@ pub enum ValuesCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum SchemaCommand {
-    /// Derive `key type` lines from the chart's values.schema.json.
+    /// Derive `key type` lines from the chart's values.schema.json (and its values.yaml, whose
+    /// label-keyed maps are free-form), with rules/cilium/open-fields.yaml.
     Derive {
         #[arg(long)]
         schema: PathBuf,
+        /// The chart's values.yaml: its maps keyed by labels are free-form too.
+        #[arg(long)]
+        values: Option<PathBuf>,
         #[arg(long)]
         chart: String,
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Also write the leaves of the chart's default values with their types (needs --values).
+        #[arg(long, requires = "values")]
+        defaults_out: Option<PathBuf>,
     },
 }
 
@@ -121,23 +128,31 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
         CniCommand::KubeProxy { mode, start } => {
             crate::op_cmd::start(crate::op_cmd::Start::KubeProxy { mode: mode.into() }, &start)
         }
-        CniCommand::Schema(SchemaCommand::Derive { schema, chart, out }) => {
+        CniCommand::Schema(SchemaCommand::Derive { schema, values, chart, out, defaults_out }) => {
             let text = disk::read_text(&schema, disk::caps::FACTS, "a chart's values schema")?;
-            let keys = cilium::derive_keys(&text, &chart).with_context(|| schema.display().to_string())?;
+            let values_text = match &values {
+                Some(v) => Some(disk::read_text(v, disk::caps::FACTS, "a chart's values.yaml")?),
+                None => None,
+            };
+            let open = cilium::parse_open_fields(render::embedded::CILIUM_OPEN_FIELDS.1)
+                .context(render::embedded::CILIUM_OPEN_FIELDS.0)?;
+            let keys = cilium::derive_keys(&text, values_text.as_deref(), &open, &chart)
+                .with_context(|| schema.display().to_string())?;
+            let count = |t: &str| t.lines().filter(|l| !l.starts_with('#')).count();
+            let mut stdout = String::new();
             match out {
                 Some(p) => {
                     std::fs::write(&p, &keys).with_context(|| format!("writing {}", p.display()))?;
-                    Ok(Report {
-                        stdout: format!(
-                            "wrote {} ({} keys)\n",
-                            p.display(),
-                            keys.lines().filter(|l| !l.starts_with('#')).count()
-                        ),
-                        ..Report::default()
-                    })
+                    stdout.push_str(&format!("wrote {} ({} keys)\n", p.display(), count(&keys)));
                 }
-                None => Ok(Report { stdout: keys, ..Report::default() }),
+                None => stdout.push_str(&keys),
             }
+            if let (Some(p), Some(v), Some(vp)) = (defaults_out, values_text.as_deref(), values.as_ref()) {
+                let leaves = cilium::derive_default_leaves(v, &chart).with_context(|| vp.display().to_string())?;
+                std::fs::write(&p, &leaves).with_context(|| format!("writing {}", p.display()))?;
+                stdout.push_str(&format!("wrote {} ({} default leaves)\n", p.display(), count(&leaves)));
+            }
+            Ok(Report { stdout, ..Report::default() })
         }
         CniCommand::Values(ValuesCommand::Validate { file, kube_proxy }) => {
             let text = disk::read_text(&file, disk::caps::TEXT, "a Cilium values file")?;

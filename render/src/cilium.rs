@@ -23,29 +23,98 @@ pub const PINNED: [&str; 5] = [
     "tls.secretsNamespace.name",
 ];
 
-/// Derives `key type` lines from the chart's values.schema.json.
-pub fn derive_keys(schema_text: &str, chart: &str) -> Result<String, crate::inventory::InventoryError> {
-    derive_key_lines(schema_text, chart).map_err(crate::inventory::InventoryError::from)
+/// The Kubernetes fields the chart hands whole to its templates (`toYaml`), by name, with why
+/// their keys are the user's data: `rules/cilium/open-fields.yaml`.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct OpenField {
+    /// The field's name wherever it appears in the chart (`nodeSelector`, `resources`).
+    pub name: String,
+    /// Why its keys are not the chart's.
+    pub reason: String,
 }
 
-fn derive_key_lines(schema_text: &str, chart: &str) -> Result<String, String> {
+/// Reads `rules/cilium/open-fields.yaml` (a list of `name` and `reason`).
+pub fn parse_open_fields(text: &str) -> Result<Vec<OpenField>, crate::inventory::InventoryError> {
+    serde_yaml::from_str::<Vec<OpenField>>(text)
+        .map_err(|e| crate::inventory::InventoryError::from(format!("not a list of name and reason: {e}")))
+}
+
+/// Derives `key type` lines from the chart's values.schema.json, and, with the chart's
+/// values.yaml, the free-form maps its defaults show.
+///
+/// The rule (README, "Cilium values"): the unknown-key check applies to the chart's structure.
+/// A node is free-form (open: `path.* any`, `path[*] any`, nothing below it checked) when
+/// the schema gives an object no properties, when one of its keys in the schema or in the
+/// chart's defaults is not an identifier (a label such as `kubernetes.io/os` is data, not a key
+/// of the chart), or when its name is one of `open` (Kubernetes fields handed whole to the
+/// templates; Helm validates the rendered objects against Kubernetes's OpenAPI, so a typo there
+/// fails the Job with Helm's words). An array without `items` takes any element.
+pub fn derive_keys(
+    schema_text: &str,
+    values_text: Option<&str>,
+    open: &[OpenField],
+    chart: &str,
+) -> Result<String, crate::inventory::InventoryError> {
+    derive_key_lines(schema_text, values_text, open, chart).map_err(crate::inventory::InventoryError::from)
+}
+
+fn derive_key_lines(
+    schema_text: &str,
+    values_text: Option<&str>,
+    open: &[OpenField],
+    chart: &str,
+) -> Result<String, String> {
     let schema: Value = serde_json::from_str(schema_text)
         .map_err(|e| format!("line {}, column {}: not JSON: {e}", e.line(), e.column()))?;
     let props = schema
         .get("properties")
         .and_then(Value::as_object)
         .ok_or("the schema has no top-level properties: is it Cilium's values.schema.json?")?;
+    let defaults = match values_text {
+        Some(t) => chart_values(t)?,
+        None => Value::Null,
+    };
+    let walker = Walker { open: open.iter().map(|o| o.name.as_str()).collect() };
     let mut out = std::collections::BTreeMap::new();
     for (k, v) in props {
-        walk(&seg(k, true), v, &mut out);
+        walker.walk(&seg(k, true), k, v, defaults.get(k), &mut out);
     }
     let mut text = format!(
-        "# Keys of the Cilium {chart} chart's values, with their types.\n# Derived from the chart's values.schema.json by `ichor cni schema derive`; do not edit by hand.\n"
+        "# Keys of the Cilium {chart} chart's values, with their types.\n# Derived from the chart's values.schema.json{} by `ichor cni schema derive`; do not edit by hand.\n# `path.* any` and `path[*] any` mark a free-form map or list (see rules/cilium/open-fields.yaml and the README).\n",
+        if values_text.is_some() { " and values.yaml" } else { "" }
     );
     for (k, t) in out {
         text.push_str(&format!("{k} {t}\n"));
     }
     Ok(text)
+}
+
+/// Derives `path type` lines of the chart's default values (one per leaf of values.yaml), so a
+/// test can validate the chart's own defaults without the chart.
+pub fn derive_default_leaves(values_text: &str, chart: &str) -> Result<String, crate::inventory::InventoryError> {
+    let defaults = chart_values(values_text).map_err(crate::inventory::InventoryError::from)?;
+    let mut ls = vec![];
+    leaves(None, &defaults, &mut ls);
+    let mut text = format!(
+        "# The leaves of the Cilium {chart} chart's default values (values.yaml), with their JSON types.\n# Derived by `ichor cni schema derive --defaults-out`; do not edit by hand.\n"
+    );
+    for (p, v) in ls {
+        let t = match &v {
+            Value::Object(_) => "object",
+            Value::Array(_) => "array",
+            other => json_type(other),
+        };
+        text.push_str(&format!("{p} {t}\n"));
+    }
+    Ok(text)
+}
+
+/// The chart's values.yaml, read the one bounded way (8 MiB after aliases; the chart's is ~150 KiB).
+fn chart_values(text: &str) -> Result<Value, String> {
+    let v = crate::yaml::parse(text, 8 << 20).map_err(|e| {
+        format!("the chart's values.yaml:{}:{}: {}", e.line.unwrap_or(1), e.col.unwrap_or(1), e.message)
+    })?;
+    serde_json::to_value(v).map_err(|e| format!("the chart's values.yaml does not convert to JSON: {e}"))
 }
 
 fn seg(k: &str, first: bool) -> String {
@@ -54,6 +123,12 @@ fn seg(k: &str, first: bool) -> String {
     } else {
         format!("[{}]", serde_json::to_string(k).unwrap())
     }
+}
+
+/// Whether a key reads as one of the chart's keys (an identifier) rather than data.
+fn identifier(k: &str) -> bool {
+    let mut cs = k.chars();
+    cs.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && cs.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 fn type_of(v: &Value) -> String {
@@ -74,16 +149,52 @@ fn type_of(v: &Value) -> String {
     }
 }
 
-fn walk(path: &str, v: &Value, out: &mut std::collections::BTreeMap<String, String>) {
-    let t = type_of(v);
-    out.insert(path.to_string(), t.clone());
-    if let Some(props) = v.get("properties").and_then(Value::as_object) {
-        for (k, p) in props {
-            walk(&format!("{path}{}", seg(k, false)), p, out);
-        }
+struct Walker<'a> {
+    open: Vec<&'a str>,
+}
+
+impl Walker<'_> {
+    fn is_open(&self, name: &str, v: &Value, default: Option<&Value>) -> bool {
+        let label_key = |m: Option<&Map<String, Value>>| m.is_some_and(|m| m.keys().any(|k| !identifier(k)));
+        self.open.contains(&name)
+            || label_key(v.get("properties").and_then(Value::as_object))
+            || label_key(default.and_then(Value::as_object))
     }
-    if let Some(items) = v.get("items") {
-        walk(&format!("{path}[*]"), items, out);
+
+    fn walk(
+        &self,
+        path: &str,
+        name: &str,
+        v: &Value,
+        default: Option<&Value>,
+        out: &mut std::collections::BTreeMap<String, String>,
+    ) {
+        let t = type_of(v);
+        out.insert(path.to_string(), t.clone());
+        let types: Vec<&str> = t.split('|').collect();
+        let object = types.iter().any(|t| matches!(*t, "object" | "any"));
+        let array = types.contains(&"array");
+        if self.is_open(name, v, default) {
+            if object {
+                out.insert(format!("{path}.*"), "any".into());
+            }
+            if array {
+                out.insert(format!("{path}[*]"), "any".into());
+            }
+            return;
+        }
+        if let Some(props) = v.get("properties").and_then(Value::as_object) {
+            for (k, p) in props {
+                self.walk(&format!("{path}{}", seg(k, false)), k, p, default.and_then(|d| d.get(k)), out);
+            }
+        }
+        match v.get("items") {
+            Some(items) => self.walk(&format!("{path}[*]"), name, items, None, out),
+            None if array => {
+                out.insert(format!("{path}[*]"), "any".into());
+            }
+            None => {}
+        }
     }
 }
 

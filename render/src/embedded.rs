@@ -31,6 +31,15 @@ pub const FIELDMETA: (&str, &str) = ("rules/fieldmeta.yaml", include_str!("../..
 pub const CILIUM_KEYS: (&str, &str) =
     ("rules/cilium/values.1.20.0.keys", include_str!("../../rules/cilium/values.1.20.0.keys"));
 
+/// The Cilium chart's free-form fields by name (read by `ichor cni schema derive`).
+pub const CILIUM_OPEN_FIELDS: (&str, &str) =
+    ("rules/cilium/open-fields.yaml", include_str!("../../rules/cilium/open-fields.yaml"));
+
+/// The leaves of the embedded chart's default values with their types (derived from its
+/// values.yaml), for the test that the chart's own defaults pass the validator.
+pub const CILIUM_DEFAULT_LEAVES: (&str, &str) =
+    ("rules/cilium/values.1.20.0.defaults", include_str!("../../rules/cilium/values.1.20.0.defaults"));
+
 /// The Cilium chart embedded in this build: Jobs install it and nothing newer is stepped back
 /// (CNI page: "a recorded patch newer than the embedded chart is never stepped back").
 pub const CILIUM_CHART_VERSION: &str = "1.20.0";

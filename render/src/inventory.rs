@@ -273,7 +273,8 @@ impl Inventory {
             }
             let next = match s {
                 Seg::Field(f) => node.fields.get(f).or(node.any_field.as_deref()),
-                Seg::Key(_) => node.any_field.as_deref(),
+                // A quoted key of the inventory (`a["kubernetes.io/os"]`) is stored unquoted.
+                Seg::Key(k) => node.fields.get(k).or(node.any_field.as_deref()),
                 Seg::Index(_) | Seg::Name(_) => node.any_bracket.as_deref(),
             };
             node = next?;

@@ -460,6 +460,178 @@ mod cilium_values {
         );
     }
 
+    /// The chart's own defaults as a user layer: a value of each leaf's type at each leaf's
+    /// path in `rules/cilium/values.1.20.0.defaults` (derived from the chart's values.yaml).
+    fn chart_defaults() -> serde_json::Value {
+        use render::path::{Path, Seg};
+        let mut root = json!({});
+        for line in render::embedded::CILIUM_DEFAULT_LEAVES.1.lines().filter(|l| !l.starts_with('#')) {
+            let (path, ty) = line.rsplit_once(' ').unwrap();
+            let leaf = match ty {
+                "string" => json!("x"),
+                "integer" => json!(1),
+                "number" => json!(0.5),
+                "boolean" => json!(true),
+                "null" => json!(null),
+                "object" => json!({}),
+                "array" => json!([]),
+                other => panic!("{line}: type {other}"),
+            };
+            let path = Path::parse(path).unwrap_or_else(|e| panic!("{line}: {e:?}"));
+            let mut at = &mut root;
+            for seg in &path.segs {
+                at = match seg {
+                    Seg::Field(k) | Seg::Key(k) | Seg::Name(k) => {
+                        if !at.is_object() {
+                            *at = json!({});
+                        }
+                        at.as_object_mut().unwrap().entry(k.clone()).or_insert(json!(null))
+                    }
+                    Seg::Index(i) => {
+                        if !at.is_array() {
+                            *at = json!([]);
+                        }
+                        let a = at.as_array_mut().unwrap();
+                        while a.len() <= *i {
+                            a.push(json!(null));
+                        }
+                        &mut a[*i]
+                    }
+                };
+            }
+            *at = leaf;
+        }
+        root
+    }
+
+    #[test]
+    fn the_charts_own_defaults_pass_less_the_keys_ichor_owns() {
+        let mut v = chart_defaults();
+        assert!(v["operator"]["nodeSelector"]["kubernetes.io/os"].is_string(), "a label key is read as one key");
+        let owned = ["ipam", "cgroup", "k8sServiceHost", "k8sServicePort", "kubeProxyReplacement", "tunnelProtocol"];
+        for k in owned {
+            v.as_object_mut().unwrap().remove(k);
+        }
+        v["securityContext"].as_object_mut().unwrap().remove("capabilities");
+        // The five `*.secretsNamespace.name` pinned to cilium-secrets.
+        for top in v.as_object_mut().unwrap().values_mut() {
+            if let Some(m) = top.as_object_mut() {
+                m.remove("secretsNamespace");
+            }
+        }
+        // Whole, the defaults are over the size a user's layer may have: checked 12 top-level keys at a time.
+        let all = v.as_object().unwrap().clone();
+        let keys: Vec<&String> = all.keys().collect();
+        for chunk in keys.chunks(12) {
+            let part: serde_json::Map<_, _> = chunk.iter().map(|k| ((*k).clone(), all[*k].clone())).collect();
+            for replaced in [true, false] {
+                let r: Vec<String> = check(json!(part), replaced)
+                    .into_iter()
+                    .filter(|r| !r.contains("needs kube-proxy replacement"))
+                    .collect();
+                assert!(r.is_empty(), "the chart's defaults refused (replaced {replaced}): {r:#?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_kubernetes_fields_users_set_most_are_accepted() {
+        let user = json!({
+            "operator": {
+                "replicas": 2,
+                "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+                "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}],
+                "resources": {"limits": {"cpu": "500m", "memory": "512Mi"}, "requests": {"cpu": "100m"}},
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "a", "operator": "In", "values": ["b"]}]}
+                ]}}},
+                "podAnnotations": {"prometheus.io/scrape": "true"}
+            },
+            "extraEnv": [{"name": "GODEBUG", "value": "x=1"}],
+            "hubble": {
+                "enabled": true,
+                "relay": {"enabled": true, "nodeSelector": {"kubernetes.io/os": "linux"}},
+                "ui": {"enabled": true, "podLabels": {"team": "net"}}
+            },
+            "securityContext": {"privileged": false, "seLinuxOptions": {"level": "s0", "type": "spc_t"}},
+            "extraConfig": {"enable-foo": "true"},
+            "podLabels": {"app.kubernetes.io/part-of": "net"},
+            "annotations": {"example.com/owner": "team-net"}
+        });
+        assert_eq!(check(user, true), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_typo_in_the_charts_structure_is_one_refusal() {
+        let cases = [
+            (json!({"hubbel": {"enabled": true}}), "hubbel.enabled: not a key"),
+            (json!({"operator": {"replicsa": 2}}), "operator.replicsa: not a key"),
+            (json!({"hubble": {"relay": {"enabeld": true}}}), "hubble.relay.enabeld: not a key"),
+            (json!({"livenessProbe": {"periodSecond": 3}}), "livenessProbe.periodSecond: not a key"),
+            (json!({"nodeSelector": "linux"}), "nodeSelector: the chart expects object"),
+            (
+                json!({"securityContext": {"capabilities": {"ciliumAgent": ["SYS_MODULE"]}}}),
+                "securityContext.capabilities",
+            ),
+        ];
+        for (v, want) in cases {
+            let r = check(v.clone(), true);
+            assert_eq!(r.len(), 1, "{v}: {r:?}");
+            assert!(r[0].starts_with(want), "{v}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn derive_opens_label_maps_named_fields_and_lists_without_items() {
+        use render::cilium::{OpenField, derive_keys};
+        let schema = r#"{"properties": {
+            "agent": {"type": "object", "properties": {
+                "enabled": {"type": "boolean"},
+                "resources": {"type": "object", "properties": {"limits": {"type": "object"}}},
+                "labels": {"type": "object", "properties": {"kubernetes.io/os": {"type": "string"}}},
+                "extra": {"type": "array"},
+                "ports": {"type": "array", "items": {"type": "object", "properties": {"port": {"type": "integer"}}}},
+                "free": {"type": "object"}
+            }},
+            "sel": {"type": "object", "properties": {"os": {"type": "string"}}}
+        }}"#;
+        let values = "sel:\n  kubernetes.io/arch: amd64\n";
+        let open = [OpenField { name: "resources".into(), reason: "Kubernetes's".into() }];
+        let out = derive_keys(schema, Some(values), &open, "test").unwrap();
+        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+        for want in [
+            "agent object",
+            "agent.enabled boolean",
+            "agent.resources object",
+            "agent.resources.* any",
+            "agent.labels object",
+            "agent.labels.* any",
+            "agent.extra array",
+            "agent.extra[*] any",
+            "agent.ports[*].port integer",
+            // An object without properties is `any`: nothing below it is checked.
+            "agent.free any",
+            "sel.* any",
+        ] {
+            assert!(lines.contains(&want), "{want} missing from {lines:#?}");
+        }
+        assert!(
+            !lines.iter().any(|l| l.starts_with("agent.resources.limits")),
+            "nothing below an open node: {lines:#?}"
+        );
+        let keys = Inventory::parse(&out).unwrap();
+        let r: Vec<String> = validate(
+            &json!({"agent": {"resources": {"limits": {"cpu": "1"}}, "labels": {"a/b": "c"}, "extra": [1], "free": {"x": {"y": 1}}, "enabeld": true}}),
+            &keys,
+            true,
+        )
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(r[0].starts_with("agent.enabeld: not a key"), "{r:?}");
+    }
+
     #[test]
     fn size_cap() {
         let big: serde_json::Map<String, serde_json::Value> =
