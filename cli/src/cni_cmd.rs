@@ -1,4 +1,5 @@
-//! `ichor cni values validate|render` and `ichor cni schema derive`: Cilium values.
+//! `ichor cni values validate|render|get|set|edit|diff` and `ichor cni schema derive`: Cilium
+//! values (the live commands are `cni_values_cmd`'s).
 //!
 //! The validation is `render::cilium::validate`, the one function every caller uses.
 
@@ -90,6 +91,53 @@ pub enum ValuesCommand {
         #[arg(short, long, value_enum, default_value_t)]
         output: Output,
     },
+    /// Print a cluster's user layer of Cilium values (YAML; -o json), as the spec holds it.
+    #[command(after_help = "Example:\n  ichor cni values get --cluster lab")]
+    Get {
+        #[command(flatten)]
+        live: crate::cni_values_cmd::LiveArgs,
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Set or remove keys of a cluster's layer (`KEY=VALUE`, the value read as YAML; `KEY-`
+    /// removes it), validated by the one validator before anything is written; prints what
+    /// the Cilium Job would run differently. On a Git-tracked cluster, prints the YAML to commit.
+    #[command(
+        after_help = "Example:\n  ichor cni values set --cluster lab hubble.relay.enabled=true 'operator.nodeSelector[\"kubernetes.io/os\"]=linux'\n  ichor cni values set --cluster lab hubble.ui-\n\nExit: 0 written (or nothing to write), 1 refused or a Git change to commit (nothing written), 2 an error."
+    )]
+    Set {
+        #[command(flatten)]
+        live: crate::cni_values_cmd::LiveArgs,
+        /// `KEY=VALUE` or `KEY-`, applied in order.
+        #[arg(required = true)]
+        assignments: Vec<String>,
+        /// Validate and show the change; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Edit a cluster's layer in $VISUAL or $EDITOR; validated before it is written, and the
+    /// file kept on a refusal so nothing typed is lost.
+    #[command(after_help = "Example:\n  EDITOR=nano ichor cni values edit --cluster lab")]
+    Edit {
+        #[command(flatten)]
+        live: crate::cni_values_cmd::LiveArgs,
+        /// Edit this file in place (an edit kept after a refusal) instead of the cluster's layer.
+        #[arg(long, short = 'f')]
+        file: Option<PathBuf>,
+    },
+    /// What the Cilium Job would run after a change (`KEY=VALUE`/`KEY-`, or a whole layer from
+    /// --file) against what the layer in the spec gives now, one line per key, Ichor's keys marked.
+    #[command(
+        after_help = "Example:\n  ichor cni values diff --cluster lab hubble.relay.enabled=true\n\nExit: 0 shown, 1 the change would be refused (shown, with why)."
+    )]
+    Diff {
+        #[command(flatten)]
+        live: crate::cni_values_cmd::LiveArgs,
+        assignments: Vec<String>,
+        /// A whole new layer (YAML or JSON) instead of assignments.
+        #[arg(long, short = 'f', conflicts_with = "assignments")]
+        file: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -112,7 +160,7 @@ pub enum SchemaCommand {
     },
 }
 
-fn keys() -> Result<Inventory> {
+pub(crate) fn keys() -> Result<Inventory> {
     Inventory::parse(render::embedded::CILIUM_KEYS.1).context(render::embedded::CILIUM_KEYS.0)
 }
 
@@ -153,6 +201,18 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
                 stdout.push_str(&format!("wrote {} ({} default leaves)\n", p.display(), count(&leaves)));
             }
             Ok(Report { stdout, ..Report::default() })
+        }
+        CniCommand::Values(ValuesCommand::Get { live, output }) => {
+            crate::cni_values_cmd::run(crate::cni_values_cmd::Live::Get { output }, &live)
+        }
+        CniCommand::Values(ValuesCommand::Set { live, assignments, dry_run }) => {
+            crate::cni_values_cmd::run(crate::cni_values_cmd::Live::Set { assignments, dry_run }, &live)
+        }
+        CniCommand::Values(ValuesCommand::Edit { live, file }) => {
+            crate::cni_values_cmd::run(crate::cni_values_cmd::Live::Edit { from: file }, &live)
+        }
+        CniCommand::Values(ValuesCommand::Diff { live, assignments, file }) => {
+            crate::cni_values_cmd::run(crate::cni_values_cmd::Live::Diff { assignments, file }, &live)
         }
         CniCommand::Values(ValuesCommand::Validate { file, kube_proxy }) => {
             let text = disk::read_text(&file, disk::caps::TEXT, "a Cilium values file")?;
@@ -273,7 +333,7 @@ fn helm_apply(
 
 /// Cilium values as the one bounded reader reads them (aliases cannot expand them past
 /// `render::config::MAX_CONFIG_BYTES`; a value never reaches the error), as JSON.
-fn read_values(text: &str, source: &str) -> Result<serde_json::Value> {
+pub(crate) fn read_values(text: &str, source: &str) -> Result<serde_json::Value> {
     let v = render::yaml::parse(text, render::config::MAX_CONFIG_BYTES).map_err(|e| {
         let at = e.line.map(|l| format!(":{l}:{}", e.col.unwrap_or(1))).unwrap_or_default();
         anyhow::anyhow!("{source}{at}: not valid YAML or JSON: {}", e.message)

@@ -6,6 +6,7 @@
 //! quietly on a broken pipe.
 
 mod cni_cmd;
+mod cni_values_cmd;
 mod config_cmd;
 mod contract_cmd;
 mod controller_cmd;

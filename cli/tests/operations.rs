@@ -144,10 +144,16 @@ impl Sim {
     }
 
     fn ichor(&self, args: &[&str]) -> (i32, String, String) {
+        self.ichor_env(args, &[])
+    }
+
+    /// `ichor` with more environment (`EDITOR`).
+    fn ichor_env(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
         let kc = self.dir.join("kubeconfig");
         let tc = self.dir.join("talosconfig");
         let out = Command::new(env!("CARGO_BIN_EXE_ichor"))
             .args(args)
+            .envs(env.iter().copied())
             .env("KUBECONFIG", &kc)
             .env("TALOSCONFIG", &tc)
             .current_dir(root())
@@ -1482,4 +1488,109 @@ impl Sim {
         let versions: Vec<&str> = versions.split_whitespace().collect();
         assert!(versions.len() == 4 && versions.iter().all(|v| *v == "v1.37.0"), "{versions:?}");
     }
+}
+
+/// `ichor cni values get|set|edit|diff` as typed against the simulated cluster, read back with
+/// kubectl: a set writes only what the one validator accepts (a typo writes nothing, exit 1), a
+/// removal removes, `diff` shows the Job's values with Ichor's keys marked, `edit` keeps a
+/// refused edit in a file that `edit --file` takes up again, and a Git-tracked cluster gets the
+/// YAML to commit with nothing written.
+#[test]
+fn cilium_values_get_set_edit_diff_as_typed() {
+    let sim = Sim::start_args("values", "disabled", &["--no-controller"]);
+    let values = || {
+        let path = "jsonpath={.spec.cni.cilium.values}";
+        sim.kubectl(&["get", "taloscluster", "lab", "-n", "ichor-system", "-o", path]).unwrap().1
+    };
+    let (code, out, err) = sim.ichor(&["cni", "values", "get", "--cluster", "lab"]);
+    assert_eq!((code, out.as_str()), (0, "hubble:\n  relay:\n    enabled: true\n"), "the example's layer: {err}");
+
+    let label = r#"operator.nodeSelector["node-role.kubernetes.io/control-plane"]="#;
+    let (code, out, err) = sim.ichor(&[
+        "cni",
+        "values",
+        "set",
+        "--cluster",
+        "lab",
+        "hubble.relay.enabled=true",
+        label,
+        "operator.replicas=1",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("+operator.replicas: 1\n") && out.contains("Written: TalosCluster ichor-system/lab"), "{out}");
+    assert!(out.contains("kubeProxyReplacement: false  # owned by Ichor"), "Ichor's keys are marked: {out}");
+    let want = r#"{"hubble":{"relay":{"enabled":true}},"operator":{"nodeSelector":{"node-role.kubernetes.io/control-plane":""},"replicas":1}}"#;
+    assert_eq!(values(), want);
+    let (_, json, _) = sim.ichor(&["cni", "values", "get", "--cluster", "lab", "-o", "json"]);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&json).unwrap(),
+        serde_json::from_str::<serde_json::Value>(want).unwrap()
+    );
+
+    // Typos and Ichor's keys: every refusal named, exit 1, nothing written.
+    let (code, out, err) =
+        sim.ichor(&["cni", "values", "set", "--cluster", "lab", "operator.replicsa=2", "kubeProxyReplacement=true"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("spec.cni.cilium.values.operator.replicsa: not a key"), "{err}");
+    assert!(err.contains("spec.cni.cilium.values.kubeProxyReplacement: owned by Ichor"), "{err}");
+    assert!(err.contains("nothing was written"), "{err}");
+    assert_eq!(values(), want, "a refusal writes nothing");
+    let (code, _, err) = sim.ichor(&["cni", "values", "set", "--cluster", "lab", "hubble.relay.enabled.x=1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("hubble.relay.enabled is boolean, not a mapping"), "{err}");
+
+    // diff changes nothing; a removal removes the mapping it empties.
+    let (code, out, _) = sim.ichor(&["cni", "values", "diff", "--cluster", "lab", "operator-"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("-operator.replicas: 1\n") && !out.contains("Written"), "{out}");
+    assert_eq!(values(), want);
+    let (code, _, err) = sim.ichor(&["cni", "values", "set", "--cluster", "lab", "operator-"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(values(), r#"{"hubble":{"relay":{"enabled":true}}}"#);
+
+    // edit: a refused edit is kept; edit --file takes it up again.
+    let scripts = sim.dir.join("editors");
+    std::fs::create_dir_all(&scripts).unwrap();
+    let typo = scripts.join("typo.sh");
+    std::fs::write(&typo, "#!/bin/sh\nprintf 'hubble:\\n  ui:\\n    enabeld: true\\n' > \"$1\"\n").unwrap();
+    let fix = scripts.join("fix.sh");
+    std::fs::write(&fix, "#!/bin/sh\nsed -i 's/enabeld/enabled/' \"$1\"\n").unwrap();
+    for f in [&typo, &fix] {
+        std::process::Command::new("chmod").arg("+x").arg(f).status().unwrap();
+    }
+    let (code, _, err) = sim.ichor_env(
+        &["cni", "values", "edit", "--cluster", "lab"],
+        &[("EDITOR", typo.to_str().unwrap()), ("VISUAL", "")],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("hubble.ui.enabeld: not a key"), "{err}");
+    let kept = err.split("your edit is kept in ").nth(1).and_then(|s| s.split(':').next()).unwrap().to_string();
+    assert!(std::fs::read_to_string(&kept).unwrap().contains("enabeld"), "the typed edit is kept in {kept}");
+    assert_eq!(values(), r#"{"hubble":{"relay":{"enabled":true}}}"#);
+    let (code, _, err) = sim.ichor_env(
+        &["cni", "values", "edit", "--cluster", "lab", "--file", &kept],
+        &[("EDITOR", fix.to_str().unwrap()), ("VISUAL", "")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(values(), r#"{"hubble":{"ui":{"enabled":true}}}"#, "the edit is the whole layer");
+    assert!(std::fs::read_to_string(&kept).unwrap().contains("enabled: true"), "a file given is edited in place");
+
+    // A Git-tracked cluster: the YAML to commit, nothing written.
+    sim.kubectl(&[
+        "annotate",
+        "tc",
+        "lab",
+        "-n",
+        "ichor-system",
+        "argocd.argoproj.io/tracking-id=lab:ichor.maesh.dev/TalosCluster:ichor-system/lab",
+    ])
+    .unwrap();
+    let (code, out, _) = sim.ichor(&["cni", "values", "set", "--cluster", "lab", "hubble.relay.enabled=true"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("tracked by Argo CD: commit this change to Git")
+            && out.contains("      values:\n        hubble:\n"),
+        "{out}"
+    );
+    assert_eq!(values(), r#"{"hubble":{"ui":{"enabled":true}}}"#);
 }

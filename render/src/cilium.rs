@@ -409,3 +409,147 @@ pub fn layered(user: &Value, kube_proxy_replaced: bool, tunnel: &str) -> Value {
     merge(&mut v, &owned);
     v
 }
+
+/// Why `set_key` could not set a key of the user's layer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SetError {
+    /// The key does not parse as a dotted path (`hubble.relay.enabled`, `nodeSelector["a/b"]`).
+    #[error(
+        "{key}: not a key path ({problem}); write it dotted, quoting a key with dots or slashes: nodeSelector[\"kubernetes.io/os\"]"
+    )]
+    Path {
+        /// The key as given.
+        key: String,
+        /// What the path parser says.
+        problem: crate::path::PathError,
+    },
+    /// A segment meets a value that is not a mapping (or a list, for an index).
+    #[error("{key}: {at} is {found}, not a {wanted}; set {at} itself, or remove it first with {at}-")]
+    NotContainer {
+        /// The key as given.
+        key: String,
+        /// The part of the key that holds something else.
+        at: String,
+        /// What it holds (a JSON type).
+        found: &'static str,
+        /// What the key needs there.
+        wanted: &'static str,
+    },
+    /// An index past the end of a list (one past it appends).
+    #[error("{key}: index {index} is past the end of {at} ({len} item(s)); use {len} to append")]
+    Index {
+        /// The key as given.
+        key: String,
+        /// The list.
+        at: String,
+        /// The index asked for.
+        index: usize,
+        /// The list's length.
+        len: usize,
+    },
+}
+
+/// The user's layer with `key` set to `value`, or removed (`None`; mappings left empty by the
+/// removal go too). The layer is not validated here: `validate` judges the result.
+pub fn set_key(layer: &Value, key: &str, value: Option<Value>) -> Result<Value, SetError> {
+    let path = Path::parse(key).map_err(|problem| SetError::Path { key: key.into(), problem })?;
+    let mut out = if layer.is_object() { layer.clone() } else { json!({}) };
+    match value {
+        Some(v) => {
+            let mut at = &mut out;
+            let mut shown = String::new();
+            for (i, seg) in path.segs.iter().enumerate() {
+                let last = i + 1 == path.segs.len();
+                let next_is_index = path.segs.get(i + 1).is_some_and(|s| matches!(s, crate::path::Seg::Index(_)));
+                let fresh = || if next_is_index { json!([]) } else { json!({}) };
+                at = match seg {
+                    crate::path::Seg::Index(n) => {
+                        let found = json_type(at);
+                        let len = at.as_array().map(Vec::len);
+                        let Some(a) = at.as_array_mut() else {
+                            return Err(SetError::NotContainer { key: key.into(), at: shown, found, wanted: "list" });
+                        };
+                        let len = len.unwrap_or_default();
+                        if *n > len {
+                            return Err(SetError::Index { key: key.into(), at: shown, index: *n, len });
+                        }
+                        if *n == len {
+                            a.push(if last { Value::Null } else { fresh() });
+                        }
+                        &mut a[*n]
+                    }
+                    crate::path::Seg::Field(k) | crate::path::Seg::Key(k) | crate::path::Seg::Name(k) => {
+                        if at.is_null() {
+                            *at = json!({});
+                        }
+                        let found = json_type(at);
+                        let Some(m) = at.as_object_mut() else {
+                            return Err(SetError::NotContainer {
+                                key: key.into(),
+                                at: shown,
+                                found,
+                                wanted: "mapping",
+                            });
+                        };
+                        m.entry(k.clone()).or_insert_with(|| if last { Value::Null } else { fresh() })
+                    }
+                };
+                path_prefix(&path, i, &mut shown);
+            }
+            *at = v;
+        }
+        None => remove(&mut out, &path.segs),
+    }
+    Ok(out)
+}
+
+fn path_prefix(path: &Path, upto: usize, out: &mut String) {
+    *out = Path { segs: path.segs[..=upto].to_vec() }.to_string();
+}
+
+/// Removes the value at `segs`; a mapping the removal leaves empty goes too.
+fn remove(v: &mut Value, segs: &[crate::path::Seg]) {
+    use crate::path::Seg;
+    let Some((first, rest)) = segs.split_first() else { return };
+    match (first, v) {
+        (Seg::Field(k) | Seg::Key(k) | Seg::Name(k), Value::Object(m)) => {
+            if rest.is_empty() {
+                m.remove(k);
+            } else if let Some(child) = m.get_mut(k) {
+                remove(child, rest);
+                if child.as_object().is_some_and(Map::is_empty) {
+                    m.remove(k);
+                }
+            }
+        }
+        (Seg::Index(i), Value::Array(a)) if *i < a.len() => {
+            if rest.is_empty() {
+                a.remove(*i);
+            } else {
+                remove(&mut a[*i], rest);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Layered values as one line per leaf (`hubble.relay.enabled: true`, the value as JSON), in
+/// path order, each key Ichor owns marked `# owned by Ichor`: what `ichor cni values diff`
+/// compares, so a change reads as the lines it moves.
+pub fn leaf_lines(values: &Value) -> String {
+    let mut ls = vec![];
+    leaves(None, values, &mut ls);
+    let mut lines: Vec<String> = ls
+        .iter()
+        .map(|(p, v)| {
+            let shown = p.to_string();
+            let ours = PINNED.contains(&shown.as_str())
+                || owned().iter().any(|(k, _)| {
+                    shown == *k || shown.starts_with(&format!("{k}.")) || shown.starts_with(&format!("{k}["))
+                });
+            format!("{shown}: {v}{}\n", if ours { "  # owned by Ichor" } else { "" })
+        })
+        .collect();
+    lines.sort();
+    lines.concat()
+}

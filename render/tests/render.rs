@@ -634,6 +634,37 @@ mod cilium_values {
     }
 
     #[test]
+    fn set_key_sets_removes_and_names_what_is_in_the_way() {
+        use render::cilium::{SetError, set_key};
+        let v = set_key(&json!(null), "hubble.relay.enabled", Some(json!(true))).unwrap();
+        assert_eq!(v, json!({"hubble": {"relay": {"enabled": true}}}));
+        let v = set_key(&v, r#"nodeSelector["kubernetes.io/os"]"#, Some(json!("linux"))).unwrap();
+        assert_eq!(v["nodeSelector"]["kubernetes.io/os"], json!("linux"), "a quoted key is one key");
+        let v = set_key(&v, "extraArgs[0]", Some(json!("--a"))).unwrap();
+        let v = set_key(&v, "extraArgs[1]", Some(json!("--b"))).unwrap();
+        assert_eq!(v["extraArgs"], json!(["--a", "--b"]), "one past the end appends");
+        assert!(matches!(set_key(&v, "extraArgs[5]", Some(json!(1))), Err(SetError::Index { len: 2, .. })));
+        let e = set_key(&v, "hubble.relay.enabled.x", Some(json!(1))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "hubble.relay.enabled.x: hubble.relay.enabled is boolean, not a mapping; set hubble.relay.enabled itself, or remove it first with hubble.relay.enabled-"
+        );
+        assert!(matches!(set_key(&v, "a[", None), Err(SetError::Path { .. })));
+        let v = set_key(&v, "hubble.relay.enabled", None).unwrap();
+        assert!(v.get("hubble").is_none(), "a mapping the removal empties goes too: {v}");
+        assert_eq!(set_key(&v, "absent.key", None).unwrap(), v, "removing what is not there changes nothing");
+    }
+
+    #[test]
+    fn leaf_lines_mark_the_keys_ichor_owns() {
+        let text = render::cilium::leaf_lines(&layered(&json!({"hubble": {"enabled": true}}), true, "vxlan"));
+        assert!(text.contains("hubble.enabled: true\n"), "{text}");
+        assert!(text.contains("kubeProxyReplacement: true  # owned by Ichor\n"), "{text}");
+        assert!(text.contains("tls.secretsNamespace.name: \"cilium-secrets\"  # owned by Ichor\n"), "{text}");
+        assert!(text.contains("rollOutCiliumPods: true\n"), "Ichor's defaults are the user's to change: {text}");
+    }
+
+    #[test]
     fn size_cap() {
         let big: serde_json::Map<String, serde_json::Value> =
             (0..3000).map(|i| (format!("k{i}"), json!("x".repeat(20)))).collect();
