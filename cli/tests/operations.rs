@@ -1145,7 +1145,7 @@ impl Sim {
     }
 
     /// Runs `check` while `controller` still runs (the machine controller corrects a status
-    /// within 15 s of a read that failed, so a check that waits needs it), then stops it, also
+    /// soon after a read that failed, so a check that waits needs it), then stops it, also
     /// when the check fails.
     fn check_then_stop<T>(&self, controller: Child, check: impl FnOnce() -> T) -> T {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(check));
@@ -1353,7 +1353,10 @@ fn operations_complete_when_the_controllers_requests_meet_api_faults() {
     let mut extra = vec!["--no-controller"];
     extra.extend(faults);
     let sim = Sim::start_args("api-faults", "disabled", &extra);
-    let controller = sim.controller();
+    // The controller's log, to show with a failure (what it met, what it retried).
+    let log_path = sim.dir.join("controller.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let controller = sim.replica_with("ichor-test", &[("ICHOR_LOG", "info")], Stdio::from(log));
     let started = std::time::Instant::now();
     let rollout = (&["config", "apply", "--cluster", "lab", "--yes"][..], "config-rollout");
     for (args, name) in SWITCHES_AND_UPGRADE.into_iter().chain([rollout]) {
@@ -1363,13 +1366,18 @@ fn operations_complete_when_the_controllers_requests_meet_api_faults() {
         let (code, _, err) = sim.ichor(args);
         assert_eq!(code, 0, "{args:?}: {err}");
         let start = std::time::Instant::now();
-        // A reconcile that meets a 500 or a 429 is retried after 15 s (the error policy), so an
-        // operation of a dozen steps can meet several: 240 s each, on 2 busy cores.
+        // A reconcile that meets a 500 or a 429 is retried after 0.5 s, doubling to 15 s while it
+        // keeps failing (the error policy's backoff): 240 s each, on 2 busy cores.
         while !matches!(sim.phase_of(name), Phase::Completed | Phase::Paused) && start.elapsed().as_secs() < 240 {
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
-        assert_eq!(sim.phase_of(name), Phase::Completed, "{name} under API faults: {status}");
+        if sim.phase_of(name) != Phase::Completed {
+            let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
+            let op = sim.kubectl(&["get", "talosoperation", name, "-n", "ichor-system", "-o", "yaml"]).unwrap().1;
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
+            panic!("{name} under API faults: {status}\n{op}\nthe controller's last lines:\n{}", tail.join("\n"));
+        }
     }
     sim.wait_quiet();
     sim.check_then_stop(controller, || sim.assert_rolled_out_once("under API faults"));
@@ -1447,8 +1455,8 @@ impl Sim {
     /// rebooted exactly once (its Node reports its second boot: a reboot-class change is never
     /// applied twice), none left cordoned, every TalosMachine Converged.
     fn assert_rolled_out_once(&self, context: &str) {
-        // The machine controller looks again within 15 s of a read that failed (a node that
-        // hung answers a call only at its 15 s deadline): its statuses are read once settled.
+        // The machine controller looks again soon after a read that failed (a node that hung
+        // answers a call only at its 15 s deadline): its statuses are read once settled.
         let path = "jsonpath={.items[*].status.conditions[0].reason}";
         let converged = "Converged Converged Converged Converged";
         let reasons = || self.kubectl(&["get", "talosmachines", "-n", "ichor-system", "-o", path]).unwrap().1;

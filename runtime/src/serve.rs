@@ -102,6 +102,38 @@ struct Ctx {
     metrics: Arc<Metrics>,
     recorder: Recorder,
     count: std::sync::atomic::AtomicU64,
+    backoff: Backoff,
+}
+
+/// How long a failed reconcile waits before it is tried again, per object: 500 ms after the
+/// first failure, doubling to at most 15 s, and back to the start after a success (a transient
+/// 500 or 429 costs half a second, not 15 s; a lasting fault is not retried in a tight loop).
+/// The same per-item exponential backoff client-go's work queues use.
+#[derive(Default)]
+pub struct Backoff {
+    failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+}
+
+/// The first retry after a failure.
+pub const RETRY_FIRST: Duration = Duration::from_millis(500);
+/// The longest wait between retries.
+pub const RETRY_MAX: Duration = Duration::from_secs(15);
+
+impl Backoff {
+    /// Records a failure of `key` and returns how long to wait before the next try.
+    pub fn failed(&self, key: &str) -> Duration {
+        let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = f.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        let wait = RETRY_FIRST.saturating_mul(1u32 << (*n - 1).min(10));
+        wait.min(RETRY_MAX)
+    }
+
+    /// Forgets `key`'s failures.
+    pub fn succeeded(&self, key: &str) {
+        let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        f.remove(key);
+    }
 }
 
 /// Why a reconcile of the loop failed.
@@ -118,7 +150,17 @@ fn now() -> String {
     crate::plan::rfc3339(t)
 }
 
+/// `reconcile_once`, with the object's failures forgotten after a success (the backoff).
 async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    let k = key("TalosOperation", &op.metadata);
+    let r = reconcile_once(op, ctx.clone()).await;
+    if r.is_ok() {
+        ctx.backoff.succeeded(&k);
+    }
+    r
+}
+
+async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
     if !*ctx.leader.borrow() {
         // A standby replica never acts; it looks again when it may hold the Lease.
         return Ok(Action::requeue(Duration::from_secs(5)));
@@ -254,8 +296,18 @@ pub const MACHINE_RESYNC_CONVERGED: Duration = Duration::from_secs(120);
 /// How often it looks at one that is not converged.
 pub const MACHINE_RESYNC: Duration = Duration::from_secs(30);
 
-/// The Machine controller: a TalosMachine's Ready condition and hashes.
+/// `reconcile_machine_once`, with the object's failures forgotten after a success (the backoff).
 async fn reconcile_machine(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    let k = key("TalosMachine", &m.metadata);
+    let r = reconcile_machine_once(m, ctx.clone()).await;
+    if r.is_ok() {
+        ctx.backoff.succeeded(&k);
+    }
+    r
+}
+
+/// The Machine controller: a TalosMachine's Ready condition and hashes.
+async fn reconcile_machine_once(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
     if !*ctx.leader.borrow() {
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
@@ -298,9 +350,19 @@ async fn reconcile_machine(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>) -> 
     }
 }
 
+/// `reconcile_handover_once`, with the object's failures forgotten after a success (the backoff).
+async fn reconcile_handover(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    let k = key("TalosCluster", &c.metadata);
+    let r = reconcile_handover_once(c, ctx.clone()).await;
+    if r.is_ok() {
+        ctx.backoff.succeeded(&k);
+    }
+    r
+}
+
 /// The CNI hand-over controller (ADR 0024): a TalosCluster's CNIHandover condition from Argo
 /// CD's Application; it comes back while the hand-over waits.
-async fn reconcile_handover(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+async fn reconcile_handover_once(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
     if !*ctx.leader.borrow() {
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
@@ -315,9 +377,15 @@ async fn reconcile_handover(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx>) ->
     }
 }
 
-fn handover_error_policy(_: Arc<render::api::TalosCluster>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
-    tracing::warn!(error = %crate::error_chain(e), "hand-over reconcile failed; retrying in 15 s");
-    Action::requeue(Duration::from_secs(15))
+fn handover_error_policy(c: Arc<render::api::TalosCluster>, e: &ReconcileError, ctx: Arc<Ctx>) -> Action {
+    let wait = ctx.backoff.failed(&key("TalosCluster", &c.metadata));
+    tracing::warn!(error = %crate::error_chain(e), retry_in = ?wait, "hand-over reconcile failed");
+    Action::requeue(wait)
+}
+
+/// The backoff's key of an object.
+fn key(kind: &str, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!("{kind}/{}", meta.name.as_deref().unwrap_or_default())
 }
 
 /// What a watch maps a change of `cluster` to: the objects of `store` that belong to it.
@@ -338,14 +406,16 @@ where
     }
 }
 
-fn machine_error_policy(_: Arc<render::api::TalosMachine>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
-    tracing::warn!(error = %crate::error_chain(e), "machine reconcile failed; retrying in 15 s");
-    Action::requeue(Duration::from_secs(15))
+fn machine_error_policy(m: Arc<render::api::TalosMachine>, e: &ReconcileError, ctx: Arc<Ctx>) -> Action {
+    let wait = ctx.backoff.failed(&key("TalosMachine", &m.metadata));
+    tracing::warn!(error = %crate::error_chain(e), retry_in = ?wait, "machine reconcile failed");
+    Action::requeue(wait)
 }
 
-fn error_policy(_: Arc<TalosOperation>, e: &ReconcileError, _: Arc<Ctx>) -> Action {
-    tracing::warn!(error = %crate::error_chain(e), "reconcile failed; retrying in 15 s");
-    Action::requeue(Duration::from_secs(15))
+fn error_policy(op: Arc<TalosOperation>, e: &ReconcileError, ctx: Arc<Ctx>) -> Action {
+    let wait = ctx.backoff.failed(&key("TalosOperation", &op.metadata));
+    tracing::warn!(error = %crate::error_chain(e), retry_in = ?wait, "reconcile failed");
+    Action::requeue(wait)
 }
 
 /// Logs each change of who acts: this replica holding the Lease, or waiting for it (and who
@@ -435,6 +505,7 @@ pub async fn run(
         metrics,
         recorder: Recorder::new(client.clone(), reporter),
         count: Default::default(),
+        backoff: Backoff::default(),
     });
     let ops: Api<TalosOperation> = Api::namespaced(client.clone(), &config.namespace);
     let machines: Api<render::api::TalosMachine> = Api::namespaced(client, &config.namespace);
@@ -544,4 +615,19 @@ pub async fn run(
     drop(leader);
     let _ = lease_task.await;
     Ok(())
+}
+
+#[cfg(test)]
+mod backoff_tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_is_retried_soon_then_less_often_and_a_success_starts_over() {
+        let b = Backoff::default();
+        let waits: Vec<u64> = (0..8).map(|_| b.failed("TalosOperation/a").as_millis() as u64).collect();
+        assert_eq!(waits, [500, 1000, 2000, 4000, 8000, 15000, 15000, 15000]);
+        assert_eq!(b.failed("TalosMachine/cp1"), RETRY_FIRST, "each object has its own count");
+        b.succeeded("TalosOperation/a");
+        assert_eq!(b.failed("TalosOperation/a"), RETRY_FIRST);
+    }
 }
