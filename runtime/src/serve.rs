@@ -150,14 +150,23 @@ fn now() -> String {
     crate::plan::rfc3339(t)
 }
 
+/// Runs a reconcile; after a success, forgets the object's failures (the backoff starts over).
+async fn forgetting_failures(
+    ctx: &Ctx,
+    key: String,
+    reconcile: impl std::future::Future<Output = Result<Action, ReconcileError>>,
+) -> Result<Action, ReconcileError> {
+    let r = reconcile.await;
+    if r.is_ok() {
+        ctx.backoff.succeeded(&key);
+    }
+    r
+}
+
 /// `reconcile_once`, with the object's failures forgotten after a success (the backoff).
 async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
     let k = key("TalosOperation", &op.metadata);
-    let r = reconcile_once(op, ctx.clone()).await;
-    if r.is_ok() {
-        ctx.backoff.succeeded(&k);
-    }
-    r
+    forgetting_failures(&ctx.clone(), k, reconcile_once(op, ctx)).await
 }
 
 async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
@@ -299,11 +308,7 @@ pub const MACHINE_RESYNC: Duration = Duration::from_secs(30);
 /// `reconcile_machine_once`, with the object's failures forgotten after a success (the backoff).
 async fn reconcile_machine(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
     let k = key("TalosMachine", &m.metadata);
-    let r = reconcile_machine_once(m, ctx.clone()).await;
-    if r.is_ok() {
-        ctx.backoff.succeeded(&k);
-    }
-    r
+    forgetting_failures(&ctx.clone(), k, reconcile_machine_once(m, ctx)).await
 }
 
 /// The Machine controller: a TalosMachine's Ready condition and hashes.
@@ -353,11 +358,7 @@ async fn reconcile_machine_once(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>
 /// `reconcile_handover_once`, with the object's failures forgotten after a success (the backoff).
 async fn reconcile_handover(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
     let k = key("TalosCluster", &c.metadata);
-    let r = reconcile_handover_once(c, ctx.clone()).await;
-    if r.is_ok() {
-        ctx.backoff.succeeded(&k);
-    }
-    r
+    forgetting_failures(&ctx.clone(), k, reconcile_handover_once(c, ctx)).await
 }
 
 /// The CNI hand-over controller (ADR 0024): a TalosCluster's CNIHandover condition from Argo
