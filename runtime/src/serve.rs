@@ -193,7 +193,16 @@ async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action
             .await;
     let _entered = span.enter();
     match &r {
-        Ok(r) => tracing::info!(phase = %r.status.operation.phase, actions = r.plan.actions.len(), "reconciled"),
+        Ok(r) => {
+            tracing::info!(phase = %r.status.operation.phase, actions = r.plan.actions.len(), "reconciled");
+            // An action refused (its precondition no longer held) or interrupted records
+            // nothing: said, with the action, so a plan that keeps meeting it can be seen.
+            for (a, p) in &r.outcome.actions {
+                if let crate::exec::Performed::Refused { why } | crate::exec::Performed::Interrupted { why } = p {
+                    tracing::warn!(action = %a, why = %why, "an action did not happen; the next reconcile plans again");
+                }
+            }
+        }
         Err(e) => tracing::warn!(error = %crate::error_chain(e), "reconcile failed"),
     }
     drop(_entered);
