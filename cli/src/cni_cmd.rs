@@ -253,7 +253,7 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
             if !rs.is_empty() {
                 let name = render::render::object_name("TalosCluster", &tc.metadata);
                 return Err(anyhow!(Diagnosed {
-                    diagnostics: rs.iter().map(|r| format!("{name}: spec.cni.cilium.values.{r}\n")).collect(),
+                    diagnostics: crate::cni_values_cmd::refusal_text(&name, &rs),
                     summary: "the Cilium values are refused (CNIValuesApplied=False); no Job would run".into(),
                 }));
             }

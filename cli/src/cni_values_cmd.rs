@@ -200,7 +200,7 @@ fn read_layer(file: &Path) -> Result<Value> {
     crate::cni_cmd::read_values(&text, &file.display().to_string())
 }
 
-fn refusal_text(name: &str, refused: &[cilium::Refusal]) -> String {
+pub(crate) fn refusal_text(name: &str, refused: &[cilium::Refusal]) -> String {
     refused.iter().map(|r| format!("{name}: spec.cni.cilium.values.{r}\n")).collect()
 }
 
@@ -247,8 +247,7 @@ async fn write(
         report.stdout += "Nothing to write: the layer is already so.\n";
         return Ok(report);
     }
-    let tracked = tc.metadata.annotations.as_ref().is_some_and(|m| m.contains_key("argocd.argoproj.io/tracking-id"));
-    if tracked {
+    if crate::op_cmd::git_tracked(&tc) {
         let yaml = serde_yaml::to_string(&serde_json::json!({"spec": {"cni": {"cilium": {"values": next}}}}))?;
         report.stdout +=
             &format!("\n{name} is tracked by Argo CD: commit this change to Git (nothing was written here):\n{yaml}");

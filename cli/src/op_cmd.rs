@@ -359,8 +359,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         });
     }
     // A Git-tracked cluster: the spec change belongs in Git, with the consent annotation.
-    let tracked =
-        cluster.metadata.annotations.as_ref().is_some_and(|m| m.contains_key("argocd.argoproj.io/tracking-id"));
+    let tracked = git_tracked(&cluster);
     let spec_done = match &what {
         Start::Upgrade { to, .. } => &cluster.spec.kubernetes_version == to,
         Start::KubeProxy { mode } => cluster.spec.cni.kube_proxy == *mode,
@@ -452,6 +451,11 @@ fn regex_version(v: &str) -> bool {
     let Some(rest) = v.strip_prefix('v') else { return false };
     let parts: Vec<&str> = rest.split('.').collect();
     parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Whether Argo CD tracks the cluster (its tracking annotation): a spec change belongs in Git.
+pub(crate) fn git_tracked(cluster: &TalosCluster) -> bool {
+    cluster.metadata.annotations.as_ref().is_some_and(|m| m.contains_key("argocd.argoproj.io/tracking-id"))
 }
 
 /// A merge patch, retried on a conflict (the API's 409) a few times.
