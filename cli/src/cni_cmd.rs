@@ -30,6 +30,18 @@ pub enum CniCommand {
         #[command(flatten)]
         start: crate::op_cmd::StartArgs,
     },
+    /// Upgrade Cilium to the chart embedded in this Ichor, as an operation with its preview and
+    /// consent: one Cilium Job (`helm upgrade --atomic`, the mode Cilium runs now, the cluster's
+    /// layer of values), then the agents roll out. Refused when the running chart is newer, more
+    /// than one minor behind, or after the hand-over (Argo CD owns the chart).
+    #[command(after_help = "Example:
+  ichor cni upgrade --cluster lab --dry-run
+
+Exit: 0 started (or previewed, or nothing to do), 1 not started (refused, declined), 2 error.")]
+    Upgrade {
+        #[command(flatten)]
+        start: crate::op_cmd::StartArgs,
+    },
     /// Helm, as the Cilium Job runs it.
     #[command(subcommand)]
     Helm(HelmCommand),
@@ -176,6 +188,7 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
         CniCommand::KubeProxy { mode, start } => {
             crate::op_cmd::start(crate::op_cmd::Start::KubeProxy { mode: mode.into() }, &start)
         }
+        CniCommand::Upgrade { start } => crate::op_cmd::start(crate::op_cmd::Start::CiliumUpgrade, &start),
         CniCommand::Schema(SchemaCommand::Derive { schema, values, chart, out, defaults_out }) => {
             let text = disk::read_text(&schema, disk::caps::FACTS, "a chart's values schema")?;
             let values_text = match &values {

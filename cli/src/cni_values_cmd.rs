@@ -42,7 +42,16 @@ pub enum Live {
 /// number and `"2"` a string) or `hubble.relay-` (removed).
 pub fn parse_assignment(a: &str) -> Result<(String, Option<Value>)> {
     if let Some((k, v)) = a.split_once('=') {
-        let parsed = render::yaml::parse(v, 64 * 1024)
+        // A value alone over the layer's cap can never be written: said as such, without
+        // echoing it.
+        if v.len() > cilium::MAX_VALUES_BYTES {
+            bail!(
+                "{k}=: the value is {} bytes, over the {}-byte limit of the values layer; nothing was written: keep only the keys you change",
+                v.len(),
+                cilium::MAX_VALUES_BYTES
+            );
+        }
+        let parsed = render::yaml::parse(v, cilium::MAX_VALUES_BYTES)
             .map_err(|e| anyhow!("{a}: the value is not YAML: {}", e.message))
             .and_then(|y| {
                 serde_json::to_value(y).with_context(|| format!("{a}: the value does not convert to JSON"))
@@ -157,7 +166,7 @@ async fn run_async(what: Live, a: &LiveArgs) -> Result<Report> {
             );
             match write(&api, tc, &name, &current, next, false).await {
                 // A refusal (or a change to commit to Git) keeps what was typed.
-                Ok(mut r) if r.findings => {
+                Ok(mut r) if r.findings || r.failed => {
                     r.stderr += &format!("ichor: {kept}\n");
                     Ok(r)
                 }
@@ -222,7 +231,8 @@ fn diff_report(tc: &TalosCluster, current: &Value, next: &Value) -> Report {
 }
 
 /// Validates `next` with the one validator and writes it (or prints the YAML to commit on a
-/// Git-tracked cluster). A refusal writes nothing and exits 1.
+/// Git-tracked cluster). A refusal is bad input (issue 28): it writes nothing and exits 2 with
+/// the validator's words.
 async fn write(
     api: &Api<TalosCluster>,
     mut tc: TalosCluster,
@@ -238,7 +248,7 @@ async fn write(
                 "{}ichor: the Cilium values are refused; nothing was written\n",
                 refusal_text(name, &refused)
             ),
-            findings: true,
+            failed: true,
             ..Report::default()
         });
     }

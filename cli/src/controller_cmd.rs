@@ -182,6 +182,8 @@ pub struct SimCluster {
     pub release_set_kubernetes: String,
     /// `--workers`: worker machines added to the manifests' cluster.
     pub workers: usize,
+    /// `--cilium-version`: the Cilium the cluster runs at start.
+    pub cilium_version: Option<String>,
 }
 
 /// `n` worker TalosMachines added to the cluster of `files` (the first TalosCluster's name and
@@ -234,9 +236,17 @@ pub fn sim_cluster(
     let node_faults =
         sim.node_faults.iter().map(|f| crate::talos_cmd::node_fault("--node-fault", f)).collect::<Result<Vec<_>>>()?;
     let step = sim.step_latency;
+    if let Some(v) = &sim.cilium_version
+        && runtime::handover::cilium_version_of_image(&format!("cilium:{v}")).is_none()
+    {
+        bail!("--cilium-version {v:?}: a Cilium version is X.Y.Z (for example 1.19.6)");
+    }
     let rt = crate::io::io_runtime()?;
     rt.block_on(async {
         let demo = Arc::new(runtime::sim::demo::Demo::start(&files, handover_done).await?);
+        if let Some(v) = &sim.cilium_version {
+            runtime::sim::demo::run_cilium(&demo.api, v.trim_start_matches('v'));
+        }
         if !handover_done {
             // The cluster runs without Argo CD: Ichor's Job owns Cilium.
             for (key, mut c) in demo.api.objects() {

@@ -308,6 +308,10 @@ enum SimCommand {
         /// upgrade may target); raise it to rehearse a second upgrade.
         #[arg(long, default_value = render::embedded::RELEASE_SET_KUBERNETES)]
         release_set_kubernetes: String,
+        /// The Cilium the cluster runs at start (X.Y.Z, the cilium agents' image tag; default:
+        /// the embedded chart's), to rehearse `ichor cni upgrade` and its refusals.
+        #[arg(long, value_name = "X.Y.Z")]
+        cilium_version: Option<String>,
         /// Add this many worker machines to MANIFESTS' cluster (`sim-w0001`, ... at 10.1.x.y,
         /// each with its Node and its simulated Talos node), to try the controller at a fleet's
         /// size (the scale benchmark runs 30, 300 and 1,000 machines).
@@ -516,9 +520,11 @@ fn main() -> ExitCode {
             api_fault,
             step_latency_ms,
             release_set_kubernetes,
+            cilium_version,
             workers,
         }) => {
             let sim = controller_cmd::SimCluster {
+                cilium_version,
                 handover_done: handover == "done",
                 controller: !no_controller,
                 node_faults: node_fault,

@@ -130,6 +130,8 @@ pub enum Start {
         machines: Vec<String>,
         max_unavailable: i32,
     },
+    /// `ichor cni upgrade`: the Cilium release to the embedded chart.
+    CiliumUpgrade,
 }
 
 /// `ichor upgrade kubernetes` and `ichor cni kube-proxy`: preview, consent, then the spec
@@ -181,6 +183,12 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             spec.target.machines = machines.clone();
             spec.max_unavailable = *max_unavailable;
             ("config-rollout".to_string(), json!({}))
+        }
+        Start::CiliumUpgrade => {
+            let chart = render::embedded::CILIUM_CHART_VERSION;
+            spec.kind = OperationKind::CniUpgrade;
+            spec.target.cilium_chart = Some(chart.to_string());
+            (format!("cilium-upgrade-{}", chart.replace('.', "-")), json!({}))
         }
     };
     // Another operation of the cluster that has not ended is in the way (it holds the lock, or
@@ -314,6 +322,9 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             cluster.spec.cni.kube_proxy == *mode && render::render::status_kube_proxy(&cluster) == Some(*mode)
         }
         Start::Rollout { .. } => plan.work_left.is_empty() && blocking.is_empty(),
+        Start::CiliumUpgrade => {
+            read.snapshot.workload.cilium_chart_version.as_deref() == Some(render::embedded::CILIUM_CHART_VERSION)
+        }
     };
     if runs_target {
         let stdout = match &what {
@@ -331,6 +342,11 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             Start::Rollout { .. } => format!(
                 "Nothing to do: no machine of cluster {ns}/{} has a change that needs a reboot (status.rebootPaths); nothing was written.\n",
                 a.cluster
+            ),
+            Start::CiliumUpgrade => format!(
+                "Nothing to do: cluster {ns}/{} already runs Cilium {}, the chart this Ichor embeds; nothing was written.\n",
+                a.cluster,
+                render::embedded::CILIUM_CHART_VERSION
             ),
         };
         return Ok(Report { stdout, ..Report::default() });
@@ -363,8 +379,9 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     let spec_done = match &what {
         Start::Upgrade { to, .. } => &cluster.spec.kubernetes_version == to,
         Start::KubeProxy { mode } => cluster.spec.cni.kube_proxy == *mode,
-        // A rollout changes no spec: it applies what the spec already says.
-        Start::Rollout { .. } => true,
+        // A rollout changes no spec: it applies what the spec already says; a Cilium upgrade
+        // moves the release to the chart this Ichor embeds, which no spec field names.
+        Start::Rollout { .. } | Start::CiliumUpgrade => true,
     };
     if tracked && !spec_done {
         let mut out = format!(
@@ -378,7 +395,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 mode.name(),
                 mode.name()
             ),
-            Start::Rollout { .. } => String::new(),
+            Start::Rollout { .. } | Start::CiliumUpgrade => String::new(),
         };
         return Ok(Report { stdout: out, findings: true, ..Report::default() });
     }
@@ -476,13 +493,7 @@ fn describe(op: &TalosOperation) -> String {
     let st = op.status.clone().unwrap_or_default();
     let name = op.metadata.name.clone().unwrap_or_default();
     let phase = st.phase();
-    let target = match op.spec.kind {
-        OperationKind::Kubernetes => op.spec.target.kubernetes_version.clone().unwrap_or_default(),
-        OperationKind::Cni => op.spec.target.kube_proxy.map(|m| format!("kube-proxy {}", m.name())).unwrap_or_default(),
-        OperationKind::Config if op.spec.target.machines.is_empty() => "rollout".to_string(),
-        OperationKind::Config => format!("rollout of {}", op.spec.target.machines.join(", ")),
-        _ => String::new(),
-    };
+    let target = target_of(op);
     let mut s = format!("{name} ({} {target}) on {}: {phase}", op.spec.kind.name(), op.spec.cluster_ref.name);
     if let Some(stage) = &st.stage {
         s += &format!(", stage {stage}");
@@ -768,7 +779,10 @@ fn target_of(op: &TalosOperation) -> String {
         OperationKind::Cni => op.spec.target.kube_proxy.map(|m| format!("kube-proxy {}", m.name())).unwrap_or_default(),
         OperationKind::Config if op.spec.target.machines.is_empty() => "rollout".to_string(),
         OperationKind::Config => format!("rollout of {}", op.spec.target.machines.join(", ")),
-        _ => String::new(),
+        OperationKind::CniUpgrade => {
+            op.spec.target.cilium_chart.as_ref().map(|c| format!("cilium chart {c}")).unwrap_or_default()
+        }
+        OperationKind::Talos => String::new(),
     }
 }
 

@@ -1402,9 +1402,7 @@ fn under_api_faults(name: &str, with_upgrade: bool) {
     if with_upgrade {
         sim.assert_switched_twice_and_upgraded(None);
     } else {
-        let jobs = sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "jsonpath={.items[*].metadata.name}"]);
-        let jobs = jobs.unwrap().1;
-        assert_eq!(jobs.split_whitespace().count(), 2, "one Cilium Job per mode: {jobs}");
+        sim.assert_one_cilium_job_per_switch_and_per_hash();
     }
     eprintln!(
         "the switches, {}and a rollout completed under API faults in {:?}",
@@ -1506,13 +1504,26 @@ impl Sim {
         assert_eq!(out.trim(), "", "{context}: a node left cordoned");
     }
 
+    /// Each switch ran one Cilium Job (two switches, one per mode, labelled with their
+    /// operation, however often a step was retried), and the values reconciler, which may have
+    /// applied the example's layer before the first switch took the lock, ran at most one Job per
+    /// hash of the layered values.
+    fn assert_one_cilium_job_per_switch_and_per_hash(&self) {
+        let path = r#"jsonpath={range .items[*]}{.metadata.name} {.metadata.labels.ichor\.maesh\.dev/values-hash} {.metadata.labels.ichor\.maesh\.dev/operation}{"\n"}{end}"#;
+        let out = self.kubectl(&["get", "jobs", "-n", "kube-system", "-o", path]).unwrap().1;
+        let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+        let switches: Vec<&Vec<&str>> = rows.iter().filter(|r| r.len() == 3).collect();
+        assert_eq!(switches.len(), 2, "one Cilium Job per switch: {out}");
+        assert_ne!(switches[0][2], switches[1][2], "one Job per switch: {out}");
+        let values = rows.iter().filter(|r| r.len() == 2).count();
+        assert!(values <= 1, "the values reconciler ran at most the example's layer: {out}");
+    }
+
     /// The end of a kube-proxy switch both ways and an upgrade to v1.37.0: one Cilium Job per
     /// mode (named by their values' hash, however often the step was retried), every kubelet on
     /// the target, and, given the boot IDs before, no node rebooted.
     fn assert_switched_twice_and_upgraded(&self, boots_before: Option<&str>) {
-        let path = "jsonpath={.items[*].metadata.name}";
-        let jobs = self.kubectl(&["get", "jobs", "-n", "kube-system", "-o", path]).unwrap().1;
-        assert_eq!(jobs.split_whitespace().count(), 2, "one Cilium Job per mode: {jobs}");
+        self.assert_one_cilium_job_per_switch_and_per_hash();
         if let Some(before) = boots_before {
             let path = "jsonpath={.items[*].status.nodeInfo.bootID}";
             let boots = self.kubectl(&["get", "nodes", "-o", path]).unwrap().1;
@@ -1526,7 +1537,7 @@ impl Sim {
 }
 
 /// `ichor cni values get|set|edit|diff` as typed against the simulated cluster, read back with
-/// kubectl: a set writes only what the one validator accepts (a typo writes nothing, exit 1), a
+/// kubectl: a set writes only what the one validator accepts (a typo writes nothing, exit 2), a
 /// removal removes, `diff` shows the Job's values with Ichor's keys marked, `edit` keeps a
 /// refused edit in a file that `edit --file` takes up again, and a Git-tracked cluster gets the
 /// YAML to commit with nothing written.
@@ -1539,6 +1550,7 @@ fn cilium_values_get_set_edit_diff_as_typed() {
     };
     let (code, out, err) = sim.ichor(&["cni", "values", "get", "--cluster", "lab"]);
     assert_eq!((code, out.as_str()), (0, "hubble:\n  relay:\n    enabled: true\n"), "the example's layer: {err}");
+    golden("cni-values-get.stdout", &out);
 
     let label = r#"operator.nodeSelector["node-role.kubernetes.io/control-plane"]="#;
     let (code, out, err) = sim.ichor(&[
@@ -1565,10 +1577,22 @@ fn cilium_values_get_set_edit_diff_as_typed() {
     // Typos and Ichor's keys: every refusal named, exit 1, nothing written.
     let (code, out, err) =
         sim.ichor(&["cni", "values", "set", "--cluster", "lab", "operator.replicsa=2", "kubeProxyReplacement=true"]);
-    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(code, 2, "a refusal is bad input (issue 28): {out}{err}");
     assert!(err.contains("spec.cni.cilium.values.operator.replicsa: not a key"), "{err}");
     assert!(err.contains("spec.cni.cilium.values.kubeProxyReplacement: owned by Ichor"), "{err}");
     assert!(err.contains("nothing was written"), "{err}");
+    assert_eq!(values(), want, "a refusal writes nothing");
+    golden("cni-values-set-refused.stderr", &err);
+    // A pinned key, even at Ichor's own value, and a layer over the size cap.
+    let (code, _, err) =
+        sim.ichor(&["cni", "values", "set", "--cluster", "lab", "tls.secretsNamespace.name=cilium-secrets"]);
+    assert_eq!(code, 2, "{err}");
+    golden("cni-values-set-pinned.stderr", &err);
+    let big = format!("extraConfig.big={}", "x".repeat(70_000));
+    let (code, _, err) = sim.ichor(&["cni", "values", "set", "--cluster", "lab", &big]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.len() < 400, "the value is not echoed back");
+    assert!(err.contains("over the 65536-byte limit") && err.contains("nothing was written"), "{err}");
     assert_eq!(values(), want, "a refusal writes nothing");
     let (code, _, err) = sim.ichor(&["cni", "values", "set", "--cluster", "lab", "hubble.relay.enabled.x=1"]);
     assert_eq!(code, 2);
@@ -1578,6 +1602,7 @@ fn cilium_values_get_set_edit_diff_as_typed() {
     let (code, out, _) = sim.ichor(&["cni", "values", "diff", "--cluster", "lab", "operator-"]);
     assert_eq!(code, 0);
     assert!(out.contains("-operator.replicas: 1\n") && !out.contains("Written"), "{out}");
+    golden("cni-values-diff.stdout", &out);
     assert_eq!(values(), want);
     let (code, _, err) = sim.ichor(&["cni", "values", "set", "--cluster", "lab", "operator-"]);
     assert_eq!(code, 0, "{err}");
@@ -1588,16 +1613,27 @@ fn cilium_values_get_set_edit_diff_as_typed() {
     std::fs::create_dir_all(&scripts).unwrap();
     let typo = scripts.join("typo.sh");
     std::fs::write(&typo, "#!/bin/sh\nprintf 'hubble:\\n  ui:\\n    enabeld: true\\n' > \"$1\"\n").unwrap();
+    let broken = scripts.join("broken.sh");
+    std::fs::write(&broken, "#!/bin/sh\nprintf 'hubble: [\\n' > \"$1\"\n").unwrap();
     let fix = scripts.join("fix.sh");
     std::fs::write(&fix, "#!/bin/sh\nsed -i 's/enabeld/enabled/' \"$1\"\n").unwrap();
-    for f in [&typo, &fix] {
+    for f in [&typo, &broken, &fix] {
         std::process::Command::new("chmod").arg("+x").arg(f).status().unwrap();
     }
+    // An edit that does not parse: kept, its path named, exit 2, nothing written.
+    let (code, _, err) = sim.ichor_env(
+        &["cni", "values", "edit", "--cluster", "lab"],
+        &[("EDITOR", broken.to_str().unwrap()), ("VISUAL", "")],
+    );
+    assert_eq!(code, 2, "{err}");
+    let kept = err.split("your edit is kept in ").nth(1).and_then(|s| s.split([':', ' ']).next()).unwrap();
+    assert!(std::fs::read_to_string(kept).unwrap().contains("hubble: ["), "the edit is kept: {err}");
+    assert_eq!(values(), r#"{"hubble":{"relay":{"enabled":true}}}"#);
     let (code, _, err) = sim.ichor_env(
         &["cni", "values", "edit", "--cluster", "lab"],
         &[("EDITOR", typo.to_str().unwrap()), ("VISUAL", "")],
     );
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert!(err.contains("hubble.ui.enabeld: not a key"), "{err}");
     let kept = err.split("your edit is kept in ").nth(1).and_then(|s| s.split(':').next()).unwrap().to_string();
     assert!(std::fs::read_to_string(&kept).unwrap().contains("enabeld"), "the typed edit is kept in {kept}");
@@ -1628,4 +1664,169 @@ fn cilium_values_get_set_edit_diff_as_typed() {
         "{out}"
     );
     assert_eq!(values(), r#"{"hubble":{"ui":{"enabled":true}}}"#);
+}
+
+/// Issue 28, item 2 (the CNI page: "A refusal starts no Job and shows as
+/// CNIValuesApplied=False"; ADR 0066 amendment 4), as kubectl reads it from the simulated
+/// cluster with its controller: the layer is applied by one Job named by the hash of the
+/// layered values, recorded as appliedValuesHash, CNIValuesApplied True once the agents rolled
+/// out; a changed layer is one more Job; a refused layer starts none and the condition carries
+/// the validator's words; a failing Job gives Helm's words and is not run again until it is
+/// deleted (or the values change).
+#[test]
+fn cilium_values_are_applied_by_one_job_per_hash_and_a_refusal_or_a_failed_job_says_why() {
+    let sim = Sim::start_with("values-applied", "disabled");
+    let get = |path: &str| {
+        sim.kubectl(&["get", "taloscluster", "lab", "-n", "ichor-system", "-o", &format!("jsonpath={path}")]).unwrap().1
+    };
+    let condition = || {
+        let c = r#"{.status.conditions[?(@.type=="CNIValuesApplied")]"#;
+        get(&format!("{c}.status}}/{c}.reason}}: {c}.message}}"))
+    };
+    let applied = || get("{.status.cni.appliedValuesHash}");
+    let jobs = || {
+        let path = "jsonpath={.items[*].metadata.name}";
+        let out = sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", path]).unwrap().1;
+        let mut names: Vec<String> = out.split_whitespace().map(str::to_string).collect();
+        names.sort();
+        names
+    };
+    let wait = |what: &str, done: &dyn Fn(&str) -> bool| {
+        let start = std::time::Instant::now();
+        loop {
+            let c = condition();
+            if done(&c) {
+                return c;
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(60), "{what}: CNIValuesApplied is {c:?}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    let set_values = |values: &str| {
+        let patch = format!(r#"[{{"op":"replace","path":"/spec/cni/cilium/values","value":{values}}}]"#);
+        let (code, _, err) =
+            sim.kubectl(&["patch", "tc", "lab", "-n", "ichor-system", "--type", "json", "-p", &patch]).unwrap();
+        assert_eq!(code, 0, "{err}");
+    };
+
+    // The example's layer: one Job, named by the hash it records.
+    let c = wait("the example's layer", &|c| c.starts_with("True/"));
+    let first = applied();
+    assert!(c.starts_with(&format!("True/Applied: the layered values {first} run (kube-proxy enabled)")), "{c}");
+    assert_eq!(jobs(), vec![format!("ichor-cni-{first}")]);
+
+    // A changed layer, as an operator sets it: one more Job, of the new hash.
+    let (code, out, err) = sim.ichor(&["cni", "values", "set", "--cluster", "lab", "hubble.ui.enabled=true"]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait("the changed layer", &|c| c.starts_with("True/") && applied() != first);
+    let second = applied();
+    let mut want = vec![format!("ichor-cni-{first}"), format!("ichor-cni-{second}")];
+    want.sort();
+    assert_eq!(jobs(), want, "one Job per hash");
+
+    // A refused layer (written past the CLI: the sim runs no webhook): no Job, the words.
+    set_values(r#"{"hubbel":{"enabled":true},"tls":{"secretsNamespace":{"name":"ichor-system"}}}"#);
+    let c = wait("a refused layer", &|c| c.starts_with("False/ValuesRefused"));
+    assert!(
+        c.contains("hubbel") && c.contains("not a key") && c.contains("tls.secretsNamespace.name"),
+        "every refusal: {c}"
+    );
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_eq!(jobs(), want, "a refusal starts no Job");
+    assert_eq!(applied(), second, "nothing new is recorded");
+
+    // A Job that fails: Helm's words, and it is not run again.
+    let helm = "Error: UPGRADE FAILED: resource DaemonSet/cilium: context deadline exceeded";
+    let fault = format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ichor-sim-helm-fault\n  namespace: kube-system\ndata:\n  message: \"{helm}\"\n"
+    );
+    let out = kubectl_with_input(&sim, &["apply", "-f", "-"], &fault);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    set_values(r#"{"hubble":{"relay":{"enabled":false}}}"#);
+    let c = wait("a failing Job", &|c| c.starts_with("False/JobFailed"));
+    assert!(c.contains(helm), "Helm's words: {c}");
+    let failed = jobs().into_iter().find(|j| !want.contains(j)).expect("the failed Job");
+    assert!(c.contains(&format!("kube-system/{failed}")), "the Job named: {c}");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(jobs().len(), 3, "a failed Job is not run again: {:?}", jobs());
+    assert!(condition().starts_with("False/JobFailed"), "{}", condition());
+    assert_eq!(applied(), second);
+
+    // The cause fixed and the Job deleted, as the message says: it runs again and applies.
+    sim.kubectl(&["delete", "configmap", "ichor-sim-helm-fault", "-n", "kube-system"]).unwrap();
+    let (code, _, err) = sim.kubectl(&["delete", "job", &failed, "-n", "kube-system"]).unwrap();
+    assert_eq!(code, 0, "{err}");
+    wait("the Job run again", &|c| c.starts_with("True/"));
+    assert_eq!(format!("ichor-cni-{}", applied()), failed);
+}
+
+/// Issue 28, item 3 (the CNI page: "Cilium moves only to the chart embedded in the running
+/// Ichor, and only when you start a cni operation ... a recorded patch newer than the embedded
+/// chart is never stepped back"): `ichor cni upgrade` as typed, against simulated clusters that
+/// run another Cilium (`--cilium-version`), read back with kubectl. Refusals write nothing and
+/// exit 1 naming both versions; the embedded chart already running is nothing to do; from the
+/// previous minor one Job (in the mode Cilium runs now) moves the agents to the embedded chart,
+/// the operation completes, and the values reconciler adopts that Job rather than run another.
+#[test]
+fn cni_upgrade_moves_cilium_to_the_embedded_chart_once_and_refuses_what_it_must_not() {
+    let embedded = render::embedded::CILIUM_CHART_VERSION;
+    let operations =
+        |sim: &Sim| sim.kubectl(&["get", "talosoperations", "-n", "ichor-system", "-o", "name"]).unwrap().1;
+    for (name, handover, version, golden_name, words) in [
+        ("cni-upgrade-newer", "disabled", "1.20.3", "cni-upgrade-chart-newer.stderr", "1.20.3"),
+        ("cni-upgrade-old", "disabled", "1.18.4", "cni-upgrade-too-old.stderr", "one minor at a time"),
+        ("cni-upgrade-argo", "done", "1.19.6", "cni-upgrade-argo-cd-owns.stderr", "Argo CD owns Cilium"),
+    ] {
+        let sim = Sim::start_args(name, handover, &["--cilium-version", version]);
+        let (code, out, err) = sim.ichor(&["cni", "upgrade", "--cluster", "lab", "--yes"]);
+        assert_eq!(code, 1, "{name}: {out}{err}");
+        assert!(err.contains(words) && err.contains(embedded) && err.contains("nothing was written"), "{name}: {err}");
+        golden(golden_name, &err);
+        assert_eq!(operations(&sim), "", "{name}: a refusal creates no TalosOperation");
+    }
+
+    // The embedded chart runs already: nothing to do.
+    let sim = Sim::start_args("cni-upgrade-same", "disabled", &["--no-controller"]);
+    let (code, out, _) = sim.ichor(&["cni", "upgrade", "--cluster", "lab", "--yes"]);
+    assert_eq!((code, out.contains("Nothing to do") && out.contains(embedded)), (0, true), "{out}");
+    drop(sim);
+
+    // From the previous minor: the preview, then the operation.
+    let sim = Sim::start_args("cni-upgrade", "disabled", &["--cilium-version", "1.19.6"]);
+    let image = || {
+        let path = "jsonpath={.spec.template.spec.containers[0].image}";
+        sim.kubectl(&["get", "ds", "cilium", "-n", "kube-system", "-o", path]).unwrap().1
+    };
+    let (code, out, err) = sim.ichor(&["cni", "upgrade", "--cluster", "lab", "--dry-run"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("from chart 1.19.6 to {embedded}")), "{out}");
+    golden("cni-upgrade-dry-run.stdout", &out);
+    assert_eq!(operations(&sim), "", "--dry-run creates nothing");
+    let (code, out, err) = sim.ichor(&["cni", "upgrade", "--cluster", "lab", "--yes"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let phase = sim.wait_phase(&|p| p.is_terminal() || p == Phase::Paused);
+    assert_eq!(phase, Phase::Completed, "{}", sim.ichor(&["status", "--cluster", "lab"]).1);
+    assert_eq!(image(), format!("quay.io/cilium/cilium:v{embedded}"));
+    let path = r#"jsonpath={range .items[*]}{.metadata.name} {.metadata.labels.ichor\.maesh\.dev/operation} {.spec.template.spec.containers[0].args[3]}{"\n"}{end}"#;
+    let jobs = sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", path]).unwrap().1;
+    let rows: Vec<&str> = jobs.lines().collect();
+    assert_eq!(rows.len(), 1, "one Job: {jobs}");
+    assert!(
+        rows[0].ends_with(&format!("cilium-upgrade-{} --kube-proxy=enabled", embedded.replace('.', "-"))),
+        "{jobs}"
+    );
+    // The values reconciler records the operation's Job (same values) and runs none of its own.
+    let condition = || {
+        let c = r#"jsonpath={.status.conditions[?(@.type=="CNIValuesApplied")].reason}"#;
+        sim.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", c]).unwrap().1
+    };
+    let start = std::time::Instant::now();
+    while condition() != "Applied" && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(condition(), "Applied");
+    assert_eq!(sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "name"]).unwrap().1.lines().count(), 1);
+    // Again: nothing to do.
+    let (code, out, _) = sim.ichor(&["cni", "upgrade", "--cluster", "lab", "--yes"]);
+    assert_eq!((code, out.contains("Nothing to do")), (0, true), "{out}");
 }

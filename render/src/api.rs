@@ -253,6 +253,11 @@ pub struct CniStatus {
     /// The kube-proxy mode a switch set (written only by the cni operation, ADR 0066).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kube_proxy: Option<KubeProxyMode>,
+    /// The hash of the layered Cilium values the last successful Cilium Job applied (its Jobs
+    /// are named and labelled by it); written only by the values reconciler
+    /// (rules/cni-values.rules).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_values_hash: Option<String>,
 }
 
 /// A condition, as every Kubernetes object reports them.
@@ -447,9 +452,19 @@ pub enum OperationKind {
     Talos,
     /// A config rollout (`ichor config apply`).
     Config,
+    /// The Cilium release moved to the chart embedded in this Ichor (`ichor cni upgrade`; the
+    /// CNI page: "only when you start a cni operation").
+    #[serde(rename = "cni-upgrade")]
+    CniUpgrade,
 }
 
-symbols!(OperationKind { Kubernetes => "kubernetes", Cni => "cni", Talos => "talos", Config => "config" });
+symbols!(OperationKind {
+    Kubernetes => "kubernetes",
+    Cni => "cni",
+    Talos => "talos",
+    Config => "config",
+    CniUpgrade => "cni-upgrade",
+});
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -466,6 +481,11 @@ pub struct OperationTarget {
     /// The TalosMachines a config rollout takes (`ichor config apply --machines`); empty: every
     /// machine with a change that needs a reboot.
     pub machines: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+\.[0-9]+\.[0-9]+$"))]
+    /// The Cilium chart version, for a Cilium upgrade: the chart embedded in the Ichor that
+    /// started it (a controller embedding another refuses it).
+    pub cilium_chart: Option<String>,
 }
 
 /// The phase of a TalosOperation (ADR 0026's status-held state machine). The rules move it

@@ -273,7 +273,7 @@ fn adr0024_render_never_modifies_a_patch() {
     for contract in ["v1.13", "v1.14"] {
         let mut m = example(contract);
         m.clusters[0].status = Some(TalosClusterStatus {
-            cni: Some(CniStatus { kube_proxy: Some(KubeProxyMode::Replaced) }),
+            cni: Some(CniStatus { kube_proxy: Some(KubeProxyMode::Replaced), ..Default::default() }),
             conditions: vec![Condition { type_: "CNIHandover".into(), status: "True".into(), ..Default::default() }],
         });
         let before: Vec<String> = m.patches.iter().map(|p| serde_yaml::to_string(p).unwrap()).collect();
@@ -301,7 +301,8 @@ fn adr0024_desired_inputs_hash_folds_in_the_two_status_values() {
     m.clusters[0].status.as_mut().unwrap().conditions[0].status = "True".into();
     let handed = render_machine(&m, "cp1").inputs_hash;
     assert_ne!(handed, plain);
-    m.clusters[0].status.as_mut().unwrap().cni = Some(CniStatus { kube_proxy: Some(KubeProxyMode::Enabled) });
+    m.clusters[0].status.as_mut().unwrap().cni =
+        Some(CniStatus { kube_proxy: Some(KubeProxyMode::Enabled), ..Default::default() });
     assert_ne!(render_machine(&m, "cp1").inputs_hash, handed);
 }
 

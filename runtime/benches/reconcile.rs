@@ -101,6 +101,7 @@ fn main() {
                 target_kubernetes: Some("v1.36.5".into()),
                 target_kube_proxy: None,
                 target_machines: vec![],
+                target_cilium_chart: None,
                 max_unavailable: 10,
                 phase: render::api::Phase::Running,
                 intent: Default::default(),

@@ -600,7 +600,15 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
             status_kube_proxy: render::render::status_kube_proxy(cluster),
             annotations: cluster.metadata.annotations.clone().unwrap_or_default(),
             cilium_values: cluster.spec.cni.cilium.as_ref().and_then(|c| c.values.clone()),
-            cilium_tunnel: None,
+            // The tunnel chosen at install: a switch's Job renders with it, as the values
+            // reconciler's does (the same layered values, the same hash).
+            cilium_tunnel: cluster
+                .spec
+                .cni
+                .cilium
+                .as_ref()
+                .map(|c| c.tunnel_protocol.clone())
+                .filter(|t| !t.is_empty()),
         },
         machines,
         workload: if rejected.is_some() { Workload::default() } else { o.workload.clone() },
@@ -610,6 +618,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
             target_kubernetes: op.spec.target.kubernetes_version.clone(),
             target_kube_proxy: op.spec.target.kube_proxy,
             target_machines: op.spec.target.machines.clone(),
+            target_cilium_chart: op.spec.target.cilium_chart.clone(),
             max_unavailable: op.spec.max_unavailable.into(),
             phase: st.phase(),
             intent: Intent::of(op.metadata.annotations.as_ref(), st.resumed),

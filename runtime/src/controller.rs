@@ -263,7 +263,8 @@ impl Controller {
                 crate::talos::observe::Observed::Unknown { .. } => None,
             })
             .collect();
-        let workload = read_workload(&self.kube, (self.service_answers)().await).await?;
+        let operation = op.metadata.name.clone().unwrap_or_default();
+        let workload = read_workload(&self.kube, (self.service_answers)().await, &operation).await?;
         Ok(Observation {
             operation: op.clone(),
             cluster: cluster.clone(),
@@ -279,7 +280,7 @@ impl Controller {
     }
 
     /// The namespace's TalosOperations.
-    async fn operations(&self, namespace: &str) -> Result<Vec<TalosOperation>, ControllerError> {
+    pub(crate) async fn operations(&self, namespace: &str) -> Result<Vec<TalosOperation>, ControllerError> {
         if let Some(s) = self.stores.get() {
             return Ok(crate::stores::items(&s.operations, |o| o.metadata.namespace.as_deref() == Some(namespace)));
         }
@@ -529,8 +530,12 @@ impl Controller {
                 paths: v.apply_paths.clone(),
                 payload: crate::plan::apply_payload(&running, &rendered.config, &v.apply_paths),
             };
-            let mut kube =
-                KubeCluster { client: self.kube.clone(), talos: self.talos.clone(), drain_timeout: self.drain_timeout };
+            let mut kube = KubeCluster {
+                client: self.kube.clone(),
+                talos: self.talos.clone(),
+                drain_timeout: self.drain_timeout,
+                operation: None,
+            };
             match (Executor { talos: &self.talos, kube: &mut kube }).perform(&action).await {
                 crate::exec::Performed::Done => applied_live = v.apply_paths.clone(),
                 // The node changed under the read, or Talos refused: looked at again after.
@@ -591,8 +596,12 @@ impl Controller {
             // The plan is complete: each apply carries the config to send and the hash of the
             // running config it was planned from; the executor gets nothing else.
             let plan = self.planner.plan_complete(&read.snapshot, &read.configs)?;
-            let mut kube =
-                KubeCluster { client: self.kube.clone(), talos: self.talos.clone(), drain_timeout: self.drain_timeout };
+            let mut kube = KubeCluster {
+                client: self.kube.clone(),
+                talos: self.talos.clone(),
+                drain_timeout: self.drain_timeout,
+                operation: Some(operation.to_string()),
+            };
             let mut exec = Executor { talos: &self.talos, kube: &mut kube };
             let outcome = exec.run(&plan).await;
             // A precondition that no longer held: the plan was stale. Nothing of it is recorded

@@ -41,6 +41,7 @@ pub struct Rels {
     pub pending_restart: Input<3>,
     pub cilium_values_refused: Input<2>,
     pub target_kubernetes: Input<1>,
+    pub target_cilium_chart: Input<1>,
     pub release_set_kubernetes: Input<1>,
     pub cni: Input<2>,
     pub handover_done: Input<0>,
@@ -138,6 +139,7 @@ impl Rels {
             pending_restart: b.input("pending_restart", [("machine", S), ("path", S), ("service", S)]),
             cilium_values_refused: b.input("cilium_values_refused", [("mode", S), ("refusal", S)]),
             target_kubernetes: b.input("target_kubernetes", [("version", S)]),
+            target_cilium_chart: b.input("target_cilium_chart", [("version", S)]),
             release_set_kubernetes: b.input("release_set_kubernetes", [("version", S)]),
             cni: b.input("cni", [("preset", S), ("handover", S)]),
             handover_done: b.input("handover_done", []),
@@ -239,6 +241,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     if let Some(t) = op.target_kube_proxy {
         let id = b.sym(t.name());
         r.target_kube_proxy.push(&mut b, [id]);
+    }
+    if let Some(t) = &op.target_cilium_chart {
+        let id = b.sym(t);
+        r.target_cilium_chart.push(&mut b, [id]);
     }
     for (m, pr) in &op.machines {
         let row = [

@@ -97,6 +97,9 @@ pub enum HandoverError {
     /// The shipped rules failed to load earlier (that error, as it was first reported).
     #[error("the hand-over rules are unavailable: {why}")]
     Unavailable { why: String },
+    /// The Cilium chart's value keys do not load.
+    #[error("the Cilium chart's value keys ({file}) do not load")]
+    CiliumKeys { file: String, source: render::inventory::InventoryError },
 }
 
 /// The hand-over program's relations, as this host uses them (bound once at load).
@@ -107,6 +110,28 @@ struct Rels {
     owns_release: engine::Input<0>,
     condition: engine::Output<3>,
     requeue: engine::Output<0>,
+    values: ValuesRels,
+}
+
+/// The values' relations (rules/cni-values.rules), bound with the rest.
+struct ValuesRels {
+    preset_cilium: engine::Input<0>,
+    spec_kube_proxy: engine::Input<1>,
+    status_kube_proxy: engine::Input<1>,
+    cilium_kpr: engine::Input<1>,
+    cilium_ds: engine::Input<5>,
+    chart_running: engine::Input<1>,
+    embedded_chart: engine::Input<1>,
+    layer: engine::Input<2>,
+    refused: engine::Input<2>,
+    applied: engine::Input<1>,
+    job: engine::Input<4>,
+    operation: engine::Input<2>,
+    condition: engine::Output<4>,
+    run_job: engine::Output<2>,
+    record: engine::Output<1>,
+    requeue: engine::Output<1>,
+    mode: engine::Output<1>,
 }
 
 /// The hand-over host: rules/handover.rules compiled once, and the message templates.
@@ -114,12 +139,14 @@ pub struct Rules {
     engine: engine::Engine,
     rels: Rels,
     messages: crate::messages::Messages,
+    /// The pinned Cilium chart's value keys: the one validator's inventory.
+    cilium_keys: render::inventory::Inventory,
 }
 
 impl Rules {
     /// The shipped rules and messages.
     pub fn embedded() -> Result<Rules, HandoverError> {
-        use engine::Type::Symbol as S;
+        use engine::Type::{Number as N, Symbol as S};
         let engine = crate::embedded_program(render::embedded::HANDOVER_PROGRAM)?;
         let mut b = engine::Binder::new(&engine.program, "hand-over");
         let rels = Rels {
@@ -129,10 +156,35 @@ impl Rules {
             owns_release: b.input("ho_owns_release", []),
             condition: b.output("ho_condition", [("status", S), ("reason", S), ("template", S)]),
             requeue: b.output("ho_requeue", []),
+            values: ValuesRels {
+                preset_cilium: b.input("cv_preset_cilium", []),
+                spec_kube_proxy: b.input("spec_kube_proxy", [("mode", S)]),
+                status_kube_proxy: b.input("status_kube_proxy", [("mode", S)]),
+                cilium_kpr: b.input("cilium_kpr", [("value", S)]),
+                cilium_ds: b.input(
+                    "cilium_ds",
+                    [("desired", N), ("updated", N), ("ready", N), ("generation", N), ("observed", N)],
+                ),
+                chart_running: b.input("cilium_chart_running", [("version", S)]),
+                embedded_chart: b.input("embedded_cilium_chart", [("version", S)]),
+                layer: b.input("cv_layer", [("mode", S), ("hash", S)]),
+                refused: b.input("cv_refused", [("mode", S), ("refusal", S)]),
+                applied: b.input("cv_applied", [("hash", S)]),
+                job: b.input("cv_job", [("hash", S), ("job", S), ("state", S), ("why", S)]),
+                operation: b.input("cv_operation", [("name", S), ("phase", S)]),
+                condition: b.output("cv_condition", [("status", S), ("reason", S), ("template", S), ("detail", S)]),
+                run_job: b.output("cv_run_job", [("hash", S), ("mode", S)]),
+                record: b.output("cv_record", [("hash", S)]),
+                requeue: b.output("cv_requeue", [("seconds", N)]),
+                mode: b.output("cv_mode", [("mode", S)]),
+            },
         };
         b.finish().map_err(engine::LoadError::from)?;
         let messages = crate::messages::Messages::embedded()?;
-        Ok(Rules { engine, rels, messages })
+        let (file, keys) = render::embedded::CILIUM_KEYS;
+        let cilium_keys = render::inventory::Inventory::parse(keys)
+            .map_err(|source| HandoverError::CiliumKeys { file: file.to_string(), source })?;
+        Ok(Rules { engine, rels, messages, cilium_keys })
     }
 
     /// ADR 0024's decision, as rules/handover.rules takes it, from the cluster's hand-over
@@ -167,6 +219,258 @@ impl Rules {
             requeue: r.requeue.any(&db).then_some(REQUEUE),
         })
     }
+    /// The values' decision (rules/cni-values.rules) from what the cluster host read.
+    pub fn decide_values(&self, f: &ValuesFacts) -> Result<ValuesDecision, HandoverError> {
+        use render::api::KubeProxyMode;
+        let r = &self.rels.values;
+        let mut b = self.engine.fact_builder();
+        if f.preset_cilium {
+            r.preset_cilium.push(&mut b, []);
+        }
+        if f.handover_done {
+            self.rels.done.push(&mut b, []);
+        }
+        let id = b.sym(f.spec_mode.name());
+        r.spec_kube_proxy.push(&mut b, [id]);
+        if let Some(m) = f.status_mode {
+            let id = b.sym(m.name());
+            r.status_kube_proxy.push(&mut b, [id]);
+        }
+        if let Some(v) = &f.cilium_kpr {
+            let id = b.sym(v);
+            r.cilium_kpr.push(&mut b, [id]);
+        }
+        if let Some(d) = &f.cilium_ds {
+            let row = [d.desired, d.updated, d.ready, d.generation, d.observed_generation].map(|n| b.num(n));
+            r.cilium_ds.push(&mut b, row);
+        }
+        if let Some(v) = &f.chart_running {
+            let id = b.sym(v);
+            r.chart_running.push(&mut b, [id]);
+        }
+        let id = b.sym(render::embedded::CILIUM_CHART_VERSION);
+        r.embedded_chart.push(&mut b, [id]);
+        // Both modes' hashes and refusals: the rules pick the mode Cilium runs now.
+        for mode in KubeProxyMode::ALL {
+            let replaced = *mode == KubeProxyMode::Replaced;
+            let values = render::cilium::layered(&f.user, replaced, &f.tunnel);
+            let row = [b.sym(mode.name()), b.sym(&render::cilium::values_hash(&values))];
+            r.layer.push(&mut b, row);
+            if !f.user.is_null() {
+                for refusal in render::cilium::validate(&f.user, &self.cilium_keys, replaced) {
+                    let row = [b.sym(mode.name()), b.sym(&refusal.to_string())];
+                    r.refused.push(&mut b, row);
+                }
+            }
+        }
+        if let Some(h) = &f.applied {
+            let id = b.sym(h);
+            r.applied.push(&mut b, [id]);
+        }
+        for j in &f.jobs {
+            let Some(hash) = &j.hash else { continue };
+            let row = [b.sym(hash), b.sym(&j.name), b.sym(j.state.name()), b.sym(&j.why)];
+            r.job.push(&mut b, row);
+        }
+        for (name, phase) in &f.operations {
+            let row = [b.sym(name), b.sym(phase.name())];
+            r.operation.push(&mut b, row);
+        }
+        let db = self.engine.evaluate_built(b, engine::EvalOptions::default())?;
+        let mode = r.mode.rows(&db).next().map(|[m]| db.sym(m).to_string()).unwrap_or_default();
+        let mut rows: Vec<(String, String, String, String)> = r
+            .condition
+            .rows(&db)
+            .map(|[s, re, t, d]| (db.sym(s).into(), db.sym(re).into(), db.sym(t).into(), db.sym(d).into()))
+            .collect();
+        rows.sort();
+        let condition = match rows.first() {
+            None => None,
+            Some((status, reason, template, _)) => {
+                if let Some(other) = rows.iter().find(|x| (&x.0, &x.1) != (status, reason)) {
+                    return Err(HandoverError::Derived {
+                        what: format!(
+                            "two CNIValuesApplied conditions ({status}/{reason} and {}/{})",
+                            other.0, other.1
+                        ),
+                    });
+                }
+                // Several rows of one condition are its details (every refusal), joined.
+                let detail = rows.iter().map(|x| x.3.as_str()).collect::<Vec<_>>().join("; ");
+                let message = self
+                    .messages
+                    .render(template, &serde_json::json!({"detail": detail, "mode": mode, "cluster": f.cluster}))?;
+                Some(Decision { status: status.clone(), reason: reason.clone(), message, requeue: None })
+            }
+        };
+        let run_job = r.run_job.rows(&db).next().map(|[h, m]| {
+            let mode = KubeProxyMode::parse(db.sym(m)).unwrap_or(f.spec_mode);
+            (db.sym(h).to_string(), mode)
+        });
+        Ok(ValuesDecision {
+            condition,
+            run_job,
+            record: r.record.rows(&db).next().map(|[h]| db.sym(h).to_string()),
+            requeue: r.requeue.rows(&db).filter_map(|[s]| u64::try_from(db.num(s)).ok()).min().map(Duration::from_secs),
+        })
+    }
+}
+
+/// A Cilium Job of Ichor's, as the values reconciler reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CiliumJob {
+    pub name: String,
+    /// Its label `ichor.maesh.dev/values-hash` (a Job made before the label has none).
+    pub hash: Option<String>,
+    /// The operation it was run for (its label `ichor.maesh.dev/operation`); none for the values
+    /// reconciler's.
+    pub operation: Option<String>,
+    /// The kube-proxy mode it runs for (`--kube-proxy=`).
+    pub mode: Option<render::api::KubeProxyMode>,
+    pub state: JobState,
+    /// Why it failed (the Job's Failed condition), empty otherwise.
+    pub why: String,
+}
+
+/// Where a Job is, from its conditions (Kubernetes' `Complete` and `Failed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobState {
+    Running,
+    Complete,
+    Failed,
+}
+
+impl JobState {
+    /// The state as the rules' `cv_job` facts name it (Kubernetes' words).
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Running => "Running", // Kubernetes' word (a Job's state), not an operation phase
+            JobState::Complete => "Complete", // Kubernetes' word (a Job's condition type)
+            JobState::Failed => "Failed",   // Kubernetes' word (a Job's condition type), not an operation phase
+        }
+    }
+}
+
+/// The label that carries the hash of a Cilium Job's layered values (every Job, the switch's
+/// too, so the values reconciler adopts a Job of the hash it wants rather than run another).
+pub const VALUES_HASH_LABEL: &str = "ichor.maesh.dev/values-hash";
+/// The label naming the operation a Cilium Job was run for (none on the values reconciler's).
+pub const OPERATION_LABEL: &str = "ichor.maesh.dev/operation";
+
+impl CiliumJob {
+    /// Reads one of Ichor's Jobs (as JSON).
+    pub fn from_json(v: &serde_json::Value) -> CiliumJob {
+        let condition = |t: &str| {
+            v.pointer("/status/conditions")
+                .and_then(|c| c.as_array())
+                .and_then(|cs| cs.iter().find(|c| c["type"] == t && c["status"] == "True"))
+        };
+        // A Job's condition types are the names of its end states.
+        let (state, why) = match (condition(JobState::Complete.name()), condition(JobState::Failed.name())) {
+            (Some(_), _) => (JobState::Complete, String::new()),
+            (None, Some(c)) => {
+                let text = |k: &str| c[k].as_str().filter(|t| !t.is_empty());
+                let why = text("message").or(text("reason")).unwrap_or("failed");
+                (JobState::Failed, why.to_string())
+            }
+            (None, None) => (JobState::Running, String::new()),
+        };
+        let args = v.pointer("/spec/template/spec/containers/0/args").and_then(|a| a.as_array());
+        let mode = args.and_then(|a| a.iter().filter_map(|x| x.as_str()).find_map(|x| x.strip_prefix("--kube-proxy=")));
+        let label = |k: &str| v.pointer("/metadata/labels").and_then(|l| l.get(k)).and_then(|h| h.as_str());
+        CiliumJob {
+            name: v.pointer("/metadata/name").and_then(|n| n.as_str()).unwrap_or_default().to_string(),
+            hash: label(VALUES_HASH_LABEL).map(str::to_string),
+            operation: label(OPERATION_LABEL).map(str::to_string),
+            mode: mode.and_then(render::api::KubeProxyMode::parse),
+            state,
+            why,
+        }
+    }
+}
+
+/// The Cilium version an agent image runs (`quay.io/cilium/cilium:v1.20.0@sha256:...` gives
+/// `1.20.0`): the running chart's version, as Cilium's chart and agents are released together.
+/// None for an image without a version tag (a digest alone, `latest`).
+pub fn cilium_version_of_image(image: &str) -> Option<String> {
+    let image = image.split('@').next()?;
+    let (_, tag) = image.rsplit_once(':').filter(|(repo, tag)| !tag.contains('/') && !repo.is_empty())?;
+    let version = tag.strip_prefix('v').unwrap_or(tag);
+    let core = version.split(['-', '+']).next()?;
+    let parts: Vec<&str> = core.split('.').collect();
+    let numeric = parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    numeric.then(|| version.to_string())
+}
+
+/// A failed pod's termination message (its container's last words: Helm's error with
+/// `FallbackToLogsOnError`), trimmed to its last 20 lines; none when no container says one.
+pub fn termination_message(pod: &serde_json::Value) -> Option<String> {
+    let statuses = pod.pointer("/status/containerStatuses")?.as_array()?;
+    let text = statuses.iter().find_map(|c| {
+        c.pointer("/state/terminated/message").and_then(|m| m.as_str()).map(str::trim).filter(|m| !m.is_empty())
+    })?;
+    let lines: Vec<&str> = text.lines().collect();
+    Some(lines[lines.len().saturating_sub(20)..].join(" / "))
+}
+
+/// What the values reconciler read, as the rules take it.
+#[derive(Clone, Debug)]
+pub struct ValuesFacts {
+    /// The TalosCluster's name (for the messages).
+    pub cluster: String,
+    pub preset_cilium: bool,
+    pub handover_done: bool,
+    pub spec_mode: render::api::KubeProxyMode,
+    pub status_mode: Option<render::api::KubeProxyMode>,
+    /// The user's layer (spec.cni.cilium.values; null when none).
+    pub user: serde_json::Value,
+    pub tunnel: String,
+    /// cilium-config's kube-proxy-replacement.
+    pub cilium_kpr: Option<String>,
+    pub cilium_ds: Option<crate::state::DaemonSet>,
+    pub chart_running: Option<String>,
+    /// status.cni.appliedValuesHash.
+    pub applied: Option<String>,
+    pub jobs: Vec<CiliumJob>,
+    /// The cluster's operations and their phases.
+    pub operations: Vec<(String, render::api::Phase)>,
+}
+
+impl ValuesFacts {
+    /// The cluster's part of the facts (the workload's and the Jobs' are filled by the caller).
+    pub fn of_cluster(c: &render::api::TalosCluster) -> ValuesFacts {
+        let cilium = c.spec.cni.cilium.as_ref();
+        ValuesFacts {
+            cluster: c.metadata.name.clone().unwrap_or_default(),
+            preset_cilium: c.spec.cni.preset == render::api::CniPreset::Cilium,
+            handover_done: render::render::handover_done(c),
+            spec_mode: c.spec.cni.kube_proxy,
+            status_mode: render::render::status_kube_proxy(c),
+            user: cilium.and_then(|x| x.values.clone()).unwrap_or(serde_json::Value::Null),
+            tunnel: cilium
+                .map(|x| x.tunnel_protocol.clone())
+                .filter(|t| !t.is_empty())
+                .unwrap_or_else(|| "vxlan".into()),
+            cilium_kpr: None,
+            cilium_ds: None,
+            chart_running: None,
+            applied: c.status.as_ref().and_then(|s| s.cni.as_ref()).and_then(|n| n.applied_values_hash.clone()),
+            jobs: Vec::new(),
+            operations: Vec::new(),
+        }
+    }
+}
+
+/// What the values reconciler does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValuesDecision {
+    /// The CNIValuesApplied condition to hold (none: not the cilium preset).
+    pub condition: Option<Decision>,
+    /// Run the Cilium Job of this hash with this mode.
+    pub run_job: Option<(String, render::api::KubeProxyMode)>,
+    /// Record this hash as status.cni.appliedValuesHash.
+    pub record: Option<String>,
+    pub requeue: Option<Duration>,
 }
 
 /// The shipped rules, compiled on first use (they are part of the release: a failure to load
@@ -195,10 +499,13 @@ mod io {
     use kube_client::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
     use render::api::TalosCluster;
 
-    /// One hand-over reconcile of a cluster: read the Application, decide, write the condition
-    /// when it changes. Returns when to look again.
+    /// One reconcile of a cluster: the hand-over (read the Application, decide) and the Cilium
+    /// values (read cilium-config, the cilium DaemonSet, Ichor's Jobs and the cluster's
+    /// operations, decide, run the Job the rules name); the status (both conditions and
+    /// appliedValuesHash) is written once, only when it changes. Returns when to look again.
     pub async fn reconcile(
         client: &kube_client::Client,
+        operations: &[render::api::TalosOperation],
         cluster: &TalosCluster,
         now: &str,
     ) -> Result<Option<Duration>, crate::controller::ControllerError> {
@@ -221,32 +528,86 @@ mod io {
             }
         };
         let d = decide(cluster.spec.cni.handover, app.as_ref(), done)?;
-        let current = cluster.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "CNIHandover"));
-        let same = current.is_some_and(|c| c.status == d.status && c.reason == d.reason && c.message == d.message);
-        if !same {
-            let ns = cluster.metadata.namespace.clone().unwrap_or_default();
-            let name = cluster.metadata.name.clone().unwrap_or_default();
-            let mut conditions: Vec<render::api::Condition> =
-                cluster.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
-            conditions.retain(|c| c.type_ != "CNIHandover");
-            conditions.push(render::api::Condition {
-                type_: "CNIHandover".into(),
-                status: d.status.clone(),
-                reason: d.reason.clone(),
-                message: d.message.clone(),
-                last_transition_time: Some(now.to_string()),
-            });
+        // The values follow this reconcile's hand-over: once Argo CD owns Cilium, no Job.
+        let values = values(client, operations, cluster, d.status == "True").await?;
+        let ns = cluster.metadata.namespace.clone().unwrap_or_default();
+        let name = cluster.metadata.name.clone().unwrap_or_default();
+        if let Some((hash, mode)) = &values.run_job {
+            let f = ValuesFacts::of_cluster(cluster);
+            let job = format!("ichor-cni-{hash}");
+            crate::kube::create_cilium_job(client, &job, *mode, &f.user, &f.tunnel, None).await?;
+            crate::crashpoint::after(crate::crashpoint::Write::JobCreate);
+            tracing::info!(cluster = %name, job = %job, mode = %mode, "started the Cilium Job for the values");
+        }
+        let status = cluster.status.clone().unwrap_or_default();
+        let mut conditions = status.conditions.clone();
+        let mut wanted = vec![("CNIHandover", Some(&d))];
+        wanted.push(("CNIValuesApplied", values.condition.as_ref()));
+        for (type_, want) in wanted {
+            let current = conditions.iter().position(|c| c.type_ == type_);
+            match (current, want) {
+                (Some(i), Some(w)) => {
+                    let c = &mut conditions[i];
+                    if c.status != w.status {
+                        c.last_transition_time = Some(now.to_string());
+                    }
+                    (c.status, c.reason, c.message) = (w.status.clone(), w.reason.clone(), w.message.clone());
+                }
+                (None, Some(w)) => conditions.push(render::api::Condition {
+                    type_: type_.into(),
+                    status: w.status.clone(),
+                    reason: w.reason.clone(),
+                    message: w.message.clone(),
+                    last_transition_time: Some(now.to_string()),
+                }),
+                (Some(i), None) => {
+                    conditions.remove(i);
+                }
+                (None, None) => {}
+            }
+        }
+        let applied = status.cni.as_ref().and_then(|c| c.applied_values_hash.clone());
+        let record = values.record.clone().filter(|h| Some(h) != applied.as_ref());
+        if conditions != status.conditions || record.is_some() {
+            let mut patch = serde_json::json!({"status": {"conditions": conditions}});
+            if let Some(h) = &record {
+                patch["status"]["cni"] = serde_json::json!({"appliedValuesHash": h});
+            }
             let api: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
-            api.patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"status": {"conditions": conditions}})),
-            )
-            .await
-            .map_err(kube)?;
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch)).await.map_err(kube)?;
             crate::crashpoint::after(crate::crashpoint::Write::Status);
         }
-        Ok(d.requeue)
+        Ok(match (d.requeue, values.requeue) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
+
+    /// The values' decision for `cluster`, from the workload cluster's Cilium, Ichor's Jobs and
+    /// the cluster's operations (read only for a cilium cluster before the hand-over).
+    async fn values(
+        client: &kube_client::Client,
+        operations: &[render::api::TalosOperation],
+        cluster: &TalosCluster,
+        handed_over: bool,
+    ) -> Result<ValuesDecision, crate::controller::ControllerError> {
+        let mut f = ValuesFacts::of_cluster(cluster);
+        f.handover_done |= handed_over;
+        if f.preset_cilium && !f.handover_done {
+            let name = cluster.metadata.name.clone().unwrap_or_default();
+            (f.cilium_kpr, f.cilium_ds) = crate::kube::read_cilium(client).await?;
+            f.chart_running = f.cilium_ds.as_ref().and_then(|d| d.image.as_deref()).and_then(cilium_version_of_image);
+            f.jobs = crate::kube::cilium_jobs(client).await?;
+            f.operations = operations
+                .iter()
+                .filter(|o| o.spec.cluster_ref.name == name && o.metadata.namespace == cluster.metadata.namespace)
+                .map(|o| {
+                    let phase = o.status.as_ref().and_then(|s| s.phase).unwrap_or_default();
+                    (o.metadata.name.clone().unwrap_or_default(), phase)
+                })
+                .collect();
+        }
+        Ok(rules().map_err(|e| HandoverError::Unavailable { why: e.to_string() })?.decide_values(&f)?)
     }
 }
 
@@ -259,6 +620,86 @@ mod tests {
 
     fn app(sync: &str, health: &str) -> Application {
         Application { sync: sync.into(), health: health.into(), owns_release: true, kube_proxy_replacement: None }
+    }
+
+    #[test]
+    fn the_running_cilium_version_is_the_agents_image_tag() {
+        for (image, want) in [
+            ("quay.io/cilium/cilium:v1.20.0", Some("1.20.0")),
+            ("quay.io/cilium/cilium:v1.19.6@sha256:0123abcd", Some("1.19.6")),
+            ("registry.local:5000/cilium/cilium:1.21.0-rc.1", Some("1.21.0-rc.1")),
+            ("registry.local:5000/cilium/cilium", None),
+            ("quay.io/cilium/cilium:latest", None),
+            ("quay.io/cilium/cilium@sha256:0123abcd", None),
+        ] {
+            assert_eq!(cilium_version_of_image(image).as_deref(), want, "{image}");
+        }
+    }
+
+    #[test]
+    fn a_cilium_job_is_read_with_its_hash_mode_and_state() {
+        let job = |conditions: serde_json::Value| {
+            CiliumJob::from_json(&serde_json::json!({
+                "metadata": {"name": "ichor-cni-ab12", "labels": {VALUES_HASH_LABEL: "ab12"}},
+                "spec": {"template": {"spec": {"containers": [{"args": ["cni", "helm", "apply", "--kube-proxy=replaced"]}]}}},
+                "status": {"conditions": conditions},
+            }))
+        };
+        let running = job(serde_json::json!([]));
+        assert_eq!(
+            (running.hash.as_deref(), running.mode, running.state),
+            (Some("ab12"), Some(render::api::KubeProxyMode::Replaced), JobState::Running)
+        );
+        let done = job(serde_json::json!([{"type": "Complete", "status": "True"}]));
+        assert_eq!(done.state, JobState::Complete);
+        let failed = job(
+            serde_json::json!([{"type": JobState::Failed.name(), "status": "True", "reason": "BackoffLimitExceeded", "message": ""}]),
+        );
+        assert_eq!((failed.state, failed.why.as_str()), (JobState::Failed, "BackoffLimitExceeded"));
+        let pod = serde_json::json!({"status": {"containerStatuses": [{"state": {"terminated": {"message": "a\nb\nError: UPGRADE FAILED: x\n"}}}]}});
+        assert_eq!(termination_message(&pod).as_deref(), Some("a / b / Error: UPGRADE FAILED: x"));
+        assert_eq!(termination_message(&serde_json::json!({"status": {}})), None);
+    }
+
+    /// The shipped rules through the host: the validator's own words reach the condition, every
+    /// refusal of the mode Cilium runs now, and no Job starts.
+    #[test]
+    fn a_refused_layer_is_decided_with_the_validators_words_and_starts_no_job() {
+        let rules = rules().unwrap();
+        let mut c = render::api::TalosCluster::new("lab", Default::default());
+        c.spec.cni.preset = render::api::CniPreset::Cilium;
+        c.spec.cni.handover = Handover::Disabled;
+        c.spec.cni.cilium = Some(render::api::CiliumSpec {
+            values: Some(serde_json::json!({"hubbel": {"enabled": true}, "kubeProxyReplacement": true})),
+            ..Default::default()
+        });
+        let mut f = ValuesFacts::of_cluster(&c);
+        f.cilium_kpr = Some("false".into());
+        f.cilium_ds = Some(crate::state::DaemonSet {
+            desired: 3,
+            updated: 3,
+            ready: 3,
+            generation: 1,
+            observed_generation: 1,
+            image: None,
+        });
+        let d = rules.decide_values(&f).unwrap();
+        assert_eq!(d.run_job, None);
+        let condition = d.condition.unwrap();
+        assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "ValuesRefused"));
+        assert!(
+            condition.message.contains("hubbel") && condition.message.contains("kubeProxyReplacement"),
+            "{}",
+            condition.message
+        );
+        assert!(condition.message.contains("kube-proxy enabled"), "the mode Cilium runs now: {}", condition.message);
+
+        // The same cluster with a good layer: one Job, of the enabled mode's hash.
+        c.spec.cni.cilium.as_mut().unwrap().values = Some(serde_json::json!({"hubble": {"relay": {"enabled": true}}}));
+        let f = ValuesFacts { user: ValuesFacts::of_cluster(&c).user, ..f };
+        let d = rules.decide_values(&f).unwrap();
+        let hash = render::cilium::values_hash(&render::cilium::layered(&f.user, false, "vxlan"));
+        assert_eq!(d.run_job, Some((hash, render::api::KubeProxyMode::Enabled)));
     }
 
     #[test]

@@ -90,6 +90,9 @@ pub struct KubeCluster {
     pub talos: Talos,
     /// How long a drain keeps retrying an eviction a budget refuses.
     pub drain_timeout: Duration,
+    /// The operation these writes are made for: its Cilium Jobs carry it (label
+    /// `handover::OPERATION_LABEL`), so a Job a switch ran is told from the values reconciler's.
+    pub operation: Option<String>,
 }
 
 /// A kind's resource name, as the API server pluralizes it (`ConfigMap` -> `configmaps`,
@@ -342,36 +345,132 @@ impl KubePort for KubeCluster {
         user: &Json,
         tunnel: &str,
     ) -> Result<(), KubeError> {
-        use k8s_openapi::api::batch::v1::Job;
-        let jobs: Api<Job> = Api::namespaced(self.client.clone(), JOB_NAMESPACE);
-        let job: Job = serde_json::from_value(json!({
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": name, "namespace": JOB_NAMESPACE, "labels": {"app.kubernetes.io/managed-by": "ichor"}},
-            "spec": {
-                "backoffLimit": 2,
-                "template": {"spec": {
-                    "serviceAccountName": JOB_SERVICE_ACCOUNT,
-                    "restartPolicy": "Never",
-                    "containers": [{
-                        "name": "cilium",
-                        "image": JOB_IMAGE,
-                        // `ichor cni helm apply` validates the user's layer with the one
-                        // validator, layers it with the mode and runs Helm (README: the Job).
-                        "args": ["cni", "helm", "apply", format!("--kube-proxy={mode}"), format!("--tunnel={tunnel}"), format!("--values-env={JOB_VALUES_ENV}")],
-                        "env": [{"name": JOB_VALUES_ENV, "value": user.to_string()}],
-                    }],
-                }},
-            },
-        }))
-        .map_err(|source| KubeError::Job { name: name.to_string(), source })?;
-        match jobs.create(&PostParams::default(), &job).await {
-            Ok(_) => Ok(()),
-            // Named by its values' hash: the same Job again is already there.
-            Err(e) if is_status(&e, 409) => Ok(()),
-            Err(e) => Err(api_err(format!("creating Job {name}"))(e)),
+        create_cilium_job(&self.client, name, mode, user, tunnel, self.operation.as_deref()).await
+    }
+}
+
+/// Creates the Cilium Job `name`: `ichor cni helm apply` with the mode, the user's layer and the
+/// tunnel protocol, labelled with the hash of the layered values (`handover::VALUES_HASH_LABEL`:
+/// the values reconciler adopts a Job of the hash it wants, the switch's too). A Job of that
+/// name already there is the same Job: nothing to do.
+pub async fn create_cilium_job(
+    client: &kube_client::Client,
+    name: &str,
+    mode: render::api::KubeProxyMode,
+    user: &Json,
+    tunnel: &str,
+    operation: Option<&str>,
+) -> Result<(), KubeError> {
+    use k8s_openapi::api::batch::v1::Job;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), JOB_NAMESPACE);
+    let hash = render::cilium::values_hash(&render::cilium::layered(
+        user,
+        mode == render::api::KubeProxyMode::Replaced,
+        tunnel,
+    ));
+    let mut labels = json!({"app.kubernetes.io/managed-by": "ichor", crate::handover::VALUES_HASH_LABEL: hash});
+    if let Some(op) = operation {
+        labels[crate::handover::OPERATION_LABEL] = json!(op);
+    }
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": JOB_NAMESPACE, "labels": labels},
+        "spec": {
+            "backoffLimit": 2,
+            "template": {"spec": {
+                "serviceAccountName": JOB_SERVICE_ACCOUNT,
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "cilium",
+                    "image": JOB_IMAGE,
+                    // `ichor cni helm apply` validates the user's layer with the one
+                    // validator, layers it with the mode and runs Helm (README: the Job).
+                    "args": ["cni", "helm", "apply", format!("--kube-proxy={mode}"), format!("--tunnel={tunnel}"), format!("--values-env={JOB_VALUES_ENV}")],
+                    "env": [{"name": JOB_VALUES_ENV, "value": user.to_string()}],
+                    // A failed run's last log lines (Helm's error) become the container's
+                    // termination message: the values reconciler shows them.
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                }],
+            }},
+        },
+    }))
+    .map_err(|source| KubeError::Job { name: name.to_string(), source })?;
+    match jobs.create(&PostParams::default(), &job).await {
+        Ok(_) => Ok(()),
+        // Named by its values' hash: the same Job again is already there.
+        Err(e) if is_status(&e, 409) => Ok(()),
+        Err(e) => Err(api_err(format!("creating Job {name}"))(e)),
+    }
+}
+
+/// Ichor's Cilium Jobs (label app.kubernetes.io/managed-by=ichor in kube-system): each one's
+/// values' hash, mode and state.
+pub async fn cilium_jobs(client: &kube_client::Client) -> Result<Vec<crate::handover::CiliumJob>, KubeError> {
+    use k8s_openapi::api::core::v1::Pod;
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), JOB_NAMESPACE);
+    let mut out: Vec<crate::handover::CiliumJob> = jobs
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=ichor"))
+        .await
+        .map_err(api_err("listing Ichor's Jobs"))?
+        .items
+        .iter()
+        .map(|j| crate::handover::CiliumJob::from_json(&serde_json::to_value(j).unwrap_or_default()))
+        .collect();
+    // A failed Job's condition says only that it gave up: Helm's words are its pod's
+    // termination message (the last log lines). Read only for the failed ones.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), JOB_NAMESPACE);
+    for j in out.iter_mut().filter(|j| j.state == crate::handover::JobState::Failed) {
+        let listed = pods
+            .list(&ListParams::default().labels(&format!("job-name={}", j.name)))
+            .await
+            .map_err(api_err(format!("listing the pods of Job {JOB_NAMESPACE}/{}", j.name)))?;
+        if let Some(words) = listed
+            .items
+            .iter()
+            .rev()
+            .find_map(|p| crate::handover::termination_message(&serde_json::to_value(p).unwrap_or_default()))
+        {
+            j.why = words;
         }
     }
+    Ok(out)
+}
+
+/// An object read by GET: absent (404) is `None`.
+fn opt<T>(r: Result<T, kube_client::Error>, what: &str) -> Result<Option<T>, KubeError> {
+    match r {
+        Ok(x) => Ok(Some(x)),
+        Err(e) if is_status(&e, 404) => Ok(None),
+        Err(e) => Err(api_err(format!("reading {what}"))(e)),
+    }
+}
+
+/// A DaemonSet's rollout, as the rules read it.
+fn ds(d: k8s_openapi::api::apps::v1::DaemonSet) -> crate::state::DaemonSet {
+    let st = d.status.unwrap_or_default();
+    crate::state::DaemonSet {
+        desired: st.desired_number_scheduled.into(),
+        updated: st.updated_number_scheduled.unwrap_or(0).into(),
+        ready: st.number_ready.into(),
+        generation: d.metadata.generation.unwrap_or(0),
+        observed_generation: st.observed_generation.unwrap_or(0),
+        image: d.spec.template.spec.and_then(|p| p.containers.first().and_then(|c| c.image.clone())),
+    }
+}
+
+/// What Cilium runs now, for the values reconciler: cilium-config's kube-proxy-replacement and
+/// the cilium DaemonSet's rollout.
+pub async fn read_cilium(
+    client: &kube_client::Client,
+) -> Result<(Option<String>, Option<crate::state::DaemonSet>), KubeError> {
+    use k8s_openapi::api::apps::v1::DaemonSet as Ds;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let dss: Api<Ds> = Api::namespaced(client.clone(), "kube-system");
+    let config = opt(cms.get("cilium-config").await, "ConfigMap kube-system/cilium-config")?;
+    let kpr = config.and_then(|c| c.data).and_then(|d| d.get("kube-proxy-replacement").cloned());
+    Ok((kpr, opt(dss.get("cilium").await, "DaemonSet kube-system/cilium")?.map(ds)))
 }
 
 /// The workload cluster as the operation rules read it: cilium-config, the cilium and
@@ -380,34 +479,17 @@ impl KubePort for KubeCluster {
 pub async fn read_workload(
     client: &kube_client::Client,
     service_answers: bool,
+    operation: &str,
 ) -> Result<crate::state::Workload, KubeError> {
-    use crate::state::{DaemonSet, Workload};
+    use crate::state::Workload;
     use k8s_openapi::api::apps::v1::DaemonSet as Ds;
     use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-    fn opt<T>(r: Result<T, kube_client::Error>, what: &str) -> Result<Option<T>, KubeError> {
-        match r {
-            Ok(x) => Ok(Some(x)),
-            Err(e) if is_status(&e, 404) => Ok(None),
-            Err(e) => Err(api_err(format!("reading {what}"))(e)),
-        }
-    }
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
     let dss: Api<Ds> = Api::namespaced(client.clone(), "kube-system");
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "kube-system");
     let crbs: Api<ClusterRoleBinding> = Api::all(client.clone());
     let cilium_config = opt(cms.get("cilium-config").await, "ConfigMap kube-system/cilium-config")?;
-    let ds = |d: Ds| {
-        let st = d.status.unwrap_or_default();
-        DaemonSet {
-            desired: st.desired_number_scheduled.into(),
-            updated: st.updated_number_scheduled.unwrap_or(0).into(),
-            ready: st.number_ready.into(),
-            generation: d.metadata.generation.unwrap_or(0),
-            observed_generation: st.observed_generation.unwrap_or(0),
-            image: d.spec.template.spec.and_then(|p| p.containers.first().and_then(|c| c.image.clone())),
-        }
-    };
     let data = cilium_config.as_ref().and_then(|c| c.data.clone()).unwrap_or_default();
     let kube_proxy_config_maps = cms
         .list(&ListParams::default())
@@ -418,34 +500,15 @@ pub async fn read_workload(
         .filter_map(|c| c.metadata.name)
         .filter(|n| n == "kube-proxy" || n.starts_with("kube-proxy-"))
         .collect();
-    // Ichor's Cilium Jobs that failed, by the mode they ran for, with Helm's words.
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), JOB_NAMESPACE);
+    // This operation's Cilium Jobs that failed, by the mode they ran for, with Helm's words (a
+    // failed Job of the values reconciler, or of an earlier operation, is not this one's).
     let mut cilium_jobs_failed = std::collections::BTreeMap::new();
-    for j in jobs
-        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=ichor"))
-        .await
-        .map_err(api_err("listing Ichor's Jobs"))?
-        .items
-    {
-        let failed = j.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|cs| {
-            let failed = "Failed"; // Kubernetes' word (a Job's condition type), not an operation phase
-            cs.iter().find(|c| c.type_ == failed && c.status == "True").map(|c| c.message.clone().unwrap_or_default())
-        });
-        let args = j
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.as_ref())
-            .and_then(|p| p.containers.first())
-            .and_then(|c| c.args.clone())
-            .unwrap_or_default();
-        let mode =
-            args.iter().find_map(|a| a.strip_prefix("--kube-proxy=")).and_then(render::api::KubeProxyMode::parse);
-        if let (Some(why), Some(mode)) = (failed, mode) {
-            let name = j.metadata.name.clone().unwrap_or_default();
-            cilium_jobs_failed.insert(
-                mode,
-                format!("Job {JOB_NAMESPACE}/{name}: {}", if why.is_empty() { "failed".into() } else { why }),
-            );
+    for j in cilium_jobs(client).await? {
+        if j.operation.as_deref() != Some(operation) {
+            continue;
+        }
+        if let (crate::handover::JobState::Failed, Some(mode)) = (j.state, j.mode) {
+            cilium_jobs_failed.insert(mode, format!("Job {JOB_NAMESPACE}/{}: {}", j.name, j.why));
         }
     }
     // Argo CD's Application for Cilium: its health and sync, and what its values say (the
@@ -469,14 +532,21 @@ pub async fn read_workload(
             kube_proxy_replacement: a.kube_proxy_replacement,
         }
     });
+    let cilium_daemon_set = opt(dss.get("cilium").await, "DaemonSet kube-system/cilium")?.map(ds);
     Ok(Workload {
         argocd_application,
+        // The running release's chart version: the agents' image tag (chart and agents are
+        // released together), so a release newer than the embedded chart is never stepped back.
+        cilium_chart_version: cilium_daemon_set
+            .as_ref()
+            .and_then(|d| d.image.as_deref())
+            .and_then(crate::handover::cilium_version_of_image),
         cilium_jobs_failed,
         cilium_kube_proxy_replacement: data.get("kube-proxy-replacement").cloned(),
         cilium_k8s_service_host: data.get("k8s-service-host").cloned(),
         cilium_k8s_service_port: data.get("k8s-service-port").cloned(),
         cilium_config_read: cilium_config.is_some(),
-        cilium_daemon_set: opt(dss.get("cilium").await, "DaemonSet kube-system/cilium")?.map(ds),
+        cilium_daemon_set,
         kube_proxy_daemon_set: opt(dss.get("kube-proxy").await, "DaemonSet kube-system/kube-proxy")?.map(ds),
         kube_proxy_config_maps,
         kube_proxy_service_account: Some(

@@ -524,15 +524,21 @@ impl Planner {
             graph.borrow_mut().add(p, &db, rel, row).ok()
         };
         let cps = s.machines.iter().filter(|m| m.role == Role::Controlplane).count();
+        let embedded = render::embedded::CILIUM_CHART_VERSION;
+        let running = s.workload.cilium_chart_version.clone().unwrap_or_else(|| "unknown".into());
+        let current_mode = r.current_kube_proxy_mode.rows(&db).next().map(|[m]| text(m)).unwrap_or_default();
         let target = s
             .operation
             .target_kubernetes
             .clone()
             .or(s.operation.target_kube_proxy.map(|m| m.name().to_string()))
+            .or(s.operation.target_cilium_chart.clone())
             .unwrap_or_default();
         let from = match s.operation.kind {
             // The mode in force, as the rules decide it.
-            OperationKind::Cni => r.current_kube_proxy_mode.rows(&db).next().map(|[m]| text(m)).unwrap_or_default(),
+            OperationKind::Cni => current_mode.clone(),
+            // The chart the release runs.
+            OperationKind::CniUpgrade => running.clone(),
             // The oldest kubelet the machines run.
             _ => s
                 .machines
@@ -558,6 +564,9 @@ impl Planner {
             "wantReplacement": if target == "replaced" { "true" } else { "false" },
             "homeReplacement": s.cluster.cni.home_kube_proxy_replacement.clone().unwrap_or_else(|| "unknown".into()),
             "kubeProxy": s.cluster.cni.kube_proxy.name(),
+            "mode": current_mode,
+            "embedded": embedded,
+            "running": running,
         });
         let data = |extra: Json| -> Json {
             let mut d = base.clone();
@@ -732,6 +741,7 @@ impl Planner {
             let t = match s.operation.kind {
                 OperationKind::Cni => "ConfirmSwitch",
                 OperationKind::Config => "ConfirmRollout",
+                OperationKind::CniUpgrade => "ConfirmCiliumUpgrade",
                 _ => "ConfirmUpgrade",
             };
             // The order is the rules' (`operation_order`): ranked there, listed here.

@@ -110,8 +110,8 @@ pub const CONTROLLER_RULES: &[Rule] = &[
     Rule {
         group: "batch",
         resources: &["jobs"],
-        verbs: &["get", "list", "create"],
-        why: "the Cilium Job, and whether it failed (it runs under its own ServiceAccount; the controller never holds Helm's rights)",
+        verbs: &["get", "list", "watch", "create"],
+        why: "the Cilium Job, and whether it failed (watched: a Job that ends or is deleted wakes the values reconciler; it runs under its own ServiceAccount, the controller never holds Helm's rights)",
     },
     Rule {
         group: "coordination.k8s.io",

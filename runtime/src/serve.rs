@@ -377,7 +377,15 @@ async fn reconcile_handover_once(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
     let name = c.metadata.name.clone().unwrap_or_default();
-    match crate::handover::reconcile(&ctx.controller.kube, &c, &now()).await {
+    let ns = c.metadata.namespace.clone().unwrap_or_default();
+    let operations = match ctx.controller.operations(&ns).await {
+        Ok(o) => o,
+        Err(source) => {
+            ctx.metrics.errors.inc();
+            return Err(ReconcileError { operation: format!("the hand-over of TalosCluster {name}"), source });
+        }
+    };
+    match crate::handover::reconcile(&ctx.controller.kube, &operations, &c, &now()).await {
         Ok(Some(after)) => Ok(Action::requeue(after)),
         Ok(None) => Ok(Action::await_change()),
         Err(source) => {
@@ -565,17 +573,36 @@ pub async fn run(
                 tracing::debug!(error = %crate::error_chain(&e), "reconcile");
             }
         });
-    let handovers = kube_runtime::Controller::new(
+    // The cluster host (the hand-over and the Cilium values) is woken by its cluster, by an
+    // operation of the cluster that ends (it releases the lock the values wait on), and by Ichor's
+    // Cilium Jobs (one that ends, or a failed one deleted to run it again).
+    let controller_clusters = kube_runtime::Controller::new(
         Api::<render::api::TalosCluster>::namespaced(ctx.controller.kube.clone(), &config.namespace),
         watcher::Config::default(),
-    )
-    .graceful_shutdown_on(shutdown.clone())
-    .run(reconcile_handover, handover_error_policy, ctx.clone())
-    .for_each(|r| async move {
-        if let Err(e) = r {
-            tracing::debug!(error = %crate::error_chain(&e), "hand-over reconcile");
-        }
-    });
+    );
+    let cstore = controller_clusters.store();
+    let every_cluster = move || {
+        cstore.state().iter().map(|c| kube_runtime::reflector::ObjectRef::from_obj(c.as_ref())).collect::<Vec<_>>()
+    };
+    let k = ctx.controller.kube.clone();
+    let ns_of_ops = ns.clone();
+    let handovers = controller_clusters
+        .watches(Api::<TalosOperation>::namespaced(k.clone(), &ns), watcher::Config::default(), move |o| {
+            let ended = o.status.as_ref().is_some_and(|s| s.phase().is_terminal());
+            ended.then(|| kube_runtime::reflector::ObjectRef::new(&o.spec.cluster_ref.name).within(&ns_of_ops))
+        })
+        .watches(
+            Api::<k8s_openapi::api::batch::v1::Job>::namespaced(k, crate::kube::JOB_NAMESPACE),
+            watcher::Config::default().labels("app.kubernetes.io/managed-by=ichor"),
+            move |_| every_cluster(),
+        )
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile_handover, handover_error_policy, ctx.clone())
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %crate::error_chain(&e), "hand-over reconcile");
+            }
+        });
     // A machine is woken by what its render reads and by its cluster's operations ending (an
     // ended one hands the machine back; a running one's status writes wake nothing): its
     // cluster, the cluster's patches and operations, and the namespace's Secrets (watched by

@@ -245,6 +245,9 @@ pub struct Operation {
     /// The machines a config rollout takes (empty: every machine with a reboot-class change).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub target_machines: Vec<String>,
+    /// The Cilium chart a Cilium upgrade moves the release to (the embedded one when it started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_cilium_chart: Option<String>,
     #[serde(default = "one")]
     pub max_unavailable: i64,
     /// The phase held in status.
@@ -368,9 +371,9 @@ pub fn epoch(s: &str) -> Option<i64> {
     Some(days * 86_400 + h * 3600 + mi * 60 + se)
 }
 
-/// The operation kinds the rules know.
 /// The operation kinds the shipped rules plan (the others are the controller's, not yet rules).
-pub const KINDS: [OperationKind; 3] = [OperationKind::Kubernetes, OperationKind::Cni, OperationKind::Config];
+pub const KINDS: [OperationKind; 4] =
+    [OperationKind::Kubernetes, OperationKind::Cni, OperationKind::Config, OperationKind::CniUpgrade];
 
 /// The most a snapshot may hold once its aliases are expanded (a 5,000-machine snapshot is a
 /// few MiB).

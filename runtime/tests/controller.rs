@@ -381,6 +381,7 @@ fn kube_port(w: &World) -> runtime::kube::KubeCluster {
         client: w.api.client(),
         talos: w.controller.talos.clone(),
         drain_timeout: Duration::from_secs(5),
+        operation: None,
     }
 }
 

@@ -162,6 +162,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         target_kubernetes: Some(TARGET.into()),
         target_kube_proxy: None,
         target_machines: vec![],
+        target_cilium_chart: None,
         max_unavailable: 1,
         phase: render::api::Phase::Pending,
         intent: Default::default(),

@@ -223,7 +223,7 @@ fn the_kube_proxy_mode_in_force_is_pinned_to_the_rules() {
             let mut tc = render::api::TalosCluster::new("lab", Default::default());
             tc.spec.cni.kube_proxy = spec;
             tc.status = Some(render::api::TalosClusterStatus {
-                cni: Some(render::api::CniStatus { kube_proxy: status }),
+                cni: Some(render::api::CniStatus { kube_proxy: status, ..Default::default() }),
                 ..Default::default()
             });
             let plan = planner.plan(&s).unwrap();

@@ -79,7 +79,12 @@ async fn world() -> World {
     api.put("", "configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cilium-config", "namespace": "kube-system"},
         "data": {"kube-proxy-replacement": "false", "k8s-service-host": "localhost", "k8s-service-port": "7445"}}));
     api.put("apps", "daemonsets", ds("cilium", "quay.io/cilium/cilium:v1.20.0"));
-    let mut kube = KubeCluster { client: api.client(), talos: talos.clone(), drain_timeout: Duration::from_secs(2) };
+    let mut kube = KubeCluster {
+        client: api.client(),
+        talos: talos.clone(),
+        drain_timeout: Duration::from_secs(2),
+        operation: None,
+    };
     // The cluster as Talos bootstrapped it: kube-proxy from its rendered manifests.
     kube.sync_manifests("cp1", "talos").await.unwrap();
     settle(&api);
@@ -105,6 +110,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
         target_kubernetes: None,
         target_kube_proxy: Some(target),
         target_machines: vec![],
+        target_cilium_chart: None,
         max_unavailable: 1,
         phase: render::api::Phase::Pending,
         intent: Default::default(),
@@ -154,7 +160,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 .unwrap(),
             );
         }
-        let workload = read_workload(&w.kube.client, true).await.unwrap();
+        let workload = read_workload(&w.kube.client, true, &op.name).await.unwrap();
         let s = ObservedState {
             now: runtime::plan::rfc3339(t0 + 60 * i as i64),
             cluster: Cluster {

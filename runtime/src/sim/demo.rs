@@ -145,6 +145,7 @@ impl Demo {
                 client: demo.api.client(),
                 talos: demo.talos.clone(),
                 drain_timeout: Duration::from_secs(2),
+                operation: None,
             };
             k.sync_manifests(address, "talos").await.map_err(|e| DemoError::Seed(e.to_string()))?;
         }
@@ -303,11 +304,48 @@ pub fn roll_out_daemonsets(api: &kubeapi::Api, nodes: usize) {
     }
 }
 
+/// The cilium agents run Cilium `version` (their image's tag), as a release of that chart
+/// would: `ichor sim cluster --cilium-version`, and what the Helm stand-in does with the
+/// embedded chart.
+pub fn run_cilium(api: &kubeapi::Api, version: &str) {
+    if let Some(mut cilium) = api.get("apps", "daemonsets", "kube-system", "cilium") {
+        cilium["spec"]["template"]["spec"]["containers"][0]["image"] =
+            json!(format!("quay.io/cilium/cilium:v{version}"));
+        api.put("apps", "daemonsets", cilium);
+    }
+}
+
+/// The ConfigMap that makes the Helm stand-in fail: while `kube-system/ichor-sim-helm-fault`
+/// exists, every Cilium Job it runs fails with the ConfigMap's `message` as Helm's words (on the
+/// Job's pod, as `terminationMessagePolicy: FallbackToLogsOnError` puts a failed container's
+/// last log lines there) and changes nothing. Create it with kubectl to rehearse a failed Job.
+pub const HELM_FAULT_CONFIGMAP: &str = "ichor-sim-helm-fault";
+
 /// What Helm does when Ichor's Cilium Job runs (once per Job): cilium-config says the Job's
-/// kube-proxy mode, with the API server address, and the agents get a new spec to roll out.
+/// kube-proxy mode, with the API server address, the agents get a new spec to roll out, and
+/// the Job completes (its `Complete` condition, as the Job controller writes it). With the
+/// fault ConfigMap (`HELM_FAULT_CONFIGMAP`) the Job fails instead: its pod ends with Helm's
+/// words and the Job reads `Failed` (BackoffLimitExceeded), and nothing else changes.
 pub fn run_cilium_jobs(api: &kubeapi::Api) {
     for (key, mut job) in api.objects() {
         if key.1 != "jobs" || job.pointer("/metadata/annotations/sim~1ran").is_some() {
+            continue;
+        }
+        let name = job.pointer("/metadata/name").and_then(|n| n.as_str()).unwrap_or_default().to_string();
+        let namespace = key.2.clone();
+        let fault = api.get("", "configmaps", "kube-system", HELM_FAULT_CONFIGMAP).map(|c| {
+            c.pointer("/data/message").and_then(|m| m.as_str()).unwrap_or("Error: UPGRADE FAILED").to_string()
+        });
+        job["metadata"]["annotations"] = json!({"sim/ran": "true"});
+        if let Some(message) = fault {
+            api.put("", "pods", json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("{name}-sim"), "namespace": namespace, "labels": {"job-name": name, "batch.kubernetes.io/job-name": name}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "cilium", "image": "ichor"}]},
+                "status": {"phase": "Failed", /* Kubernetes' word: a Pod's phase */ "containerStatuses": [{"name": "cilium", "ready": false, "restartCount": 0, "image": "ichor", "imageID": "", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}}]}}));
+            job["status"] = json!({"failed": 3, "conditions": [
+                {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"},
+                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", /* Kubernetes' word: a Job's condition */ "message": "Job has reached the specified backoff limit"}]});
+            api.put("batch", "jobs", job);
             continue;
         }
         let args = job.pointer("/spec/template/spec/containers/0/args").cloned().unwrap_or_default();
@@ -317,10 +355,17 @@ pub fn run_cilium_jobs(api: &kubeapi::Api) {
             api.put("", "configmaps", cm);
         }
         if let Some(mut cilium) = api.get("apps", "daemonsets", "kube-system", "cilium") {
-            cilium["spec"]["template"]["metadata"]["annotations"] = json!({"kpr": replaced.to_string()});
+            // The values' hash in the pod template, as a changed value changes the agents' spec.
+            let hash = job.pointer("/metadata/labels/ichor.maesh.dev~1values-hash").cloned().unwrap_or_default();
+            cilium["spec"]["template"]["metadata"]["annotations"] =
+                json!({"kpr": replaced.to_string(), "values": hash});
             api.put("apps", "daemonsets", cilium);
         }
-        job["metadata"]["annotations"] = json!({"sim/ran": "true"});
+        // Every Job installs the embedded chart: the agents run its version from now on.
+        run_cilium(api, render::embedded::CILIUM_CHART_VERSION);
+        job["status"] = json!({"succeeded": 1, "conditions": [
+            {"type": "SuccessCriteriaMet", "status": "True"},
+            {"type": "Complete", "status": "True"}]});
         api.put("batch", "jobs", job);
     }
 }
