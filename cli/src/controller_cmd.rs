@@ -77,6 +77,15 @@ pub struct ControllerArgs {
     /// Write each reconcile's snapshot here, for `ichor plan --state`.
     #[arg(long)]
     pub dump_snapshots: Option<PathBuf>,
+    /// Do not lock Ichor's namespace down with CiliumNetworkPolicies (by default they are
+    /// applied once Cilium is ready: the webhook only from the API server, the pods' egress to
+    /// the API server, DNS and the Talos API only).
+    #[arg(long)]
+    pub no_network_policies: bool,
+    /// A CIDR the controller's metrics may be scraped from (repeat it); none: only the
+    /// kubelet's probes reach the controller once the namespace is locked down.
+    #[arg(long, value_name = "CIDR", conflicts_with = "no_network_policies")]
+    pub metrics_from: Vec<String>,
 }
 
 /// A Kubernetes client from `--kubeconfig`, else as kube-rs finds one ($KUBECONFIG,
@@ -110,6 +119,7 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
         eprintln!("ichor: crash point armed: the process ends right after write {} of {}", p.after, kinds.join(", "));
     }
     let listen = a.listen.parse().with_context(|| format!("--metrics-addr {:?}: not host:port", a.listen))?;
+    let metrics_from = a.metrics_from.iter().map(|c| runtime::netpol::cidr(c)).collect::<Result<Vec<_>, _>>()?;
     let rt = crate::io::io_runtime()?;
     rt.block_on(async {
         let path = crate::talos_cmd::find_talosconfig(a.talosconfig.as_deref())?;
@@ -131,6 +141,7 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
         .with_release_set(&a.release_set_kubernetes)
         .with_controller_node(a.node.clone())
         .with_service_probe(Arc::new(kubernetes_service_answers));
+        let controller = if a.no_network_policies { controller } else { controller.with_lockdown(metrics_from) };
         let identity =
             a.identity.clone().unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "ichor".into()));
         let config = RunConfig {

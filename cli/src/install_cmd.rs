@@ -32,6 +32,14 @@ pub struct InstallArgs {
     /// The talosconfig context to check (default: its current one).
     #[arg(long, requires = "talosconfig")]
     pub context: Option<String>,
+    /// Do not lock the namespace down with CiliumNetworkPolicies (the controller's
+    /// `--no-network-policies`).
+    #[arg(long)]
+    pub no_network_policies: bool,
+    /// A CIDR the controller's metrics may be scraped from once the namespace is locked down
+    /// (repeat it; the controller's `--metrics-from`).
+    #[arg(long, value_name = "CIDR", conflicts_with = "no_network_policies")]
+    pub metrics_from: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -60,7 +68,19 @@ pub fn install(a: &InstallArgs) -> Result<Report> {
     } else {
         WebhookTls::Generated(runtime::install::webhook_certs(&a.namespace, now())?)
     };
-    let o = Install { namespace: a.namespace.clone(), image: a.image.clone(), replicas: a.replicas, tls, talosconfig };
+    let network_policies = if a.no_network_policies {
+        None
+    } else {
+        Some(a.metrics_from.iter().map(|c| runtime::netpol::cidr(c)).collect::<Result<Vec<_>, _>>()?)
+    };
+    let o = Install {
+        namespace: a.namespace.clone(),
+        image: a.image.clone(),
+        replicas: a.replicas,
+        tls,
+        talosconfig,
+        network_policies,
+    };
     let stdout = if a.rotate_certs { runtime::install::rotate_yaml(&o) } else { runtime::install::install_yaml(&o) };
     Ok(Report { stdout, ..Report::default() })
 }
@@ -78,6 +98,7 @@ pub fn uninstall(a: &UninstallArgs) -> Result<Report> {
         replicas: 1,
         tls,
         talosconfig: Some(String::new()),
+        network_policies: Some(vec![]),
     };
     let crds = if a.crds { Some(crate::render_cmd::crds_cmd()?.stdout) } else { None };
     let stdout = runtime::install::uninstall_yaml(&runtime::install::install_yaml(&o), crds.as_deref());

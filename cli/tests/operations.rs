@@ -1830,3 +1830,31 @@ fn cni_upgrade_moves_cilium_to_the_embedded_chart_once_and_refuses_what_it_must_
     let (code, out, _) = sim.ichor(&["cni", "upgrade", "--cluster", "lab", "--yes"]);
     assert_eq!((code, out.contains("Nothing to do")), (0, true), "{out}");
 }
+
+/// Issue 28, item 5 (the CNI page: "Ichor's own namespace is locked down with
+/// CiliumNetworkPolicies once Cilium is ready"), as kubectl reads them from the simulated
+/// cluster: the three policies, the webhook reached only by the API server, written once.
+#[test]
+fn ichors_namespace_is_locked_down_with_cilium_network_policies_once_cilium_is_ready() {
+    let sim = Sim::start_with("lockdown", "disabled");
+    let list = || {
+        let path = "jsonpath={range .items[*]}{.metadata.name} {.metadata.resourceVersion}{\"\\n\"}{end}";
+        sim.kubectl(&["get", "cnp", "-n", "ichor-system", "-o", path]).unwrap().1
+    };
+    let start = std::time::Instant::now();
+    while list().lines().count() < 3 && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let first = list();
+    let names: Vec<&str> = first.lines().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(names, ["ichor-controller-ingress", "ichor-egress", "ichor-webhook-ingress"], "{first}");
+    let path = "jsonpath={.spec.ingress[0].fromEntities}";
+    let (_, from, _) = sim.kubectl(&["get", "cnp", "ichor-webhook-ingress", "-n", "ichor-system", "-o", path]).unwrap();
+    assert_eq!(from, r#"["kube-apiserver","host"]"#);
+    // A change elsewhere in the cluster wakes the reconcile again: the policies are not rewritten.
+    let (code, _, err) =
+        sim.kubectl(&["annotate", "tc", "lab", "-n", "ichor-system", "example.com/touched=yes"]).unwrap();
+    assert_eq!(code, 0, "{err}");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_eq!(list(), first, "written once");
+}

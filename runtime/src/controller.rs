@@ -101,6 +101,9 @@ pub struct Controller {
     pub observations: crate::talos::observe::ObservationCache,
     /// The machine controller's verdicts kept between resyncs.
     verdicts: crate::assemble::VerdictCache,
+    /// Lock the namespace down with CiliumNetworkPolicies once Cilium is ready (runtime::netpol),
+    /// with the CIDRs metrics may be scraped from; `None`: off (`--no-network-policies`).
+    pub lockdown: Option<Vec<String>>,
 }
 
 /// What one machine reconcile found and did.
@@ -139,7 +142,39 @@ impl Controller {
             manifests: Default::default(),
             observations: Default::default(),
             verdicts: Default::default(),
+            lockdown: None,
         }
+    }
+
+    /// Locks the namespace down once Cilium is ready, metrics open to `metrics_from` (CIDRs
+    /// checked by `netpol::cidr`).
+    pub fn with_lockdown(mut self, metrics_from: Vec<String>) -> Controller {
+        self.lockdown = Some(metrics_from);
+        self
+    }
+
+    /// What the namespace's lockdown is made from now (its TalosMachines' addresses among
+    /// them), when it is on.
+    pub(crate) async fn lockdown_of(
+        &self,
+        namespace: &str,
+    ) -> Result<Option<crate::netpol::Lockdown>, ControllerError> {
+        let Some(metrics_from) = &self.lockdown else { return Ok(None) };
+        let machines = match self.stores.get() {
+            Some(s) => crate::stores::items(&s.machines, |m| m.metadata.namespace.as_deref() == Some(namespace)),
+            None => {
+                Api::<TalosMachine>::namespaced(self.kube.clone(), namespace)
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(kube_err(format!("listing TalosMachines in {namespace}")))?
+                    .items
+            }
+        };
+        Ok(Some(crate::netpol::Lockdown {
+            namespace: namespace.to_string(),
+            metrics_from: metrics_from.clone(),
+            talos_nodes: crate::netpol::talos_nodes(machines.iter().map(|m| m.spec.address.as_str())),
+        }))
     }
 
     /// The release set's Kubernetes (ADR 0113), when not this Ichor's.

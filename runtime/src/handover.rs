@@ -132,6 +132,10 @@ struct ValuesRels {
     record: engine::Output<1>,
     requeue: engine::Output<1>,
     mode: engine::Output<1>,
+    np_enabled: engine::Input<0>,
+    np_crd: engine::Input<0>,
+    np_lockdown: engine::Output<0>,
+    np_waiting: engine::Output<1>,
 }
 
 /// The hand-over host: rules/handover.rules compiled once, and the message templates.
@@ -177,6 +181,10 @@ impl Rules {
                 record: b.output("cv_record", [("hash", S)]),
                 requeue: b.output("cv_requeue", [("seconds", N)]),
                 mode: b.output("cv_mode", [("mode", S)]),
+                np_enabled: b.input("np_enabled", []),
+                np_crd: b.input("np_crd", []),
+                np_lockdown: b.output("np_lockdown", []),
+                np_waiting: b.output("np_waiting", [("reason", S)]),
             },
         };
         b.finish().map_err(engine::LoadError::from)?;
@@ -229,6 +237,12 @@ impl Rules {
         }
         if f.handover_done {
             self.rels.done.push(&mut b, []);
+        }
+        if f.lockdown_enabled {
+            r.np_enabled.push(&mut b, []);
+        }
+        if f.policy_kind_served {
+            r.np_crd.push(&mut b, []);
         }
         let id = b.sym(f.spec_mode.name());
         r.spec_kube_proxy.push(&mut b, [id]);
@@ -311,6 +325,8 @@ impl Rules {
             condition,
             run_job,
             record: r.record.rows(&db).next().map(|[h]| db.sym(h).to_string()),
+            lockdown: r.np_lockdown.any(&db),
+            lockdown_waits: r.np_waiting.rows(&db).map(|[w]| db.sym(w).to_string()).collect(),
             requeue: r.requeue.rows(&db).filter_map(|[s]| u64::try_from(db.num(s)).ok()).min().map(Duration::from_secs),
         })
     }
@@ -434,6 +450,10 @@ pub struct ValuesFacts {
     pub jobs: Vec<CiliumJob>,
     /// The cluster's operations and their phases.
     pub operations: Vec<(String, render::api::Phase)>,
+    /// The controller locks its namespace down (runtime::netpol; no `--no-network-policies`).
+    pub lockdown_enabled: bool,
+    /// The API serves cilium.io/v2 CiliumNetworkPolicy.
+    pub policy_kind_served: bool,
 }
 
 impl ValuesFacts {
@@ -457,6 +477,8 @@ impl ValuesFacts {
             applied: c.status.as_ref().and_then(|s| s.cni.as_ref()).and_then(|n| n.applied_values_hash.clone()),
             jobs: Vec::new(),
             operations: Vec::new(),
+            lockdown_enabled: false,
+            policy_kind_served: false,
         }
     }
 }
@@ -471,6 +493,10 @@ pub struct ValuesDecision {
     /// Record this hash as status.cni.appliedValuesHash.
     pub record: Option<String>,
     pub requeue: Option<Duration>,
+    /// Apply the namespace's CiliumNetworkPolicies (rules/lockdown.rules).
+    pub lockdown: bool,
+    /// Why they are not applied yet (`np_waiting`), for the log.
+    pub lockdown_waits: Vec<String>,
 }
 
 /// The shipped rules, compiled on first use (they are part of the release: a failure to load
@@ -506,6 +532,7 @@ mod io {
     pub async fn reconcile(
         client: &kube_client::Client,
         operations: &[render::api::TalosOperation],
+        lockdown: Option<&crate::netpol::Lockdown>,
         cluster: &TalosCluster,
         now: &str,
     ) -> Result<Option<Duration>, crate::controller::ControllerError> {
@@ -529,9 +556,17 @@ mod io {
         };
         let d = decide(cluster.spec.cni.handover, app.as_ref(), done)?;
         // The values follow this reconcile's hand-over: once Argo CD owns Cilium, no Job.
-        let values = values(client, operations, cluster, d.status == "True").await?;
+        let values = values(client, operations, lockdown.is_some(), cluster, d.status == "True").await?;
         let ns = cluster.metadata.namespace.clone().unwrap_or_default();
         let name = cluster.metadata.name.clone().unwrap_or_default();
+        if let Some(l) = lockdown.filter(|_| values.lockdown) {
+            let written = crate::kube::ensure_network_policies(client, &crate::netpol::policies(l)).await?;
+            if !written.is_empty() {
+                tracing::info!(namespace = %l.namespace, policies = %written.join(", "), "locked Ichor's namespace down (CiliumNetworkPolicies)");
+            }
+        } else if lockdown.is_some() {
+            tracing::debug!(cluster = %name, waits = %values.lockdown_waits.join(", "), "the namespace's CiliumNetworkPolicies wait");
+        }
         if let Some((hash, mode)) = &values.run_job {
             let f = ValuesFacts::of_cluster(cluster);
             let job = format!("ichor-cni-{hash}");
@@ -588,15 +623,23 @@ mod io {
     async fn values(
         client: &kube_client::Client,
         operations: &[render::api::TalosOperation],
+        lockdown: bool,
         cluster: &TalosCluster,
         handed_over: bool,
     ) -> Result<ValuesDecision, crate::controller::ControllerError> {
         let mut f = ValuesFacts::of_cluster(cluster);
         f.handover_done |= handed_over;
-        if f.preset_cilium && !f.handover_done {
-            let name = cluster.metadata.name.clone().unwrap_or_default();
+        let ours = f.preset_cilium && !f.handover_done;
+        if ours || lockdown {
             (f.cilium_kpr, f.cilium_ds) = crate::kube::read_cilium(client).await?;
             f.chart_running = f.cilium_ds.as_ref().and_then(|d| d.image.as_deref()).and_then(cilium_version_of_image);
+        }
+        if lockdown {
+            f.lockdown_enabled = true;
+            f.policy_kind_served = crate::kube::serves_cilium_network_policies(client).await?;
+        }
+        if ours {
+            let name = cluster.metadata.name.clone().unwrap_or_default();
             f.jobs = crate::kube::cilium_jobs(client).await?;
             f.operations = operations
                 .iter()

@@ -20,6 +20,10 @@ pub struct Install {
     /// Replicas of the controller and of the webhook (two: one survives a drain).
     pub replicas: u32,
     pub tls: WebhookTls,
+    /// The namespace locked down with CiliumNetworkPolicies once Cilium is ready, with the
+    /// CIDRs the controller's metrics may be scraped from; `None`: off
+    /// (`--no-network-policies`).
+    pub network_policies: Option<Vec<String>>,
     /// The talosconfig the controller reaches the nodes with (its text, checked by
     /// `talosconfig`), shipped as the Secret `ichor-talosconfig`; without it the comment at the
     /// top gives the command that creates the Secret.
@@ -375,8 +379,44 @@ pub fn install_yaml(o: &Install) -> String {
              # missing file, and its pods restart with backoff until it is there."
         )
     };
+    // The lockdown: the controller's flags, and the policies it applies, shown as comments.
+    let (lockdown_args, lockdown_note) = match &o.network_policies {
+        None => (
+            ", \"--no-network-policies\"".to_string(),
+            "# The namespace is not locked down (--no-network-policies): no CiliumNetworkPolicy is applied."
+                .to_string(),
+        ),
+        Some(from) => {
+            let args: String = from.iter().map(|c| format!(", \"--metrics-from\", \"{c}\"")).collect();
+            let policies = crate::netpol::policies(&crate::netpol::Lockdown {
+                namespace: ns.clone(),
+                metrics_from: from.clone(),
+                talos_nodes: vec![],
+            });
+            let shown: String = policies
+                .iter()
+                .map(|p| format!("---\n{}", yaml(p)))
+                .collect::<String>()
+                .lines()
+                .map(|l| format!("#   {l}\n"))
+                .collect();
+            (
+                args,
+                format!(
+                    "# Once Cilium is ready, the controller locks this namespace down with these\n\
+                     # CiliumNetworkPolicies (field manager {}; the egress policy also lists the\n\
+                     # TalosMachines' addresses; `ichor install --no-network-policies` turns it off,\n\
+                     # --metrics-from CIDR opens the metrics port to a scraper):\n{shown}",
+                    crate::netpol::FIELD_MANAGER
+                )
+                .trim_end()
+                .to_string(),
+            )
+        }
+    };
     docs.push(format!(
         "# Ichor. Apply after `ichor crds | kubectl apply --server-side -f -`.\n{talosconfig_note}\n\
+         {lockdown_note}\n\
          # Every pod meets the restricted Pod Security Standard, which the namespace enforces.\n{}",
         yaml(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {
             "pod-security.kubernetes.io/enforce": "restricted",
@@ -449,7 +489,7 @@ spec:
 {POD_SECURITY}{affinity}      containers:
         - name: controller
           image: {image}
-          args: [\"controller\", \"--talosconfig\", \"/etc/ichor/talosconfig\", \"--namespace\", \"{ns}\"]
+          args: [\"controller\", \"--talosconfig\", \"/etc/ichor/talosconfig\", \"--namespace\", \"{ns}\"{lockdown_args}]
           env:
             - name: POD_NAME
               valueFrom:

@@ -437,6 +437,52 @@ pub async fn cilium_jobs(client: &kube_client::Client) -> Result<Vec<crate::hand
     Ok(out)
 }
 
+/// Whether the API serves cilium.io/v2 CiliumNetworkPolicy (Cilium's CRDs installed), by
+/// discovery.
+pub async fn serves_cilium_network_policies(client: &kube_client::Client) -> Result<bool, KubeError> {
+    match client.list_api_group_resources("cilium.io/v2").await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "ciliumnetworkpolicies")),
+        Err(e) if is_status(&e, 404) => Ok(false),
+        Err(e) => Err(api_err("discovering cilium.io/v2")(e)),
+    }
+}
+
+/// Writes each CiliumNetworkPolicy of `policies` (runtime::netpol) that is absent or whose spec
+/// or labels differ, by server-side apply under `netpol::FIELD_MANAGER`; one that already says
+/// the same is not written (idle is idle). Returns the names written.
+pub async fn ensure_network_policies(
+    client: &kube_client::Client,
+    policies: &[Json],
+) -> Result<Vec<String>, KubeError> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cilium.io", "v2", "CiliumNetworkPolicy"),
+        "ciliumnetworkpolicies",
+    );
+    let mut written = vec![];
+    for p in policies {
+        let name = p.pointer("/metadata/name").and_then(|n| n.as_str()).unwrap_or_default();
+        let ns = p.pointer("/metadata/namespace").and_then(|n| n.as_str()).unwrap_or_default();
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+        let what = format!("CiliumNetworkPolicy {ns}/{name}");
+        let current = opt(api.get(name).await, &what)?.map(|o| serde_json::to_value(&o).unwrap_or_default());
+        let same = current.is_some_and(|c| {
+            c.get("spec") == p.get("spec")
+                && p.pointer("/metadata/labels").and_then(|l| l.as_object()).is_some_and(|want| {
+                    want.iter().all(|(k, v)| c.pointer("/metadata/labels").and_then(|l| l.get(k)) == Some(v))
+                })
+        });
+        if same {
+            continue;
+        }
+        api.patch(name, &PatchParams::apply(crate::netpol::FIELD_MANAGER).force(), &Patch::Apply(p))
+            .await
+            .map_err(api_err(format!("writing {what}")))?;
+        crate::crashpoint::after(crate::crashpoint::Write::ServerSideApply);
+        written.push(name.to_string());
+    }
+    Ok(written)
+}
+
 /// An object read by GET: absent (404) is `None`.
 fn opt<T>(r: Result<T, kube_client::Error>, what: &str) -> Result<Option<T>, KubeError> {
     match r {

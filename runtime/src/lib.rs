@@ -21,6 +21,7 @@ pub mod install;
 #[cfg(feature = "io")]
 pub mod kube;
 pub mod messages;
+pub mod netpol;
 pub mod plan;
 pub mod rbac;
 #[cfg(feature = "io")]

@@ -114,6 +114,12 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         why: "the Cilium Job, and whether it failed (watched: a Job that ends or is deleted wakes the values reconciler; it runs under its own ServiceAccount, the controller never holds Helm's rights)",
     },
     Rule {
+        group: "cilium.io",
+        resources: &["ciliumnetworkpolicies"],
+        verbs: &["get", "patch"],
+        why: "Ichor's namespace locked down once Cilium is ready (its own CiliumNetworkPolicies, field manager ichor-network-policy; --no-network-policies turns it off)",
+    },
+    Rule {
         group: "coordination.k8s.io",
         resources: &["leases"],
         verbs: &["get", "create", "patch", "update"],

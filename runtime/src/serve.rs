@@ -378,14 +378,15 @@ async fn reconcile_handover_once(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx
     }
     let name = c.metadata.name.clone().unwrap_or_default();
     let ns = c.metadata.namespace.clone().unwrap_or_default();
-    let operations = match ctx.controller.operations(&ns).await {
-        Ok(o) => o,
+    let read = async { Ok((ctx.controller.operations(&ns).await?, ctx.controller.lockdown_of(&ns).await?)) };
+    let (operations, lockdown) = match read.await {
+        Ok(x) => x,
         Err(source) => {
             ctx.metrics.errors.inc();
             return Err(ReconcileError { operation: format!("the hand-over of TalosCluster {name}"), source });
         }
     };
-    match crate::handover::reconcile(&ctx.controller.kube, &operations, &c, &now()).await {
+    match crate::handover::reconcile(&ctx.controller.kube, &operations, lockdown.as_ref(), &c, &now()).await {
         Ok(Some(after)) => Ok(Action::requeue(after)),
         Ok(None) => Ok(Action::await_change()),
         Err(source) => {

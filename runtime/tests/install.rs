@@ -15,7 +15,14 @@ fn now() -> i64 {
 }
 
 fn install(tls: WebhookTls, talosconfig: Option<String>) -> Install {
-    Install { namespace: "ichor-system".into(), image: "example/ichor:v0".into(), replicas: 2, tls, talosconfig }
+    Install {
+        namespace: "ichor-system".into(),
+        image: "example/ichor:v0".into(),
+        replicas: 2,
+        tls,
+        talosconfig,
+        network_policies: Some(vec![]),
+    }
 }
 
 fn generated() -> WebhookTls {

@@ -373,7 +373,7 @@ async fn the_handover_follows_argo_cds_application_and_the_render_then_drops_the
     };
     let step = || async {
         let c = clusters.get("lab").await.unwrap();
-        let again = runtime::handover::reconcile(&api.client(), &[], &c, "2026-12-01T00:00:00Z").await.unwrap();
+        let again = runtime::handover::reconcile(&api.client(), &[], None, &c, "2026-12-01T00:00:00Z").await.unwrap();
         (condition(&clusters.get("lab").await.unwrap()), again)
     };
     // Argo CD absent: waiting, and it comes back (at the latest after the hand-over's wait).
@@ -395,6 +395,80 @@ async fn the_handover_follows_argo_cds_application_and_the_render_then_drops_the
     // A later degradation does not undo it.
     api.put("argoproj.io", "applications", app("Synced", "Degraded"));
     assert_eq!(step().await.0, ("True".into(), "Synced".into()));
+}
+
+/// Issue 28, item 5: Ichor's namespace is locked down once Cilium is ready (its DaemonSet rolled
+/// out, its policy kind served), each policy written once and not again while it says the
+/// same; turned off, nothing is written.
+#[tokio::test]
+async fn the_namespace_is_locked_down_once_cilium_is_ready_and_written_once() {
+    use render::api::TalosCluster;
+    let api = kubeapi::Api::new();
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/lab-v1.14/cluster.yaml"))
+            .unwrap();
+    let mut cluster: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+    cluster["spec"]["cni"]["handover"] = json!("disabled");
+    api.put(render::api::GROUP, "talosclusters", cluster);
+    let clusters: Api<TalosCluster> = Api::namespaced(api.client(), "ichor-system");
+    let lockdown = runtime::netpol::Lockdown {
+        namespace: "ichor-system".into(),
+        metrics_from: vec!["10.0.0.0/8".into()],
+        talos_nodes: runtime::netpol::talos_nodes(["10.5.0.2", "10.5.0.3"]),
+    };
+    let policies = || {
+        let mut names: Vec<String> = api
+            .objects()
+            .into_iter()
+            .filter(|(k, _)| k.1 == "ciliumnetworkpolicies")
+            .map(|(k, v)| format!("{}/{} {}", k.2, k.3, v["metadata"]["resourceVersion"]))
+            .collect();
+        names.sort();
+        names
+    };
+    let step = |l: Option<runtime::netpol::Lockdown>| {
+        let clusters = clusters.clone();
+        let client = api.client();
+        async move {
+            let c = clusters.get("lab").await.unwrap();
+            runtime::handover::reconcile(&client, &[], l.as_ref(), &c, "2026-12-01T00:00:00Z").await.unwrap();
+        }
+    };
+    // No Cilium yet: nothing.
+    step(Some(lockdown.clone())).await;
+    assert!(policies().is_empty());
+    // Cilium rolling out, its CRD installed: still nothing.
+    api.put("apiextensions.k8s.io", "customresourcedefinitions", runtime::sim::discovery::cilium_network_policy_crd());
+    api.put("apps", "daemonsets", json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "cilium", "namespace": "kube-system", "generation": 1},
+        "spec": {"template": {"spec": {"containers": [{"name": "cilium-agent", "image": "quay.io/cilium/cilium:v1.20.0"}]}}},
+        "status": {"desiredNumberScheduled": 4, "updatedNumberScheduled": 2, "numberReady": 4, "observedGeneration": 1}}));
+    step(Some(lockdown.clone())).await;
+    assert!(policies().is_empty(), "{:?}", policies());
+    // Turned off: nothing, even with Cilium rolled out.
+    runtime::sim::demo::roll_out_daemonsets(&api, 4);
+    step(None).await;
+    assert!(policies().is_empty(), "{:?}", policies());
+    // Rolled out: the three, under Ichor's field manager; a second reconcile writes none.
+    step(Some(lockdown.clone())).await;
+    let first = policies();
+    assert_eq!(first.len(), 3, "{first:?}");
+    assert!(first[0].starts_with("ichor-system/ichor-controller-ingress "), "{first:?}");
+    let webhook = api.get("cilium.io", "ciliumnetworkpolicies", "ichor-system", "ichor-webhook-ingress").unwrap();
+    assert_eq!(webhook["spec"]["ingress"][0]["fromEntities"], json!(["kube-apiserver", "host"]));
+    let managers = webhook["metadata"]["managedFields"].to_string();
+    assert!(managers.contains(runtime::netpol::FIELD_MANAGER), "{managers}");
+    let egress = api.get("cilium.io", "ciliumnetworkpolicies", "ichor-system", "ichor-egress").unwrap();
+    assert_eq!(egress["spec"]["egress"][3]["toCIDR"], json!(["10.5.0.2/32", "10.5.0.3/32"]));
+    step(Some(lockdown.clone())).await;
+    assert_eq!(policies(), first, "nothing written again while the policies say the same");
+    // A policy changed by hand is put back.
+    let mut changed = webhook.clone();
+    changed["spec"]["ingress"][0]["fromEntities"] = json!(["world"]);
+    api.put("cilium.io", "ciliumnetworkpolicies", changed);
+    step(Some(lockdown)).await;
+    let webhook = api.get("cilium.io", "ciliumnetworkpolicies", "ichor-system", "ichor-webhook-ingress").unwrap();
+    assert_eq!(webhook["spec"]["ingress"][0]["fromEntities"], json!(["kube-apiserver", "host"]));
 }
 
 /// As kube-apiserver: a write that changes nothing keeps the resourceVersion and sends no watch

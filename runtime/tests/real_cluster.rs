@@ -29,7 +29,8 @@ async fn plans_every_operation_of_a_real_cluster_without_acting() {
         Duration::from_secs(15),
     )
     .unwrap();
-    let workload = runtime::kube::read_workload(&kube, true, "ichor-real-cluster-test").await.expect("the workload reads");
+    let workload =
+        runtime::kube::read_workload(&kube, true, "ichor-real-cluster-test").await.expect("the workload reads");
     eprintln!("workload: {workload:?}");
     let controller = runtime::controller::Controller::new(
         kube.clone(),

@@ -134,7 +134,8 @@ impl Demo {
             api.put("", "nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}}));
         }
         api.put("", "configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cilium-config", "namespace": "kube-system"}, "data": {"kube-proxy-replacement": "false"}}));
-        // Cilium, as its bootstrap manifest installed it (the embedded chart).
+        // Cilium, as its bootstrap manifest installed it (the embedded chart), with its CRDs.
+        api.put("apiextensions.k8s.io", "customresourcedefinitions", super::discovery::cilium_network_policy_crd());
         api.put("apps", "daemonsets", json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "cilium", "namespace": "kube-system"},
             "spec": {"selector": {"matchLabels": {"k8s-app": "cilium"}}, "template": {"metadata": {"labels": {"k8s-app": "cilium"}},
                 "spec": {"containers": [{"name": "cilium-agent", "image": format!("quay.io/cilium/cilium:v{}", render::embedded::CILIUM_CHART_VERSION)}]}}}}));
@@ -168,7 +169,9 @@ impl Demo {
         )
         .with_release_set(release_set_kubernetes)
         .with_controller_node(controller_node)
-        .with_drain_timeout(Duration::from_secs(2)))
+        .with_drain_timeout(Duration::from_secs(2))
+        // As the installed controller: the namespace locked down once Cilium is ready.
+        .with_lockdown(vec![]))
     }
 
     /// What the kubelets report, from what the fleet runs: Node Ready and kubelet version, the

@@ -320,6 +320,24 @@ pub fn argo_cd_application_crd() -> Json {
     })
 }
 
+/// Cilium's CiliumNetworkPolicy CRD (cilium.io/v2), as the chart installs it: what tells Ichor
+/// the API serves the policies its namespace is locked down with.
+pub fn cilium_network_policy_crd() -> Json {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "ciliumnetworkpolicies.cilium.io"},
+        "spec": {
+            "group": "cilium.io", "scope": "Namespaced",
+            "names": {"kind": "CiliumNetworkPolicy", "listKind": "CiliumNetworkPolicyList", "plural": "ciliumnetworkpolicies",
+                      "singular": "ciliumnetworkpolicy", "shortNames": ["cnp", "ciliumnp"]},
+            "versions": [{
+                "name": "v2", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }],
+        },
+    })
+}
+
 /// `/openapi/v2`: one Swagger 2.0 document of every resource (older clients and tools read it):
 /// each CRD's schema under `definitions`, with its kind, and each resource's paths.
 pub fn openapi_v2(resources: &[Resource], schemas: &[((String, String, String), Json)]) -> Json {
