@@ -350,17 +350,21 @@ async fn the_manifest_sync_keeps_talos_inventory() {
 
 // ---- the CNI hand-over controller (ADR 0024) ---------------------------------------------
 
+/// The example's TalosCluster, as JSON.
+fn example_cluster() -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/lab-v1.14/cluster.yaml"))
+            .unwrap();
+    serde_yaml::from_str(&text).unwrap()
+}
+
 /// Absent, progressing, degraded, then synced: the condition follows Argo CD's Application,
 /// and once True the render drops the CNI's inline manifest.
 #[tokio::test]
 async fn the_handover_follows_argo_cds_application_and_the_render_then_drops_the_inline_entry() {
     use render::api::TalosCluster;
     let api = kubeapi::Api::new();
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/lab-v1.14/cluster.yaml"))
-            .unwrap();
-    let cluster: serde_json::Value = serde_yaml::from_str(&text).unwrap();
-    api.put(render::api::GROUP, "talosclusters", cluster);
+    api.put(render::api::GROUP, "talosclusters", example_cluster());
     let clusters: Api<TalosCluster> = Api::namespaced(api.client(), "ichor-system");
     let condition = |c: &TalosCluster| {
         let k = c.status.as_ref().unwrap().conditions.iter().find(|k| k.type_ == "CNIHandover").unwrap().clone();
@@ -404,10 +408,7 @@ async fn the_handover_follows_argo_cds_application_and_the_render_then_drops_the
 async fn the_namespace_is_locked_down_once_cilium_is_ready_and_written_once() {
     use render::api::TalosCluster;
     let api = kubeapi::Api::new();
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/lab-v1.14/cluster.yaml"))
-            .unwrap();
-    let mut cluster: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+    let mut cluster = example_cluster();
     cluster["spec"]["cni"]["handover"] = json!("disabled");
     api.put(render::api::GROUP, "talosclusters", cluster);
     let clusters: Api<TalosCluster> = Api::namespaced(api.client(), "ichor-system");

@@ -298,44 +298,48 @@ pub fn openapi_group_version(
     }))
 }
 
-/// Argo CD's Application CRD, as the Argo CD stand-in installs it (no status subresource, as
-/// Argo CD's own; its schema keeps every field).
-pub fn argo_cd_application_crd() -> Json {
+/// A foreign namespaced CRD as its project installs it: no status subresource, a schema that
+/// keeps every field, the printer columns given.
+fn foreign_crd(
+    group: &str,
+    version: &str,
+    kind: &str,
+    singular: &str,
+    plural: &str,
+    short: &[&str],
+    columns: Json,
+) -> Json {
     json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "applications.argoproj.io"},
+        "metadata": {"name": format!("{plural}.{group}")},
         "spec": {
-            "group": "argoproj.io", "scope": "Namespaced",
-            "names": {"kind": "Application", "listKind": "ApplicationList", "plural": "applications",
-                      "singular": "application", "shortNames": ["app", "apps"]},
+            "group": group, "scope": "Namespaced",
+            "names": {"kind": kind, "listKind": format!("{kind}List"), "plural": plural,
+                      "singular": singular, "shortNames": short},
             "versions": [{
-                "name": "v1alpha1", "served": true, "storage": true,
-                "additionalPrinterColumns": [
-                    {"name": "Sync Status", "type": "string", "jsonPath": ".status.sync.status"},
-                    {"name": "Health Status", "type": "string", "jsonPath": ".status.health.status"},
-                ],
+                "name": version, "served": true, "storage": true,
+                "additionalPrinterColumns": columns,
                 "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
             }],
         },
     })
 }
 
+/// Argo CD's Application CRD, as the Argo CD stand-in installs it (no status subresource, as
+/// Argo CD's own; its schema keeps every field).
+pub fn argo_cd_application_crd() -> Json {
+    let columns = json!([
+        {"name": "Sync Status", "type": "string", "jsonPath": ".status.sync.status"},
+        {"name": "Health Status", "type": "string", "jsonPath": ".status.health.status"},
+    ]);
+    foreign_crd("argoproj.io", "v1alpha1", "Application", "application", "applications", &["app", "apps"], columns)
+}
+
 /// Cilium's CiliumNetworkPolicy CRD (cilium.io/v2), as the chart installs it: what tells Ichor
 /// the API serves the policies its namespace is locked down with.
 pub fn cilium_network_policy_crd() -> Json {
-    json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "ciliumnetworkpolicies.cilium.io"},
-        "spec": {
-            "group": "cilium.io", "scope": "Namespaced",
-            "names": {"kind": "CiliumNetworkPolicy", "listKind": "CiliumNetworkPolicyList", "plural": "ciliumnetworkpolicies",
-                      "singular": "ciliumnetworkpolicy", "shortNames": ["cnp", "ciliumnp"]},
-            "versions": [{
-                "name": "v2", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-            }],
-        },
-    })
+    let (kind, singular, plural) = ("CiliumNetworkPolicy", "ciliumnetworkpolicy", "ciliumnetworkpolicies");
+    foreign_crd("cilium.io", "v2", kind, singular, plural, &["cnp", "ciliumnp"], json!([]))
 }
 
 /// `/openapi/v2`: one Swagger 2.0 document of every resource (older clients and tools read it):
