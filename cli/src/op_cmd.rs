@@ -766,7 +766,15 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
         } else if resume {
             format!("Resumed TalosOperation {ns}/{name} (it was paused: {}).\n", st.paused_reason.unwrap_or_default())
         } else {
-            format!("Aborted TalosOperation {ns}/{name} (it was {was}); it does nothing more and holds no lock. Machines already changed stay as they are.\n")
+            // A Cilium Job already created is Helm's to finish: an abort stops the operation,
+            // not Helm (which rolls a failed upgrade back).
+            let job_note = match op.spec.kind {
+                OperationKind::Cni | OperationKind::CniUpgrade => {
+                    " A Cilium Job it already started runs to its end (Helm rolls a failed upgrade back); CNIValuesApplied on the cluster says what Cilium runs then."
+                }
+                _ => "",
+            };
+            format!("Aborted TalosOperation {ns}/{name} (it was {was}); it does nothing more and holds no lock. Machines already changed stay as they are.{job_note}\n")
         };
         Ok(Report { stdout, ..Report::default() })
     })

@@ -315,10 +315,15 @@ impl Controller {
     }
 
     /// The namespace's TalosOperations.
-    pub(crate) async fn operations(&self, namespace: &str) -> Result<Vec<TalosOperation>, ControllerError> {
+    async fn operations(&self, namespace: &str) -> Result<Vec<TalosOperation>, ControllerError> {
         if let Some(s) = self.stores.get() {
             return Ok(crate::stores::items(&s.operations, |o| o.metadata.namespace.as_deref() == Some(namespace)));
         }
+        self.operations_fresh(namespace).await
+    }
+
+    /// The namespace's TalosOperations, listed from the API server (not the watch's cache).
+    pub(crate) async fn operations_fresh(&self, namespace: &str) -> Result<Vec<TalosOperation>, ControllerError> {
         Ok(Api::<TalosOperation>::namespaced(self.kube.clone(), namespace)
             .list(&ListParams::default())
             .await

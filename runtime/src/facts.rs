@@ -69,6 +69,7 @@ pub struct Rels {
     pub machine_condition: Input<3>,
     pub removed_apis_unknown: Input<1>,
     pub cilium_job_failed: Input<2>,
+    pub cilium_job_in_flight: Input<1>,
     pub abort_requested: Input<0>,
     pub inputs_rejected: Input<1>,
     pub resume_requested: Input<0>,
@@ -168,6 +169,7 @@ impl Rels {
             machine_condition: b.input("machine_condition", [("machine", S), ("type", S), ("reason", S)]),
             removed_apis_unknown: b.input("removed_apis_unknown", [("reason", S)]),
             cilium_job_failed: b.input("cilium_job_failed", [("mode", S), ("reason", S)]),
+            cilium_job_in_flight: b.input("cilium_job_in_flight", [("job", S)]),
             abort_requested: b.input("abort_requested", []),
             inputs_rejected: b.input("inputs_rejected", [("reason", S)]),
             resume_requested: b.input("resume_requested", []),
@@ -431,6 +433,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     for (mode, why) in &w.cilium_jobs_failed {
         let row = [b.sym(mode.name()), b.sym(why)];
         r.cilium_job_failed.push(&mut b, row);
+    }
+    for job in &w.cilium_jobs_in_flight {
+        let id = b.sym(job);
+        r.cilium_job_in_flight.push(&mut b, [id]);
     }
     if let Some(why) = &w.removed_apis_check_failed {
         let id = b.sym(why);

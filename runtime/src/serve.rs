@@ -378,7 +378,10 @@ async fn reconcile_handover_once(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx
     }
     let name = c.metadata.name.clone().unwrap_or_default();
     let ns = c.metadata.namespace.clone().unwrap_or_default();
-    let read = async { Ok((ctx.controller.operations(&ns).await?, ctx.controller.lockdown_of(&ns).await?)) };
+    // The operations read fresh, not from the watch's cache: the values wait for any operation
+    // of the cluster that has not ended, and a cache that lags behind a just-created one would
+    // let a values Job start beside the operation's own.
+    let read = async { Ok((ctx.controller.operations_fresh(&ns).await?, ctx.controller.lockdown_of(&ns).await?)) };
     let (operations, lockdown) = match read.await {
         Ok(x) => x,
         Err(source) => {

@@ -199,6 +199,10 @@ pub struct Workload {
     /// Cilium Jobs that failed, by the kube-proxy mode they ran for, with why (Helm's error).
     #[serde(default)]
     pub cilium_jobs_failed: BTreeMap<KubeProxyMode, String>,
+    /// Ichor's Cilium Jobs still running that are not this operation's (the values reconciler's,
+    /// or another operation's): Helm runs one change of the release at a time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cilium_jobs_in_flight: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
