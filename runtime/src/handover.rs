@@ -317,10 +317,17 @@ impl Rules {
                 Some(Decision { status: status.clone(), reason: reason.clone(), message, requeue: None })
             }
         };
-        let run_job = r.run_job.rows(&db).next().map(|[h, m]| {
-            let mode = KubeProxyMode::parse(db.sym(m)).unwrap_or(f.spec_mode);
-            (db.sym(h).to_string(), mode)
-        });
+        // The rules name the mode; one they could not have meant is an error, never a silent
+        // fall back to the spec's (ADR 0066: a Job outside a switch never takes the spec's mode).
+        let run_job = match r.run_job.rows(&db).next() {
+            None => None,
+            Some([h, m]) => {
+                let mode = KubeProxyMode::parse(db.sym(m)).ok_or_else(|| HandoverError::Derived {
+                    what: format!("cv_run_job names the kube-proxy mode {:?}, which is none", db.sym(m)),
+                })?;
+                Some((db.sym(h).to_string(), mode))
+            }
+        };
         Ok(ValuesDecision {
             condition,
             run_job,
