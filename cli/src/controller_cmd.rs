@@ -195,6 +195,12 @@ pub struct SimCluster {
     pub workers: usize,
     /// `--cilium-version`: the Cilium the cluster runs at start.
     pub cilium_version: Option<String>,
+    /// `--cilium-installed-by`: who installed Cilium, when not Ichor.
+    pub cilium_installed_by: Option<String>,
+    /// `--cilium-ipam`: cilium-config's `ipam`.
+    pub cilium_ipam: Option<String>,
+    /// `--cilium-unready`: agents kept not ready.
+    pub cilium_unready: usize,
 }
 
 /// `n` worker TalosMachines added to the cluster of `files` (the first TalosCluster's name and
@@ -252,11 +258,35 @@ pub fn sim_cluster(
     {
         bail!("--cilium-version {v:?}: a Cilium version is X.Y.Z (for example 1.19.6)");
     }
+    let installer = match &sim.cilium_installed_by {
+        None => None,
+        Some(w) => Some(runtime::sim::demo::CiliumInstaller::parse(w).with_context(|| {
+            format!("--cilium-installed-by {w:?}: one of manifests, helm, helm:NS/NAME, argocd:APP, flux:NS/NAME")
+        })?),
+    };
+    if installer.is_some() {
+        files = runtime::sim::demo::without_bootstrap_patch(&files);
+    }
     let rt = crate::io::io_runtime()?;
     rt.block_on(async {
         let demo = Arc::new(runtime::sim::demo::Demo::start(&files, handover_done).await?);
         if let Some(v) = &sim.cilium_version {
             runtime::sim::demo::run_cilium(&demo.api, v.trim_start_matches('v'));
+        }
+        if let Some(i) = &installer {
+            i.mark(&demo.api);
+        }
+        if let Some(mut cm) = demo.api.get("", "configmaps", "kube-system", "cilium-config")
+            && let Some(mode) = &sim.cilium_ipam
+        {
+            cm["data"]["ipam"] = serde_json::json!(mode);
+            demo.api.put("", "configmaps", cm);
+        }
+        if sim.cilium_unready > 0
+            && let Some(mut ds) = demo.api.get("apps", "daemonsets", "kube-system", "cilium")
+        {
+            ds["metadata"]["annotations"]["sim/unready"] = serde_json::json!(sim.cilium_unready.to_string());
+            demo.api.put("apps", "daemonsets", ds);
         }
         if !handover_done {
             // The cluster runs without Argo CD: Ichor's Job owns Cilium.

@@ -126,6 +126,19 @@ enum Command {
     /// the cluster's spec and a TalosOperation.
     #[command(subcommand)]
     Upgrade(UpgradeCommand),
+    /// Take over a Cilium someone else installed, as an operation with its preview and consent:
+    /// checks (its minor version, IPAM mode kubernetes only, its health, no other owner), the
+    /// values read from the running Cilium kept in the cluster's layer, then one Cilium Job
+    /// that takes its objects into Ichor's Helm release (cilium in kube-system).
+    #[command(after_help = "Examples:
+  ichor adopt --cluster lab --dry-run
+  ichor adopt --cluster lab --yes
+
+Exit: 0 started (or previewed), 1 not started (refused, declined, or a Git change to commit), 2 error.")]
+    Adopt {
+        #[command(flatten)]
+        start: op_cmd::StartArgs,
+    },
     /// Operations and their machines: phase, stage, what each waits for (its words, clock and
     /// deadline); NAME shows one operation with its recent Events. `--watch` follows the
     /// operations not ended when it starts (or NAME) with a progress bar each: exit 0 when they
@@ -312,6 +325,19 @@ enum SimCommand {
         /// the embedded chart's), to rehearse `ichor cni upgrade` and its refusals.
         #[arg(long, value_name = "X.Y.Z")]
         cilium_version: Option<String>,
+        /// Who installed the cluster's Cilium, when not Ichor's bootstrap patch (which is then
+        /// left out), to rehearse `ichor adopt`: `manifests` (kubectl apply, no owner), `helm`
+        /// (the release cilium in kube-system), `helm:NS/NAME` (another release),
+        /// `argocd:APP`, `flux:NS/NAME`.
+        #[arg(long, value_name = "WHO")]
+        cilium_installed_by: Option<String>,
+        /// cilium-config's `ipam` at start (default kubernetes; `cluster-pool` to rehearse the
+        /// adoption's refusal).
+        #[arg(long, value_name = "MODE")]
+        cilium_ipam: Option<String>,
+        /// Keep this many cilium agents not ready (an unhealthy Cilium).
+        #[arg(long, default_value_t = 0)]
+        cilium_unready: usize,
         /// Add this many worker machines to MANIFESTS' cluster (`sim-w0001`, ... at 10.1.x.y,
         /// each with its Node and its simulated Talos node), to try the controller at a fleet's
         /// size (the scale benchmark runs 30, 300 and 1,000 machines).
@@ -493,6 +519,7 @@ fn main() -> ExitCode {
         }
         Command::Controller(args) => controller_cmd::run_real(&args),
         Command::Webhook(args) => controller_cmd::run_webhook(&args),
+        Command::Adopt { start } => op_cmd::start(op_cmd::Start::Adopt, &start),
         Command::Upgrade(UpgradeCommand::Kubernetes { to, max_unavailable, start }) => {
             op_cmd::start(op_cmd::Start::Upgrade { to, max_unavailable }, &start)
         }
@@ -521,10 +548,16 @@ fn main() -> ExitCode {
             step_latency_ms,
             release_set_kubernetes,
             cilium_version,
+            cilium_installed_by,
+            cilium_ipam,
+            cilium_unready,
             workers,
         }) => {
             let sim = controller_cmd::SimCluster {
                 cilium_version,
+                cilium_installed_by,
+                cilium_ipam,
+                cilium_unready,
                 handover_done: handover == "done",
                 controller: !no_controller,
                 node_faults: node_fault,

@@ -132,6 +132,8 @@ pub enum Start {
     },
     /// `ichor cni upgrade`: the Cilium release to the embedded chart.
     CiliumUpgrade,
+    /// `ichor adopt`: a Cilium someone else installed, taken over into Ichor's release.
+    Adopt,
 }
 
 /// `ichor upgrade kubernetes` and `ichor cni kube-proxy`: preview, consent, then the spec
@@ -190,6 +192,26 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             spec.target.cilium_chart = Some(chart.to_string());
             (format!("cilium-upgrade-{}", chart.replace('.', "-")), json!({}))
         }
+        Start::Adopt => {
+            spec.kind = OperationKind::CniAdopt;
+            spec.target.cilium_chart = Some(render::embedded::CILIUM_CHART_VERSION.to_string());
+            ("cilium-adopt".to_string(), json!({}))
+        }
+    };
+    // An adoption keeps what the running Cilium says (cilium-config read back into the chart's
+    // values, render::adopt) under the cluster's layer: the cluster as it will be has them.
+    let adoption = match &what {
+        Start::Adopt => {
+            let live = runtime::kube::read_cilium(&client).await.context("reading the running Cilium")?;
+            let kept = Adoption::of(&cluster, &live.config)?;
+            kept.apply(&mut target);
+            Some(kept)
+        }
+        _ => None,
+    };
+    let spec_patch = match &adoption {
+        Some(k) => k.spec_patch(),
+        None => spec_patch,
     };
     // Another operation of the cluster that has not ended is in the way (it holds the lock, or
     // is Paused with work left): nothing is written, and the three ways forward are named.
@@ -282,6 +304,15 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     for (machine, paths) in &plan.reboot_paths {
         text += &format!("  {machine}: {}\n", paths.join(", "));
     }
+    if !plan.checks.is_empty() {
+        text += "Checks passed:\n";
+        for c in &plan.checks {
+            text += &format!("  - {c}\n");
+        }
+    }
+    if let Some(k) = &adoption {
+        text += &k.describe();
+    }
     if blocking.is_empty() {
         text += "Nothing blocks it now.\n";
     } else {
@@ -307,6 +338,8 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             "waits": waits,
             "notes": riding,
             "rebootPaths": plan.reboot_paths,
+            "checks": plan.checks,
+            "kept": adoption.as_ref().map(|k| json!({"values": k.taken, "tunnelProtocol": k.tunnel, "notKept": k.unread})),
             "created": created,
         })
     };
@@ -325,6 +358,8 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         Start::CiliumUpgrade => {
             read.snapshot.workload.cilium_chart_version.as_deref() == Some(render::embedded::CILIUM_CHART_VERSION)
         }
+        // Ichor's already is a refusal of the rules (CiliumAdoptAlreadyIchors), with its reason.
+        Start::Adopt => false,
     };
     if runs_target {
         let stdout = match &what {
@@ -343,7 +378,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 "Nothing to do: no machine of cluster {ns}/{} has a change that needs a reboot (status.rebootPaths); nothing was written.\n",
                 a.cluster
             ),
-            Start::CiliumUpgrade => format!(
+            Start::CiliumUpgrade | Start::Adopt => format!(
                 "Nothing to do: cluster {ns}/{} already runs Cilium {}, the chart this Ichor embeds; nothing was written.\n",
                 a.cluster,
                 render::embedded::CILIUM_CHART_VERSION
@@ -382,6 +417,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         // A rollout changes no spec: it applies what the spec already says; a Cilium upgrade
         // moves the release to the chart this Ichor embeds, which no spec field names.
         Start::Rollout { .. } | Start::CiliumUpgrade => true,
+        Start::Adopt => adoption.as_ref().is_none_or(|k| k.taken.is_empty() && k.tunnel.is_none()),
     };
     if tracked && !spec_done {
         let mut out = format!(
@@ -396,6 +432,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 mode.name()
             ),
             Start::Rollout { .. } | Start::CiliumUpgrade => String::new(),
+            Start::Adopt => serde_yaml::to_string(&spec_patch)?,
         };
         return Ok(Report { stdout: out, findings: true, ..Report::default() });
     }
@@ -450,6 +487,85 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         ),
     };
     Ok(Report { stdout, ..Report::default() })
+}
+
+/// What an adoption keeps of the running Cilium (render::adopt): the values merged under the
+/// cluster's layer, the tunnel protocol, and what does not read.
+struct Adoption {
+    /// The cluster's layer with the kept values under it.
+    merged: serde_json::Value,
+    /// The kept values the layer did not set already.
+    taken: Vec<render::adopt::Kept>,
+    /// cilium-config's tunnel-protocol where the spec says another: what runs wins (changing
+    /// it is a datapath change, no adoption's business).
+    tunnel: Option<String>,
+    unread: Vec<render::adopt::Unread>,
+}
+
+impl Adoption {
+    fn of(cluster: &TalosCluster, config: &std::collections::BTreeMap<String, String>) -> Result<Adoption> {
+        let table = render::adopt::Table::embedded()?;
+        let (kept, unread) = table.kept(config);
+        let cilium = cluster.spec.cni.cilium.clone().unwrap_or_default();
+        let user = cilium.values.clone().unwrap_or(serde_json::Value::Null);
+        let (merged, taken) = render::adopt::merge(&user, &kept);
+        let tunnel = config
+            .get("tunnel-protocol")
+            .filter(|t| matches!(t.as_str(), "vxlan" | "geneve") && **t != effective_tunnel(&cilium.tunnel_protocol))
+            .cloned();
+        Ok(Adoption { merged, taken, tunnel, unread })
+    }
+
+    /// The cluster as it will be.
+    fn apply(&self, target: &mut TalosCluster) {
+        let c = target.spec.cni.cilium.get_or_insert_with(Default::default);
+        if !self.taken.is_empty() {
+            c.values = Some(self.merged.clone());
+        }
+        if let Some(t) = &self.tunnel {
+            c.tunnel_protocol = t.clone();
+        }
+    }
+
+    /// The spec write.
+    fn spec_patch(&self) -> serde_json::Value {
+        let mut cilium = json!({});
+        if !self.taken.is_empty() {
+            cilium["values"] = self.merged.clone();
+        }
+        if let Some(t) = &self.tunnel {
+            cilium["tunnelProtocol"] = json!(t);
+        }
+        json!({"spec": {"cni": {"cilium": cilium}}})
+    }
+
+    /// The preview's lines.
+    fn describe(&self) -> String {
+        let mut out = String::new();
+        if self.taken.is_empty() && self.tunnel.is_none() {
+            out += "Values kept from the running Cilium: none (cilium-config sets nothing the table of rules/cilium/adopt.yaml reads that the cluster's layer does not set already).\n";
+        } else {
+            out += "Values kept from the running Cilium (written to spec.cni.cilium first; the cluster's layer wins where it sets a key):\n";
+            for k in &self.taken {
+                out += &format!("  {}: {}    (cilium-config {})\n", k.value_key, k.value, k.config);
+            }
+            if let Some(t) = &self.tunnel {
+                out += &format!("  spec.cni.cilium.tunnelProtocol: {t}    (cilium-config tunnel-protocol)\n");
+            }
+        }
+        for u in &self.unread {
+            out += &format!(
+                "Not kept: cilium-config {} is {:?}, not {}: set it with ichor cni values set if you need it.\n",
+                u.config, u.text, u.wanted
+            );
+        }
+        out
+    }
+}
+
+/// The tunnel protocol a spec means (`vxlan` when it names none).
+fn effective_tunnel(spec: &str) -> &str {
+    if spec.is_empty() { "vxlan" } else { spec }
 }
 
 /// An API error as a sentence naming the object (`TalosOperation ichor-system/x not found`),
@@ -769,7 +885,7 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
             // A Cilium Job already created is Helm's to finish: an abort stops the operation,
             // not Helm (which rolls a failed upgrade back).
             let job_note = match op.spec.kind {
-                OperationKind::Cni | OperationKind::CniUpgrade => {
+                OperationKind::Cni | OperationKind::CniUpgrade | OperationKind::CniAdopt => {
                     " A Cilium Job it already started runs to its end (Helm rolls a failed upgrade back); CNIValuesApplied on the cluster says what Cilium runs then."
                 }
                 _ => "",
@@ -789,6 +905,9 @@ fn target_of(op: &TalosOperation) -> String {
         OperationKind::Config => format!("rollout of {}", op.spec.target.machines.join(", ")),
         OperationKind::CniUpgrade => {
             op.spec.target.cilium_chart.as_ref().map(|c| format!("cilium chart {c}")).unwrap_or_default()
+        }
+        OperationKind::CniAdopt => {
+            op.spec.target.cilium_chart.as_ref().map(|c| format!("adopt cilium on chart {c}")).unwrap_or_default()
         }
         OperationKind::Talos => String::new(),
     }

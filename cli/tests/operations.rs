@@ -1841,6 +1841,131 @@ fn cni_upgrade_moves_cilium_to_the_embedded_chart_once_and_refuses_what_it_must_
     assert_eq!((code, out.contains("Nothing to do")), (0, true), "{out}");
 }
 
+/// Issue 28, item 4 (the CNI page: "A Cilium that someone else installed can be taken over by
+/// ichor adopt, after checks on its minor version, its IPAM mode (kubernetes only) and its
+/// health"): `ichor adopt` as typed against simulated clusters whose Cilium someone else
+/// installed (`--cilium-installed-by`), read back with kubectl. Each refusal writes nothing and
+/// exits 1 naming what it found; the success keeps what cilium-config says in the cluster's
+/// layer, runs one Job that takes the objects into Ichor's release (Helm's ownership marks on
+/// the DaemonSet), records the adoption on the TalosCluster, and the values reconciler then
+/// takes the Job as its own.
+#[test]
+fn adopt_takes_over_someone_elses_cilium_after_its_checks_and_refuses_what_it_must_not() {
+    let operations =
+        |sim: &Sim| sim.kubectl(&["get", "talosoperations", "-n", "ichor-system", "-o", "name"]).unwrap().1;
+    for (name, extra, golden_name, words) in [
+        (
+            "adopt-cluster-pool",
+            &["--cilium-ipam", "cluster-pool"][..],
+            "adopt-ipam-cluster-pool.stderr",
+            "IPAM mode is cluster-pool",
+        ),
+        (
+            "adopt-argocd",
+            &["--cilium-installed-by", "argocd:networking"][..],
+            "adopt-owned-elsewhere.stderr",
+            "argocd networking",
+        ),
+        (
+            "adopt-other-release",
+            &["--cilium-installed-by", "helm:kube-system/my-cilium"][..],
+            "",
+            "helm kube-system/my-cilium",
+        ),
+        ("adopt-unhealthy", &["--cilium-unready", "1"][..], "adopt-unhealthy.stderr", "3 of 4 ready"),
+        (
+            "adopt-old",
+            &["--cilium-version", "1.18.4"][..],
+            "adopt-too-old.stderr",
+            "1.18.4 is more than one minor behind",
+        ),
+        ("adopt-newer", &["--cilium-version", "1.20.3"][..], "", "never does"),
+        ("adopt-ichors", &[][..], "adopt-already-ichors.stderr", "Cilium is Ichor's already"),
+    ] {
+        // Someone else's Cilium (kubectl apply) unless the case says who, or is Ichor's own.
+        let mut args: Vec<&str> = vec!["--no-controller"];
+        if name != "adopt-ichors" && !extra.contains(&"--cilium-installed-by") {
+            args.extend(["--cilium-installed-by", "manifests"]);
+        }
+        args.extend(extra);
+        let sim = Sim::start_args(name, "disabled", &args);
+        let values = "jsonpath={.spec.cni.cilium}";
+        let before = sim.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", values]).unwrap().1;
+        let (code, out, err) = sim.ichor(&["adopt", "--cluster", "lab", "--yes"]);
+        assert_eq!(code, 1, "{name}: {out}{err}");
+        assert!(err.contains(words) && err.contains("nothing was written"), "{name}: {err}");
+        if !golden_name.is_empty() {
+            golden(golden_name, &err);
+        }
+        assert_eq!(operations(&sim), "", "{name}: a refusal creates no TalosOperation");
+        assert_eq!(sim.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", values]).unwrap().1, before, "{name}");
+    }
+
+    // Someone's kubectl-applied Cilium of the previous minor, routing natively.
+    let sim =
+        Sim::start_args("adopt", "disabled", &["--cilium-installed-by", "manifests", "--cilium-version", "1.19.6"]);
+    let (code, _, err) = sim.kubectl(&["patch", "configmap", "cilium-config", "-n", "kube-system", "--type", "merge", "-p",
+        r#"{"data":{"routing-mode":"native","ipv4-native-routing-cidr":"10.244.0.0/16","enable-hubble":"true","tunnel-protocol":"geneve","mtu":"jumbo"}}"#]).unwrap();
+    assert_eq!(code, 0, "{err}");
+    // Before the adoption the values reconciler runs no Job on it, and says why.
+    let condition = || {
+        let c = r#"jsonpath={.status.conditions[?(@.type=="CNIValuesApplied")].reason}"#;
+        sim.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", c]).unwrap().1
+    };
+    let start = std::time::Instant::now();
+    while condition() != "NotAdopted" && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(condition(), "NotAdopted");
+    assert_eq!(sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "name"]).unwrap().1, "");
+    let (code, out, err) = sim.ichor(&["adopt", "--cluster", "lab", "--dry-run"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("routingMode: \"native\"")
+            && out.contains("tunnelProtocol: geneve")
+            && out.contains("IPAM mode kubernetes"),
+        "{out}"
+    );
+    assert!(out.contains("Not kept: cilium-config mtu is \"jumbo\""), "{out}");
+    golden("adopt-dry-run.stdout", &out);
+    assert_eq!(operations(&sim), "", "--dry-run creates nothing");
+    let (code, out, err) = sim.ichor(&["adopt", "--cluster", "lab", "--yes"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let phase = sim.wait_phase(&|p| p.is_terminal() || p == Phase::Paused);
+    assert_eq!(phase, Phase::Completed, "{}", sim.ichor(&["status", "--cluster", "lab"]).1);
+    // The kept values are the cluster's layer; the adoption is recorded.
+    let get = |path: &str| {
+        sim.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", &format!("jsonpath={{{path}}}")]).unwrap().1
+    };
+    assert_eq!(get(".spec.cni.cilium.values.routingMode"), "native");
+    assert_eq!(get(".spec.cni.cilium.tunnelProtocol"), "geneve");
+    assert_eq!(get(".status.cni.adoption.operation"), "cilium-adopt");
+    // One Job, which took the objects over; the DaemonSet is in Ichor's release on the embedded chart.
+    let path = r#"jsonpath={range .items[*]}{.metadata.name} {.spec.template.spec.containers[0].args}{"\n"}{end}"#;
+    let jobs = sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", path]).unwrap().1;
+    assert_eq!(jobs.lines().count(), 1, "{jobs}");
+    assert!(jobs.contains("--take-ownership") && jobs.contains("--tunnel=geneve"), "{jobs}");
+    let ds = |path: &str| {
+        sim.kubectl(&["get", "ds", "cilium", "-n", "kube-system", "-o", &format!("jsonpath={{{path}}}")]).unwrap().1
+    };
+    assert_eq!(ds(r#".metadata.annotations.meta\.helm\.sh/release-name"#), "cilium");
+    assert_eq!(
+        ds(".spec.template.spec.containers[0].image"),
+        format!("quay.io/cilium/cilium:v{}", render::embedded::CILIUM_CHART_VERSION)
+    );
+    // The values reconciler takes that Job as its own: Applied, and no second Job.
+    let start = std::time::Instant::now();
+    while condition() != "Applied" && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(condition(), "Applied");
+    assert_eq!(sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "name"]).unwrap().1.lines().count(), 1);
+    // Again: Ichor's already.
+    let (code, _, err) = sim.ichor(&["adopt", "--cluster", "lab", "--yes"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("TalosOperation cilium-adopt"), "{err}");
+}
+
 /// Issue 28, item 5 (the CNI page: "Ichor's own namespace is locked down with
 /// CiliumNetworkPolicies once Cilium is ready"), as kubectl reads them from the simulated
 /// cluster: the three policies, the webhook reached only by the API server, written once.

@@ -258,6 +258,20 @@ pub struct CniStatus {
     /// (rules/cni-values.rules).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_values_hash: Option<String>,
+    /// The adoption of a Cilium someone else installed (`ichor adopt`): written once, by the
+    /// cni-adopt operation that took it over (rules/cni-adopt.rules).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adoption: Option<CiliumAdoption>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+/// How Cilium became Ichor's: the operation that adopted it and the chart it installed.
+pub struct CiliumAdoption {
+    /// The TalosOperation (kind `cni-adopt`) that took the release over.
+    pub operation: String,
+    /// The chart the adoption's Job installed (the one embedded in the Ichor that ran it).
+    pub chart: String,
 }
 
 /// A condition, as every Kubernetes object reports them.
@@ -456,6 +470,10 @@ pub enum OperationKind {
     /// CNI page: "only when you start a cni operation").
     #[serde(rename = "cni-upgrade")]
     CniUpgrade,
+    /// A Cilium someone else installed taken over into Ichor's Helm release (`ichor adopt`;
+    /// the CNI page: "after checks on its minor version, its IPAM mode and its health").
+    #[serde(rename = "cni-adopt")]
+    CniAdopt,
 }
 
 symbols!(OperationKind {
@@ -464,6 +482,7 @@ symbols!(OperationKind {
     Talos => "talos",
     Config => "config",
     CniUpgrade => "cni-upgrade",
+    CniAdopt => "cni-adopt",
 });
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

@@ -35,6 +35,10 @@ pub const CILIUM_KEYS: (&str, &str) =
 pub const CILIUM_OPEN_FIELDS: (&str, &str) =
     ("rules/cilium/open-fields.yaml", include_str!("../../rules/cilium/open-fields.yaml"));
 
+/// What `ichor adopt` keeps of a running Cilium: cilium-config keys and the chart values that
+/// write them (`render::adopt`).
+pub const CILIUM_ADOPT: (&str, &str) = ("rules/cilium/adopt.yaml", include_str!("../../rules/cilium/adopt.yaml"));
+
 /// The leaves of the embedded chart's default values with their types (derived from its
 /// values.yaml), for the test that the chart's own defaults pass the validator.
 pub const CILIUM_DEFAULT_LEAVES: (&str, &str) =

@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+pub mod adopt;
 pub mod api;
 pub mod boot;
 pub mod cilium;

@@ -609,6 +609,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .as_ref()
                 .map(|c| c.tunnel_protocol.clone())
                 .filter(|t| !t.is_empty()),
+            cilium_adoption: cluster.status.as_ref().and_then(|s| s.cni.as_ref()).and_then(|c| c.adoption.clone()),
         },
         machines,
         workload: if rejected.is_some() { Workload::default() } else { o.workload.clone() },

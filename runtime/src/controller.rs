@@ -707,14 +707,29 @@ impl Controller {
             .await
             .map_err(kube_err(format!("writing the status of TalosOperation {namespace}/{operation}")))?;
         crate::crashpoint::after(crate::crashpoint::Write::Status);
-        if after.cluster.status_kube_proxy != read.snapshot.cluster.status_kube_proxy {
+        let cni = match (
+            after.cluster.status_kube_proxy != read.snapshot.cluster.status_kube_proxy,
+            after.cluster.cilium_adoption != read.snapshot.cluster.cilium_adoption,
+        ) {
+            (false, false) => None,
+            (mode, adoption) => {
+                let mut cni = json!({});
+                if mode {
+                    cni["kubeProxy"] = json!(after.cluster.status_kube_proxy.map(|m| m.name()));
+                }
+                if adoption {
+                    cni["adoption"] = json!(after.cluster.cilium_adoption);
+                }
+                Some(cni)
+            }
+        };
+        if let Some(cni) = cni {
             let clusters: Api<TalosCluster> = Api::namespaced(self.kube.clone(), namespace);
-            let mode = after.cluster.status_kube_proxy.map(|m| m.name());
             clusters
                 .patch_status(
                     &after.cluster.name,
                     &PatchParams::default(),
-                    &Patch::Merge(json!({"status": {"cni": {"kubeProxy": mode}}})),
+                    &Patch::Merge(json!({"status": {"cni": cni}})),
                 )
                 .await
                 .map_err(kube_err(format!("writing the status of TalosCluster {namespace}/{}", after.cluster.name)))?;

@@ -34,13 +34,15 @@ pub trait KubePort {
     /// applied under `field_manager` (nothing when Talos has not rendered it yet).
     async fn restore_manifest(&mut self, node: &str, manifest: &str, field_manager: &str) -> Result<(), Self::Error>;
     /// The Cilium Job `name`: `ichor cni helm apply` with the mode, the user's layer and the
-    /// tunnel protocol (it validates and layers them itself).
+    /// tunnel protocol (it validates and layers them itself); with `take_ownership`, Helm takes
+    /// Cilium's objects over into the release (`--take-ownership`).
     async fn cilium_job(
         &mut self,
         name: &str,
         mode: render::api::KubeProxyMode,
         user: &serde_json::Value,
         tunnel: &str,
+        take_ownership: bool,
     ) -> Result<(), Self::Error>;
 }
 
@@ -178,8 +180,8 @@ impl<K: KubePort> Executor<'_, K> {
             Action::RestoreKubeProxy { via, node, manifest, field_manager } => {
                 kube(self.kube.restore_manifest(reach(via, node), manifest, field_manager).await)
             }
-            Action::CiliumJob { name, mode, user, tunnel, .. } => {
-                kube(self.kube.cilium_job(name, *mode, user, tunnel).await)
+            Action::CiliumJob { name, mode, user, tunnel, take_ownership, .. } => {
+                kube(self.kube.cilium_job(name, *mode, user, tunnel, *take_ownership).await)
             }
             // Status, waits, warnings and the end: recorded by `status::record`.
             Action::Abort { .. }
@@ -187,6 +189,7 @@ impl<K: KubePort> Executor<'_, K> {
             | Action::Pause { .. }
             | Action::Fail { .. }
             | Action::SetKubeProxyStatus { .. }
+            | Action::RecordCiliumAdoption { .. }
             | Action::Start { .. }
             | Action::Done { .. }
             | Action::StepDone { .. }

@@ -70,6 +70,10 @@ pub struct Rels {
     pub removed_apis_unknown: Input<1>,
     pub cilium_job_failed: Input<2>,
     pub cilium_job_in_flight: Input<1>,
+    pub cilium_job_succeeded: Input<1>,
+    pub cilium_ipam: Input<1>,
+    pub cilium_owner: Input<2>,
+    pub cilium_adopted: Input<1>,
     pub abort_requested: Input<0>,
     pub inputs_rejected: Input<1>,
     pub resume_requested: Input<0>,
@@ -90,6 +94,9 @@ pub struct Rels {
     pub act_delete: Output<5>,
     pub act_restore_kube_proxy: Output<2>,
     pub act_cilium_job: Output<1>,
+    pub cilium_job_takes_ownership: Output<0>,
+    pub act_record_adoption: Output<1>,
+    pub plan_check: Output<2>,
     pub act_step_done: Output<1>,
     pub act_wait: Output<5>,
     pub act_clear_clock: Output<1>,
@@ -170,6 +177,10 @@ impl Rels {
             removed_apis_unknown: b.input("removed_apis_unknown", [("reason", S)]),
             cilium_job_failed: b.input("cilium_job_failed", [("mode", S), ("reason", S)]),
             cilium_job_in_flight: b.input("cilium_job_in_flight", [("job", S)]),
+            cilium_job_succeeded: b.input("cilium_job_succeeded", [("mode", S)]),
+            cilium_ipam: b.input("cilium_ipam", [("mode", S)]),
+            cilium_owner: b.input("cilium_owner", [("kind", S), ("name", S)]),
+            cilium_adopted: b.input("cilium_adopted", [("operation", S)]),
             abort_requested: b.input("abort_requested", []),
             inputs_rejected: b.input("inputs_rejected", [("reason", S)]),
             resume_requested: b.input("resume_requested", []),
@@ -191,6 +202,9 @@ impl Rels {
                 .output("act_delete", [("order", N), ("api_version", S), ("kind", S), ("namespace", S), ("name", S)]),
             act_restore_kube_proxy: b.output("act_restore_kube_proxy", [("via", S), ("manifest", S)]),
             act_cilium_job: b.output("act_cilium_job", [("mode", S)]),
+            cilium_job_takes_ownership: b.output("cilium_job_takes_ownership", []),
+            act_record_adoption: b.output("act_record_adoption", [("chart", S)]),
+            plan_check: b.output("plan_check", [("template", S), ("detail", S)]),
             act_step_done: b.output("act_step_done", [("step", S)]),
             act_wait: b.output("act_wait", [("template", S), ("detail", S), ("clock", S), ("since", N), ("limit", N)]),
             act_clear_clock: b.output("act_clear_clock", [("clock", S)]),
@@ -306,6 +320,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     if let Some(v) = &c.cni.home_kube_proxy_replacement {
         let id = b.sym(v);
         r.home_kpr.push(&mut b, [id]);
+    }
+    if let Some(a) = &c.cilium_adoption {
+        let id = b.sym(&a.operation);
+        r.cilium_adopted.push(&mut b, [id]);
     }
     let id = b.sym(render::embedded::CILIUM_CHART_VERSION);
     r.embedded_cilium_chart.push(&mut b, [id]);
@@ -437,6 +455,19 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     for job in &w.cilium_jobs_in_flight {
         let id = b.sym(job);
         r.cilium_job_in_flight.push(&mut b, [id]);
+    }
+    for mode in &w.cilium_jobs_succeeded {
+        let id = b.sym(mode.name());
+        r.cilium_job_succeeded.push(&mut b, [id]);
+    }
+    // cilium-config's `ipam`; `""` for a cilium-config read without the key.
+    if let Some(ipam) = w.cilium_ipam.as_deref().or(w.cilium_config_read.then_some("")) {
+        let id = b.sym(ipam);
+        r.cilium_ipam.push(&mut b, [id]);
+    }
+    for o in &w.cilium_owners {
+        let row = [b.sym(&o.kind), b.sym(&o.name)];
+        r.cilium_owner.push(&mut b, row);
     }
     if let Some(why) = &w.removed_apis_check_failed {
         let id = b.sym(why);

@@ -127,7 +127,11 @@ struct ValuesRels {
     applied: engine::Input<1>,
     job: engine::Input<4>,
     operation: engine::Input<2>,
+    owner: engine::Input<2>,
+    bootstrap_patch: engine::Input<1>,
+    adopted: engine::Input<1>,
     condition: engine::Output<4>,
+    take_ownership: engine::Output<0>,
     run_job: engine::Output<2>,
     record: engine::Output<1>,
     requeue: engine::Output<1>,
@@ -176,6 +180,10 @@ impl Rules {
                 applied: b.input("cv_applied", [("hash", S)]),
                 job: b.input("cv_job", [("hash", S), ("job", S), ("state", S), ("why", S)]),
                 operation: b.input("cv_operation", [("name", S), ("phase", S)]),
+                owner: b.input("cilium_owner", [("kind", S), ("name", S)]),
+                bootstrap_patch: b.input("bootstrap_patch", [("name", S)]),
+                adopted: b.input("cilium_adopted", [("operation", S)]),
+                take_ownership: b.output("cv_take_ownership", []),
                 condition: b.output("cv_condition", [("status", S), ("reason", S), ("template", S), ("detail", S)]),
                 run_job: b.output("cv_run_job", [("hash", S), ("mode", S)]),
                 record: b.output("cv_record", [("hash", S)]),
@@ -290,6 +298,18 @@ impl Rules {
             let row = [b.sym(name), b.sym(phase.name())];
             r.operation.push(&mut b, row);
         }
+        for o in &f.owners {
+            let row = [b.sym(&o.kind), b.sym(&o.name)];
+            r.owner.push(&mut b, row);
+        }
+        if let Some(p) = &f.bootstrap_patch {
+            let id = b.sym(p);
+            r.bootstrap_patch.push(&mut b, [id]);
+        }
+        if let Some(o) = &f.adopted {
+            let id = b.sym(o);
+            r.adopted.push(&mut b, [id]);
+        }
         let db = self.engine.evaluate_built(b, engine::EvalOptions::default())?;
         let mode = r.mode.rows(&db).next().map(|[m]| db.sym(m).to_string()).unwrap_or_default();
         let mut rows: Vec<(String, String, String, String)> = r
@@ -325,7 +345,7 @@ impl Rules {
                 let mode = KubeProxyMode::parse(db.sym(m)).ok_or_else(|| HandoverError::Derived {
                     what: format!("cv_run_job names the kube-proxy mode {:?}, which is none", db.sym(m)),
                 })?;
-                Some((db.sym(h).to_string(), mode))
+                Some(ValuesJob { hash: db.sym(h).to_string(), mode, take_ownership: r.take_ownership.any(&db) })
             }
         };
         Ok(ValuesDecision {
@@ -461,6 +481,12 @@ pub struct ValuesFacts {
     pub lockdown_enabled: bool,
     /// The API serves cilium.io/v2 CiliumNetworkPolicy.
     pub policy_kind_served: bool,
+    /// Who manages the cilium DaemonSet besides Ichor (`cilium_owners`).
+    pub owners: Vec<crate::state::CiliumOwner>,
+    /// The TalosConfigPatch that carries Cilium's inline manifest (Ichor installed Cilium).
+    pub bootstrap_patch: Option<String>,
+    /// status.cni.adoption's operation (Ichor adopted Cilium).
+    pub adopted: Option<String>,
 }
 
 impl ValuesFacts {
@@ -486,6 +512,14 @@ impl ValuesFacts {
             operations: Vec::new(),
             lockdown_enabled: false,
             policy_kind_served: false,
+            owners: Vec::new(),
+            bootstrap_patch: None,
+            adopted: c
+                .status
+                .as_ref()
+                .and_then(|s| s.cni.as_ref())
+                .and_then(|n| n.adoption.as_ref())
+                .map(|a| a.operation.clone()),
         }
     }
 }
@@ -495,8 +529,8 @@ impl ValuesFacts {
 pub struct ValuesDecision {
     /// The CNIValuesApplied condition to hold (none: not the cilium preset).
     pub condition: Option<Decision>,
-    /// Run the Cilium Job of this hash with this mode.
-    pub run_job: Option<(String, render::api::KubeProxyMode)>,
+    /// Run the Cilium Job.
+    pub run_job: Option<ValuesJob>,
     /// Record this hash as status.cni.appliedValuesHash.
     pub record: Option<String>,
     pub requeue: Option<Duration>,
@@ -504,6 +538,49 @@ pub struct ValuesDecision {
     pub lockdown: bool,
     /// Why they are not applied yet (`np_waiting`), for the log.
     pub lockdown_waits: Vec<String>,
+}
+
+/// The values' Cilium Job the rules ask for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValuesJob {
+    /// The hash of the layered values (the Job's name and label).
+    pub hash: String,
+    /// The mode Cilium runs now.
+    pub mode: render::api::KubeProxyMode,
+    /// Helm takes Cilium's objects over into the release (`cv_take_ownership`).
+    pub take_ownership: bool,
+}
+
+/// Who manages an object besides Ichor, from its metadata's labels and annotations: Helm's
+/// ownership annotations (`meta.helm.sh/release-namespace` and `-name`: kind `helm`, name
+/// `namespace/release`), Argo CD's tracking (annotation `argocd.argoproj.io/tracking-id`, or the
+/// label `argocd.argoproj.io/instance`: kind `argocd`, the application), Flux's labels
+/// (`helm.toolkit.fluxcd.io/name` or `kustomize.toolkit.fluxcd.io/name` with their namespace:
+/// kind `flux`, `HelmRelease namespace/name` or `Kustomization namespace/name`). Sorted.
+pub fn cilium_owners(metadata: &serde_json::Value) -> Vec<crate::state::CiliumOwner> {
+    let get = |map: &str, key: &str| {
+        metadata.get(map).and_then(|m| m.get(key)).and_then(|v| v.as_str()).filter(|v| !v.is_empty())
+    };
+    let owner = |kind: &str, name: String| crate::state::CiliumOwner { kind: kind.into(), name };
+    let mut out = vec![];
+    if let Some(release) = get("annotations", "meta.helm.sh/release-name") {
+        let ns = get("annotations", "meta.helm.sh/release-namespace").unwrap_or("default");
+        out.push(owner("helm", format!("{ns}/{release}")));
+    }
+    if let Some(id) = get("annotations", "argocd.argoproj.io/tracking-id") {
+        // `<application>:<group>/<kind>:<namespace>/<name>`: the application is the first part.
+        out.push(owner("argocd", id.split(':').next().unwrap_or(id).to_string()));
+    } else if let Some(app) = get("labels", "argocd.argoproj.io/instance") {
+        out.push(owner("argocd", app.to_string()));
+    }
+    for (kind, prefix) in [("HelmRelease", "helm"), ("Kustomization", "kustomize")] {
+        if let Some(name) = get("labels", &format!("{prefix}.toolkit.fluxcd.io/name")) {
+            let ns = get("labels", &format!("{prefix}.toolkit.fluxcd.io/namespace")).unwrap_or("flux-system");
+            out.push(owner("flux", format!("{kind} {ns}/{name}")));
+        }
+    }
+    out.sort();
+    out
 }
 
 /// The shipped rules, compiled on first use (they are part of the release: a failure to load
@@ -574,10 +651,18 @@ mod io {
         } else if lockdown.is_some() {
             tracing::debug!(cluster = %name, waits = %values.lockdown_waits.join(", "), "the namespace's CiliumNetworkPolicies wait");
         }
-        if let Some((hash, mode)) = &values.run_job {
+        if let Some(ValuesJob { hash, mode, take_ownership }) = &values.run_job {
             let f = ValuesFacts::of_cluster(cluster);
             let job = format!("ichor-cni-{hash}");
-            crate::kube::create_cilium_job(client, &job, *mode, &f.user, &f.tunnel, None).await?;
+            let run = crate::kube::CiliumJobRun {
+                name: &job,
+                mode: *mode,
+                user: &f.user,
+                tunnel: &f.tunnel,
+                take_ownership: *take_ownership,
+                operation: None,
+            };
+            crate::kube::create_cilium_job(client, &run).await?;
             crate::crashpoint::after(crate::crashpoint::Write::JobCreate);
             tracing::info!(cluster = %name, job = %job, mode = %mode, "started the Cilium Job for the values");
         }
@@ -638,8 +723,11 @@ mod io {
         f.handover_done |= handed_over;
         let ours = f.preset_cilium && !f.handover_done;
         if ours || lockdown {
-            (f.cilium_kpr, f.cilium_ds) = crate::kube::read_cilium(client).await?;
-            f.chart_running = f.cilium_ds.as_ref().and_then(|d| d.image.as_deref()).and_then(cilium_version_of_image);
+            let live = crate::kube::read_cilium(client).await?;
+            f.cilium_kpr = live.kpr();
+            f.chart_running =
+                live.daemon_set.as_ref().and_then(|d| d.image.as_deref()).and_then(cilium_version_of_image);
+            (f.cilium_ds, f.owners) = (live.daemon_set, live.owners);
         }
         if lockdown {
             f.lockdown_enabled = true;
@@ -647,6 +735,7 @@ mod io {
         }
         if ours {
             let name = cluster.metadata.name.clone().unwrap_or_default();
+            f.bootstrap_patch = crate::kube::bootstrap_patch(client, cluster).await?;
             f.jobs = crate::kube::cilium_jobs(client).await?;
             f.operations = operations
                 .iter()
@@ -733,6 +822,7 @@ mod tests {
             observed_generation: 1,
             image: None,
         });
+        f.bootstrap_patch = Some("cni".into());
         let d = rules.decide_values(&f).unwrap();
         assert_eq!(d.run_job, None);
         let condition = d.condition.unwrap();
@@ -749,7 +839,64 @@ mod tests {
         let f = ValuesFacts { user: ValuesFacts::of_cluster(&c).user, ..f };
         let d = rules.decide_values(&f).unwrap();
         let hash = render::cilium::values_hash(&render::cilium::layered(&f.user, false, "vxlan"));
-        assert_eq!(d.run_job, Some((hash, render::api::KubeProxyMode::Enabled)));
+        // Installed from the bootstrap patch, its objects in no Helm release yet: the Job takes
+        // them over (Helm refuses to install over objects it does not own).
+        let job = ValuesJob { hash, mode: render::api::KubeProxyMode::Enabled, take_ownership: true };
+        assert_eq!(d.run_job, Some(job.clone()));
+        // In Ichor's release already: no take-over.
+        let owner = |kind: &str, name: &str| crate::state::CiliumOwner { kind: kind.into(), name: name.into() };
+        let in_release = ValuesFacts { owners: vec![owner("helm", "kube-system/cilium")], ..f.clone() };
+        assert_eq!(rules.decide_values(&in_release).unwrap().run_job, Some(ValuesJob { take_ownership: false, ..job }));
+        // Someone else's Cilium (no bootstrap patch, never adopted, no hash applied): no Job,
+        // and the condition says to adopt it.
+        let foreign = ValuesFacts { bootstrap_patch: None, ..f.clone() };
+        let d = rules.decide_values(&foreign).unwrap();
+        let condition = d.condition.unwrap();
+        assert_eq!((d.run_job, condition.reason.as_str()), (None, "NotAdopted"));
+        assert!(condition.message.contains("ichor adopt --cluster lab"), "{}", condition.message);
+        // Adopted: Ichor's.
+        let adopted = ValuesFacts { adopted: Some("cilium-adopt".into()), ..foreign.clone() };
+        assert!(rules.decide_values(&adopted).unwrap().run_job.is_some());
+        // Another owner: no Job, whatever else holds.
+        for o in [
+            owner("helm", "kube-system/my-cilium"),
+            owner("argocd", "net"),
+            owner("flux", "HelmRelease flux-system/cilium"),
+        ] {
+            let d = rules.decide_values(&ValuesFacts { owners: vec![o.clone()], ..f.clone() }).unwrap();
+            let condition = d.condition.unwrap();
+            assert_eq!((d.run_job, condition.reason.as_str()), (None, "OwnedElsewhere"), "{o:?}");
+            assert!(condition.message.contains(&o.name), "{}", condition.message);
+        }
+    }
+
+    #[test]
+    fn an_objects_managers_are_read_from_its_labels_and_annotations() {
+        let owners = |m: serde_json::Value| {
+            cilium_owners(&m).into_iter().map(|o| format!("{} {}", o.kind, o.name)).collect::<Vec<_>>()
+        };
+        assert_eq!(owners(serde_json::json!({"name": "cilium"})), Vec::<String>::new());
+        assert_eq!(
+            owners(
+                serde_json::json!({"annotations": {"meta.helm.sh/release-name": "cilium", "meta.helm.sh/release-namespace": "kube-system"}})
+            ),
+            ["helm kube-system/cilium"]
+        );
+        assert_eq!(
+            owners(
+                serde_json::json!({"annotations": {"argocd.argoproj.io/tracking-id": "net:apps/DaemonSet:kube-system/cilium"}})
+            ),
+            ["argocd net"]
+        );
+        assert_eq!(
+            owners(
+                serde_json::json!({"labels": {"helm.toolkit.fluxcd.io/name": "cilium", "helm.toolkit.fluxcd.io/namespace": "flux-system"},
+                "annotations": {"meta.helm.sh/release-name": "flux-system-cilium", "meta.helm.sh/release-namespace": "kube-system"}})
+            ),
+            ["flux HelmRelease flux-system/cilium", "helm kube-system/flux-system-cilium"]
+        );
+        // Helm charts set app.kubernetes.io/instance too: it is no Argo CD mark.
+        assert!(owners(serde_json::json!({"labels": {"app.kubernetes.io/instance": "cilium"}})).is_empty());
     }
 
     #[test]

@@ -378,24 +378,35 @@ impl KubePort for KubeCluster {
         mode: render::api::KubeProxyMode,
         user: &Json,
         tunnel: &str,
+        take_ownership: bool,
     ) -> Result<(), KubeError> {
-        create_cilium_job(&self.client, name, mode, user, tunnel, self.operation.as_deref()).await
+        let run = CiliumJobRun { name, mode, user, tunnel, take_ownership, operation: self.operation.as_deref() };
+        create_cilium_job(&self.client, &run).await
     }
+}
+
+/// One run of the Cilium Job, as an operation's plan or the values reconciler decided it.
+#[derive(Clone, Copy, Debug)]
+pub struct CiliumJobRun<'a> {
+    pub name: &'a str,
+    pub mode: render::api::KubeProxyMode,
+    /// The user's layer (the Job validates and layers it itself).
+    pub user: &'a Json,
+    pub tunnel: &'a str,
+    /// Helm takes Cilium's objects over into the release (`--take-ownership`): they are in no
+    /// release yet (rules/cilium.rules).
+    pub take_ownership: bool,
+    /// The operation that runs it (its label), none for the values reconciler's.
+    pub operation: Option<&'a str>,
 }
 
 /// Creates the Cilium Job `name`: `ichor cni helm apply` with the mode, the user's layer and the
 /// tunnel protocol, labelled with the hash of the layered values (`handover::VALUES_HASH_LABEL`:
 /// the values reconciler adopts a Job of the hash it wants, the switch's too). A Job of that
 /// name already there is the same Job: nothing to do.
-pub async fn create_cilium_job(
-    client: &kube_client::Client,
-    name: &str,
-    mode: render::api::KubeProxyMode,
-    user: &Json,
-    tunnel: &str,
-    operation: Option<&str>,
-) -> Result<(), KubeError> {
+pub async fn create_cilium_job(client: &kube_client::Client, run: &CiliumJobRun<'_>) -> Result<(), KubeError> {
     use k8s_openapi::api::batch::v1::Job;
+    let CiliumJobRun { name, mode, user, tunnel, take_ownership, operation } = *run;
     let jobs: Api<Job> = Api::namespaced(client.clone(), JOB_NAMESPACE);
     let hash = render::cilium::values_hash(&render::cilium::layered(
         user,
@@ -420,7 +431,7 @@ pub async fn create_cilium_job(
                     "image": JOB_IMAGE,
                     // `ichor cni helm apply` validates the user's layer with the one
                     // validator, layers it with the mode and runs Helm (README: the Job).
-                    "args": ["cni", "helm", "apply", format!("--kube-proxy={mode}"), format!("--tunnel={tunnel}"), format!("--values-env={JOB_VALUES_ENV}")],
+                    "args": job_args(mode, tunnel, take_ownership),
                     "env": [{"name": JOB_VALUES_ENV, "value": user.to_string()}],
                     // A failed run's last log lines (Helm's error) become the container's
                     // termination message: the values reconciler shows them.
@@ -436,6 +447,20 @@ pub async fn create_cilium_job(
         Err(e) if is_status(&e, 409) => Ok(()),
         Err(e) => Err(api_err(format!("creating Job {name}"))(e)),
     }
+}
+
+/// The Cilium Job's command line (after the `ichor` entry point).
+fn job_args(mode: render::api::KubeProxyMode, tunnel: &str, take_ownership: bool) -> Vec<String> {
+    let mut args: Vec<String> = ["cni", "helm", "apply"].map(String::from).into();
+    args.extend([
+        format!("--kube-proxy={mode}"),
+        format!("--tunnel={tunnel}"),
+        format!("--values-env={JOB_VALUES_ENV}"),
+    ]);
+    if take_ownership {
+        args.push("--take-ownership".into());
+    }
+    args
 }
 
 /// Ichor's Cilium Jobs (label app.kubernetes.io/managed-by=ichor in kube-system): each one's
@@ -539,18 +564,64 @@ fn ds(d: k8s_openapi::api::apps::v1::DaemonSet) -> crate::state::DaemonSet {
     }
 }
 
-/// What Cilium runs now, for the values reconciler: cilium-config's kube-proxy-replacement and
-/// the cilium DaemonSet's rollout.
-pub async fn read_cilium(
+/// What Cilium runs now, as both hosts read it: cilium-config's kube-proxy-replacement and
+/// IPAM mode, the cilium DaemonSet's rollout, and who manages it.
+#[derive(Clone, Debug, Default)]
+pub struct LiveCilium {
+    /// cilium-config was there.
+    pub config_read: bool,
+    /// cilium-config's whole data.
+    pub config: std::collections::BTreeMap<String, String>,
+    pub daemon_set: Option<crate::state::DaemonSet>,
+    /// The DaemonSet's managers (its labels and annotations: `handover::cilium_owners`).
+    pub owners: Vec<crate::state::CiliumOwner>,
+}
+
+impl LiveCilium {
+    /// cilium-config's kube-proxy-replacement.
+    pub fn kpr(&self) -> Option<String> {
+        self.config.get("kube-proxy-replacement").cloned()
+    }
+    /// cilium-config's `ipam`.
+    pub fn ipam(&self) -> Option<String> {
+        self.config.get("ipam").cloned()
+    }
+}
+
+/// The TalosConfigPatch of `cluster` that carries Cilium's inline manifest (`render::render::
+/// cni_home`): Ichor installed that Cilium. None when no patch does.
+pub async fn bootstrap_patch(
     client: &kube_client::Client,
-) -> Result<(Option<String>, Option<crate::state::DaemonSet>), KubeError> {
+    cluster: &render::api::TalosCluster,
+) -> Result<Option<String>, KubeError> {
+    let ns = cluster.metadata.namespace.clone().unwrap_or_default();
+    let name = cluster.metadata.name.clone().unwrap_or_default();
+    let patches: Api<render::api::TalosConfigPatch> = Api::namespaced(client.clone(), &ns);
+    let listed =
+        patches.list(&ListParams::default()).await.map_err(api_err(format!("listing TalosConfigPatches in {ns}")))?;
+    let ours: Vec<&render::api::TalosConfigPatch> =
+        listed.items.iter().filter(|p| p.spec.cluster_ref.name == name).collect();
+    Ok(render::render::cni_home(&ours).map(|h| h.patch))
+}
+
+/// Reads cilium-config and the cilium DaemonSet.
+pub async fn read_cilium(client: &kube_client::Client) -> Result<LiveCilium, KubeError> {
     use k8s_openapi::api::apps::v1::DaemonSet as Ds;
     use k8s_openapi::api::core::v1::ConfigMap;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
     let dss: Api<Ds> = Api::namespaced(client.clone(), "kube-system");
     let config = opt(cms.get("cilium-config").await, "ConfigMap kube-system/cilium-config")?;
-    let kpr = config.and_then(|c| c.data).and_then(|d| d.get("kube-proxy-replacement").cloned());
-    Ok((kpr, opt(dss.get("cilium").await, "DaemonSet kube-system/cilium")?.map(ds)))
+    let daemon_set = opt(dss.get("cilium").await, "DaemonSet kube-system/cilium")?;
+    let owners = daemon_set
+        .as_ref()
+        .map(|d| crate::handover::cilium_owners(&serde_json::to_value(&d.metadata).unwrap_or_default()))
+        .unwrap_or_default();
+    Ok(LiveCilium {
+        config_read: config.is_some(),
+        config: config.and_then(|c| c.data).unwrap_or_default(),
+        daemon_set: daemon_set.map(ds),
+        owners,
+    })
 }
 
 /// The workload cluster as the operation rules read it: cilium-config, the cilium and
@@ -569,8 +640,8 @@ pub async fn read_workload(
     let dss: Api<Ds> = Api::namespaced(client.clone(), "kube-system");
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "kube-system");
     let crbs: Api<ClusterRoleBinding> = Api::all(client.clone());
-    let cilium_config = opt(cms.get("cilium-config").await, "ConfigMap kube-system/cilium-config")?;
-    let data = cilium_config.as_ref().and_then(|c| c.data.clone()).unwrap_or_default();
+    let cilium = read_cilium(client).await?;
+    let data = &cilium.config;
     let kube_proxy_config_maps = cms
         .list(&ListParams::default())
         .await
@@ -584,6 +655,7 @@ pub async fn read_workload(
     // failed Job of the values reconciler, or of an earlier operation, is not this one's).
     let mut cilium_jobs_failed = std::collections::BTreeMap::new();
     let mut cilium_jobs_in_flight = vec![];
+    let mut cilium_jobs_succeeded = vec![];
     for j in cilium_jobs(client).await? {
         if j.operation.as_deref() != Some(operation) {
             if j.state == crate::handover::JobState::Running {
@@ -591,8 +663,14 @@ pub async fn read_workload(
             }
             continue;
         }
-        if let (crate::handover::JobState::Failed, Some(mode)) = (j.state, j.mode) {
-            cilium_jobs_failed.insert(mode, format!("Job {JOB_NAMESPACE}/{}: {}", j.name, j.why));
+        match (j.state, j.mode) {
+            (crate::handover::JobState::Failed, Some(mode)) => {
+                cilium_jobs_failed.insert(mode, format!("Job {JOB_NAMESPACE}/{}: {}", j.name, j.why));
+            }
+            (crate::handover::JobState::Complete, Some(mode)) if !cilium_jobs_succeeded.contains(&mode) => {
+                cilium_jobs_succeeded.push(mode)
+            }
+            _ => {}
         }
     }
     // Argo CD's Application for Cilium: its health and sync, and what its values say (the
@@ -616,7 +694,7 @@ pub async fn read_workload(
             kube_proxy_replacement: a.kube_proxy_replacement,
         }
     });
-    let cilium_daemon_set = opt(dss.get("cilium").await, "DaemonSet kube-system/cilium")?.map(ds);
+    let cilium_daemon_set = cilium.daemon_set.clone();
     Ok(Workload {
         argocd_application,
         // The running release's chart version: the agents' image tag (chart and agents are
@@ -630,7 +708,10 @@ pub async fn read_workload(
         cilium_kube_proxy_replacement: data.get("kube-proxy-replacement").cloned(),
         cilium_k8s_service_host: data.get("k8s-service-host").cloned(),
         cilium_k8s_service_port: data.get("k8s-service-port").cloned(),
-        cilium_config_read: cilium_config.is_some(),
+        cilium_config_read: cilium.config_read,
+        cilium_ipam: cilium.ipam(),
+        cilium_owners: cilium.owners.clone(),
+        cilium_jobs_succeeded,
         cilium_daemon_set,
         kube_proxy_daemon_set: opt(dss.get("kube-proxy").await, "DaemonSet kube-system/kube-proxy")?.map(ds),
         kube_proxy_config_maps,

@@ -224,6 +224,15 @@ pub enum Action {
         user: Json,
         #[serde(skip)]
         tunnel: String,
+        /// Cilium's objects are in no Helm release yet: the Job takes them over into Ichor's
+        /// (`helm --take-ownership`; rules/cilium.rules' `cilium_job_takes_ownership`).
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        take_ownership: bool,
+    },
+    /// Record on the TalosCluster that an adoption took Cilium over into Ichor's release on
+    /// this chart (`status.cni.adoption`), with the operation's name.
+    RecordCiliumAdoption {
+        chart: String,
     },
     StepDone {
         step: String,
@@ -286,8 +295,13 @@ impl fmt::Display for Action {
             Action::RestoreKubeProxy { via, .. } => {
                 write!(f, "restore the kube-proxy objects from Talos's rendered manifests through {via}")
             }
-            Action::CiliumJob { mode, name, .. } => {
-                write!(f, "run the Cilium Helm Job {name} with --kube-proxy={mode}")
+            Action::CiliumJob { mode, name, take_ownership, .. } => {
+                let over =
+                    if *take_ownership { " --take-ownership (Cilium's objects are in no Helm release)" } else { "" };
+                write!(f, "run the Cilium Helm Job {name} with --kube-proxy={mode}{over}")
+            }
+            Action::RecordCiliumAdoption { chart } => {
+                write!(f, "record the adoption on the TalosCluster (status.cni.adoption, chart {chart})")
             }
             Action::StepDone { step } => write!(f, "record step {step} as done"),
             Action::Wait { message, clock, .. } => {
@@ -322,6 +336,7 @@ impl Action {
             Action::Delete { .. } => "delete",
             Action::RestoreKubeProxy { .. } => "restoreKubeProxy",
             Action::CiliumJob { .. } => "ciliumJob",
+            Action::RecordCiliumAdoption { .. } => "recordCiliumAdoption",
             Action::StepDone { .. } => "stepDone",
             Action::Wait { .. } => "wait",
             Action::ClearClock { .. } => "clearClock",
@@ -371,6 +386,9 @@ pub struct Plan {
     /// A config rollout's changes that need the reboot, per machine (`roll_path` in
     /// rules/rollout.rules), sorted: what its preview lists.
     pub reboot_paths: BTreeMap<String, Vec<String>>,
+    /// The checks that passed, as the preview lists them (`plan_check` in
+    /// rules/backbone.rules; the ones that fail are pauses), sorted.
+    pub checks: Vec<String>,
 }
 
 impl Plan {
@@ -538,7 +556,7 @@ impl Planner {
             // The mode in force, as the rules decide it.
             OperationKind::Cni => current_mode.clone(),
             // The chart the release runs.
-            OperationKind::CniUpgrade => running.clone(),
+            OperationKind::CniUpgrade | OperationKind::CniAdopt => running.clone(),
             // The oldest kubelet the machines run.
             _ => s
                 .machines
@@ -692,7 +710,14 @@ impl Planner {
                 "ichor-cni-{}",
                 render::cilium::values_hash(&serde_json::json!({"values": values, "operation": s.operation.name}))
             );
-            push(Action::CiliumJob { mode, name, values, user, tunnel }, proof(r.act_cilium_job.id(), &row));
+            let take_ownership = r.cilium_job_takes_ownership.any(&db);
+            push(
+                Action::CiliumJob { mode, name, values, user, tunnel, take_ownership },
+                proof(r.act_cilium_job.id(), &row),
+            );
+        }
+        for row @ [chart] in r.act_record_adoption.rows(&db) {
+            push(Action::RecordCiliumAdoption { chart: text(chart) }, proof(r.act_record_adoption.id(), &row));
         }
         for row @ [st] in r.act_step_done.rows(&db) {
             push(Action::StepDone { step: text(st) }, proof(r.act_step_done.id(), &row));
@@ -742,6 +767,7 @@ impl Planner {
                 OperationKind::Cni => "ConfirmSwitch",
                 OperationKind::Config => "ConfirmRollout",
                 OperationKind::CniUpgrade => "ConfirmCiliumUpgrade",
+                OperationKind::CniAdopt => "ConfirmCiliumAdopt",
                 _ => "ConfirmUpgrade",
             };
             // The order is the rules' (`operation_order`): ranked there, listed here.
@@ -762,6 +788,9 @@ impl Planner {
             reboot_paths.entry(text(m)).or_default().push(text(path));
         }
         reboot_paths.values_mut().for_each(|v| v.sort_unstable());
+        let mut checks: Vec<String> =
+            r.plan_check.rows(&db).map(|[t, d]| self.message(&text(t), &data(json!({"detail": text(d)})))).collect();
+        checks.sort_unstable();
         Ok(Plan {
             operation: s.operation.name.clone(),
             kind: s.operation.kind,
@@ -772,6 +801,7 @@ impl Planner {
             cilium_job_mode,
             work_left,
             reboot_paths,
+            checks,
         })
     }
 
@@ -805,6 +835,10 @@ impl Planner {
         let jobs = find(&|a| matches!(a, Action::CiliumJob { .. }));
         if jobs.len() > 1 {
             return Err(err("two Cilium Jobs with different kube-proxy modes".into(), &jobs));
+        }
+        let adoptions = find(&|a| matches!(a, Action::RecordCiliumAdoption { .. }));
+        if adoptions.len() > 1 {
+            return Err(err("two charts for status.cni.adoption".into(), &adoptions));
         }
         let statuses = find(&|a| matches!(a, Action::SetKubeProxyStatus { .. }));
         if statuses.len() > 1 {

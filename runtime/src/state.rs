@@ -50,6 +50,9 @@ pub struct Cluster {
     /// spec.cni.cilium.tunnelProtocol.
     #[serde(default)]
     pub cilium_tunnel: Option<String>,
+    /// `status.cni.adoption`: the operation that adopted a Cilium someone else installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cilium_adoption: Option<render::api::CiliumAdoption>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -203,6 +206,26 @@ pub struct Workload {
     /// or another operation's): Helm runs one change of the release at a time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cilium_jobs_in_flight: Vec<String>,
+    /// This operation's Cilium Jobs that succeeded, by the kube-proxy mode they ran for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cilium_jobs_succeeded: Vec<KubeProxyMode>,
+    /// cilium-config's `ipam` (the IPAM mode Cilium runs); absent when the key is (Cilium's
+    /// default then, which the rules name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cilium_ipam: Option<String>,
+    /// Who manages the cilium DaemonSet besides Ichor, as its labels and annotations say
+    /// (`runtime::handover::cilium_owners`): a Helm release, an Argo CD application, Flux.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cilium_owners: Vec<CiliumOwner>,
+}
+
+/// A manager of the cilium DaemonSet: `helm` with `namespace/release` (Helm's ownership
+/// annotations), `argocd` with its tracking id or instance, `flux` with its object's name.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CiliumOwner {
+    pub kind: String,
+    pub name: String,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -376,8 +399,13 @@ pub fn epoch(s: &str) -> Option<i64> {
 }
 
 /// The operation kinds the shipped rules plan (the others are the controller's, not yet rules).
-pub const KINDS: [OperationKind; 4] =
-    [OperationKind::Kubernetes, OperationKind::Cni, OperationKind::Config, OperationKind::CniUpgrade];
+pub const KINDS: [OperationKind; 5] = [
+    OperationKind::Kubernetes,
+    OperationKind::Cni,
+    OperationKind::Config,
+    OperationKind::CniUpgrade,
+    OperationKind::CniAdopt,
+];
 
 /// The most a snapshot may hold once its aliases are expanded (a 5,000-machine snapshot is a
 /// few MiB).

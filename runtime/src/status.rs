@@ -84,6 +84,10 @@ pub fn record(s: &ObservedState, plan: &Plan, reached: usize, failed: &[(String,
             }
             Action::StepDone { step } if !op.done.contains(step) => op.done.push(step.clone()),
             Action::SetKubeProxyStatus { mode } => after.cluster.status_kube_proxy = Some(*mode),
+            Action::RecordCiliumAdoption { chart } => {
+                after.cluster.cilium_adoption =
+                    Some(render::api::CiliumAdoption { operation: s.operation.name.clone(), chart: chart.clone() })
+            }
             Action::Wait { clock, since, .. } if !clock.starts_with("machines/") => {
                 op.waiting_since.entry(clock.clone()).or_insert_with(|| since.clone());
             }

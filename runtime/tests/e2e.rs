@@ -78,6 +78,7 @@ impl KubePort for Twin {
         _: KubeProxyMode,
         _: &serde_json::Value,
         _: &str,
+        _: bool,
     ) -> Result<(), TwinError> {
         Err(TwinError(format!("an upgrade runs no Cilium Job, yet {name} was to run")))
     }
@@ -213,6 +214,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
                 annotations: BTreeMap::new(),
                 cilium_values: None,
                 cilium_tunnel: None,
+                cilium_adoption: None,
             },
             machines,
             workload: Workload {

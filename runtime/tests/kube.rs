@@ -149,10 +149,10 @@ async fn deletions_carry_the_uid_and_the_restore_brings_kube_proxy_back_from_tal
 #[tokio::test]
 async fn the_cilium_job_is_created_once_under_its_name_with_its_mode() {
     let (_f, api, mut k) = setup().await;
-    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({"hubble": {"enabled": true}}), "vxlan")
+    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({"hubble": {"enabled": true}}), "vxlan", true)
         .await
         .unwrap();
-    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({"hubble": {"enabled": true}}), "vxlan")
+    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({"hubble": {"enabled": true}}), "vxlan", true)
         .await
         .unwrap();
     let jobs: Api<Job> = Api::namespaced(k.client.clone(), "kube-system");
@@ -163,6 +163,8 @@ async fn the_cilium_job_is_created_once_under_its_name_with_its_mode() {
     // The Job runs `ichor cni helm apply` with the mode from its flag and the user's layer.
     assert_eq!(args[..4], ["cni", "helm", "apply", "--kube-proxy=replaced"]);
     assert!(args.contains(&"--values-env=ICHOR_CILIUM_VALUES".to_string()), "{args:?}");
+    // Cilium's objects in no Helm release yet: Helm takes them over.
+    assert_eq!(args.last().map(String::as_str), Some("--take-ownership"), "{args:?}");
     let env = spec.containers[0].env.clone().unwrap();
     assert_eq!(env[0].value.as_deref(), Some(r#"{"hubble":{"enabled":true}}"#));
     assert_eq!(api.objects().keys().filter(|k| k.1 == "jobs").count(), 1);
@@ -303,6 +305,7 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
         cilium_job_mode: None,
         work_left: vec![],
         reboot_paths: Default::default(),
+        checks: vec![],
     };
     let talos = k.talos.clone();
     let before = talos.running_config("w1").await.unwrap();
@@ -322,7 +325,7 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
 async fn the_workload_reports_a_failed_cilium_job_by_its_mode() {
     let (_f, api, mut k) = setup().await;
     k.operation = Some("sw".into());
-    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({}), "vxlan").await.unwrap();
+    k.cilium_job("ichor-cni-abc", KubeProxyMode::Replaced, &json!({}), "vxlan", false).await.unwrap();
     let mut job = api.get("batch", "jobs", "kube-system", "ichor-cni-abc").unwrap();
     job["status"] = json!({"conditions": [{"type": JOB_FAILED, "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]});
     api.put("batch", "jobs", job);

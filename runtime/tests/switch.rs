@@ -179,6 +179,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 annotations: [(render::api::CONFIRM_KUBE_PROXY_SWITCH.to_string(), target.name().to_string())].into(),
                 cilium_values: None,
                 cilium_tunnel: None,
+                cilium_adoption: None,
             },
             machines,
             workload,

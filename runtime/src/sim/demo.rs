@@ -133,7 +133,7 @@ impl Demo {
         for (name, _, _) in &machines {
             api.put("", "nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}}));
         }
-        api.put("", "configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cilium-config", "namespace": "kube-system"}, "data": {"kube-proxy-replacement": "false"}}));
+        api.put("", "configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cilium-config", "namespace": "kube-system"}, "data": {"kube-proxy-replacement": "false", "ipam": "kubernetes"}}));
         // Cilium, as its bootstrap manifest installed it (the embedded chart), with its CRDs.
         api.put("apiextensions.k8s.io", "customresourcedefinitions", super::discovery::cilium_network_policy_crd());
         api.put("apps", "daemonsets", json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "cilium", "namespace": "kube-system"},
@@ -294,11 +294,19 @@ fn config_node_labels(text: &str) -> BTreeMap<String, String> {
 
 /// Every DaemonSet rolled out on `nodes` nodes at its current generation (what the
 /// DaemonSet controller reports once its pods are updated and ready).
+/// A DaemonSet annotated `sim/unready: N` (`ichor sim cluster --cilium-unready N`) keeps N
+/// pods not ready.
 pub fn roll_out_daemonsets(api: &kubeapi::Api, nodes: usize) {
     for (key, mut d) in api.objects() {
         if key.1 == "daemonsets" {
             let generation = d.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
-            let want = json!({"desiredNumberScheduled": nodes, "updatedNumberScheduled": nodes, "numberReady": nodes, "currentNumberScheduled": nodes, "numberMisscheduled": 0, "observedGeneration": generation});
+            let unready = d
+                .pointer("/metadata/annotations/sim~1unready")
+                .and_then(|n| n.as_str())
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0);
+            let ready = nodes.saturating_sub(unready);
+            let want = json!({"desiredNumberScheduled": nodes, "updatedNumberScheduled": nodes, "numberReady": ready, "currentNumberScheduled": nodes, "numberMisscheduled": 0, "observedGeneration": generation});
             if d.get("status") != Some(&want) {
                 d["status"] = want;
                 api.put(&key.0, "daemonsets", d);
@@ -341,27 +349,50 @@ pub fn run_cilium_jobs(api: &kubeapi::Api) {
         });
         job["metadata"]["annotations"] = json!({"sim/ran": "true"});
         if let Some(message) = fault {
-            api.put("", "pods", json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("{name}-sim"), "namespace": namespace, "labels": {"job-name": name, "batch.kubernetes.io/job-name": name}},
-                "spec": {"restartPolicy": "Never", "containers": [{"name": "cilium", "image": "ichor"}]},
-                "status": {"phase": "Failed", /* Kubernetes' word: a Pod's phase */ "containerStatuses": [{"name": "cilium", "ready": false, "restartCount": 0, "image": "ichor", "imageID": "", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}}]}}));
-            job["status"] = json!({"failed": 3, "conditions": [
-                {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"},
-                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", /* Kubernetes' word: a Job's condition */ "message": "Job has reached the specified backoff limit"}]});
-            api.put("batch", "jobs", job);
+            fail_job(api, &mut job, &name, &namespace, &message);
             continue;
         }
         let args = job.pointer("/spec/template/spec/containers/0/args").cloned().unwrap_or_default();
         let replaced = args.as_array().is_some_and(|a| a.iter().any(|x| x == "--kube-proxy=replaced"));
+        let take_ownership = args.as_array().is_some_and(|a| a.iter().any(|x| x == "--take-ownership"));
+        // Helm installs over objects of its release only: without --take-ownership an object
+        // in no release (or another's) stops the Job with Helm's words, and nothing changes.
+        let ds = api.get("apps", "daemonsets", "kube-system", "cilium");
+        let annotation = |k: &str| {
+            ds.as_ref()
+                .and_then(|d| d.pointer(&format!("/metadata/annotations/{}", k.replace('/', "~1"))))
+                .and_then(|v| v.as_str())
+                .map(String::from)
+        };
+        let in_release = annotation("meta.helm.sh/release-name").as_deref() == Some("cilium")
+            && annotation("meta.helm.sh/release-namespace").as_deref() == Some("kube-system");
+        if ds.is_some() && !in_release && !take_ownership {
+            let message = "Error: UPGRADE FAILED: Unable to continue with update: DaemonSet \"cilium\" in namespace \"kube-system\" exists and cannot be imported into the current release: invalid ownership metadata; label validation error: missing key \"app.kubernetes.io/managed-by\": must be set to \"Helm\"; annotation validation error: missing key \"meta.helm.sh/release-name\": must be set to \"cilium\"; annotation validation error: missing key \"meta.helm.sh/release-namespace\": must be set to \"kube-system\"";
+            fail_job(api, &mut job, &name, &namespace, message);
+            continue;
+        }
         if let Some(mut cm) = api.get("", "configmaps", "kube-system", "cilium-config") {
-            cm["data"] = json!({"kube-proxy-replacement": replaced.to_string(), "k8s-service-host": "localhost", "k8s-service-port": "7445"});
+            let mut data = cm.get("data").cloned().filter(|d| d.is_object()).unwrap_or_else(|| json!({}));
+            for (k, v) in [
+                ("kube-proxy-replacement", replaced.to_string()),
+                ("k8s-service-host", "localhost".into()),
+                ("k8s-service-port", "7445".into()),
+                ("ipam", "kubernetes".into()),
+            ] {
+                data[k] = json!(v);
+            }
+            cm["data"] = data;
             api.put("", "configmaps", cm);
         }
-        if let Some(mut cilium) = api.get("apps", "daemonsets", "kube-system", "cilium") {
+        if let Some(mut cilium) = ds {
             // The values' hash in the pod template, as a changed value changes the agents' spec.
             let hash = job.pointer("/metadata/labels/ichor.maesh.dev~1values-hash").cloned().unwrap_or_default();
             cilium["spec"]["template"]["metadata"]["annotations"] =
                 json!({"kpr": replaced.to_string(), "values": hash});
+            // Helm's ownership: the release's annotations and label on what it installed.
+            cilium["metadata"]["annotations"]["meta.helm.sh/release-name"] = json!("cilium");
+            cilium["metadata"]["annotations"]["meta.helm.sh/release-namespace"] = json!("kube-system");
+            cilium["metadata"]["labels"]["app.kubernetes.io/managed-by"] = json!("Helm");
             api.put("apps", "daemonsets", cilium);
         }
         // Every Job installs the embedded chart: the agents run its version from now on.
@@ -371,6 +402,104 @@ pub fn run_cilium_jobs(api: &kubeapi::Api) {
             {"type": "Complete", "status": "True"}]});
         api.put("batch", "jobs", job);
     }
+}
+
+/// A Job of the Helm stand-in fails: its pod ends with Helm's words (`message`) and the Job
+/// reads `Failed` (BackoffLimitExceeded).
+fn fail_job(api: &kubeapi::Api, job: &mut serde_json::Value, name: &str, namespace: &str, message: &str) {
+    api.put("", "pods", json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("{name}-sim"), "namespace": namespace, "labels": {"job-name": name, "batch.kubernetes.io/job-name": name}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "cilium", "image": "ichor"}]},
+        "status": {"phase": "Failed", /* Kubernetes' word: a Pod's phase */ "containerStatuses": [{"name": "cilium", "ready": false, "restartCount": 0, "image": "ichor", "imageID": "", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}}]}}));
+    job["status"] = json!({"failed": 3, "conditions": [
+        {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"},
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", /* Kubernetes' word: a Job's condition */ "message": "Job has reached the specified backoff limit"}]});
+    api.put("batch", "jobs", job.clone());
+}
+
+/// Who installed the simulated cluster's Cilium (`ichor sim cluster --cilium-installed-by`),
+/// when not Ichor's bootstrap patch: the cilium DaemonSet carries that owner's marks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CiliumInstaller {
+    /// `kubectl apply` of rendered manifests: no owner's marks.
+    Manifests,
+    /// A Helm release `namespace/name` (`cilium install` makes `kube-system/cilium`).
+    Helm(String, String),
+    /// An Argo CD application (annotation tracking).
+    ArgoCd(String),
+    /// A Flux HelmRelease `namespace/name`.
+    Flux(String, String),
+}
+
+impl CiliumInstaller {
+    /// `manifests`, `helm` (kube-system/cilium), `helm:NS/NAME`, `argocd:APP`, `flux:NS/NAME`.
+    pub fn parse(s: &str) -> Option<CiliumInstaller> {
+        let split = |r: &str| {
+            r.split_once('/')
+                .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+        };
+        Some(match s.split_once(':') {
+            None if s == "manifests" => CiliumInstaller::Manifests,
+            None if s == "helm" => CiliumInstaller::Helm("kube-system".into(), "cilium".into()),
+            Some(("helm", r)) => {
+                let (a, b) = split(r)?;
+                CiliumInstaller::Helm(a, b)
+            }
+            Some(("argocd", app)) if !app.is_empty() => CiliumInstaller::ArgoCd(app.to_string()),
+            Some(("flux", r)) => {
+                let (a, b) = split(r)?;
+                CiliumInstaller::Flux(a, b)
+            }
+            _ => return None,
+        })
+    }
+
+    /// The marks on the cilium DaemonSet.
+    pub fn mark(&self, api: &kubeapi::Api) {
+        let Some(mut ds) = api.get("apps", "daemonsets", "kube-system", "cilium") else { return };
+        let (labels, annotations) = match self {
+            CiliumInstaller::Manifests => (json!({}), json!({})),
+            CiliumInstaller::Helm(ns, name) => (
+                json!({"app.kubernetes.io/managed-by": "Helm"}),
+                json!({"meta.helm.sh/release-name": name, "meta.helm.sh/release-namespace": ns}),
+            ),
+            CiliumInstaller::ArgoCd(app) => (
+                json!({}),
+                json!({"argocd.argoproj.io/tracking-id": format!("{app}:apps/DaemonSet:kube-system/cilium")}),
+            ),
+            CiliumInstaller::Flux(ns, name) => (
+                json!({"helm.toolkit.fluxcd.io/name": name, "helm.toolkit.fluxcd.io/namespace": ns, "app.kubernetes.io/managed-by": "Helm"}),
+                json!({"meta.helm.sh/release-name": format!("{ns}-{name}"), "meta.helm.sh/release-namespace": "kube-system"}),
+            ),
+        };
+        ds["metadata"]["labels"] = labels;
+        ds["metadata"]["annotations"] = annotations;
+        api.put("apps", "daemonsets", ds);
+    }
+}
+
+/// Files with every TalosConfigPatch that carries Cilium's inline manifest left out: a cluster
+/// whose Cilium someone else installed (`--cilium-installed-by`).
+pub fn without_bootstrap_patch(files: &[(String, String)]) -> Vec<(String, String)> {
+    use serde::Deserialize;
+    files
+        .iter()
+        .map(|(f, text)| {
+            let mut kept = vec![];
+            for d in serde_yaml::Deserializer::from_str(text) {
+                let Ok(v) = serde_yaml::Value::deserialize(d) else { continue };
+                let bootstrap = serde_yaml::from_value::<render::api::TalosConfigPatch>(v.clone())
+                    .ok()
+                    .filter(|_| v.get("kind").and_then(|k| k.as_str()) == Some("TalosConfigPatch"))
+                    .is_some_and(|p| render::render::cni_home(&[&p]).is_some());
+                if !bootstrap {
+                    kept.push(serde_yaml::to_string(&v).unwrap_or_default());
+                }
+            }
+            (f.clone(), kept.join("---\n"))
+        })
+        .collect()
 }
 
 /// Argo CD's Application `argocd/cilium` as the stand-in seeds it: the Cilium chart, its Helm
