@@ -331,17 +331,21 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         text += &format!("Note: {r}\n");
     }
     let json_out = |created: bool| {
-        json!({
+        let mut v = json!({
             "operation": op,
             "confirmation": confirmation,
             "blocking": blocking,
             "waits": waits,
             "notes": riding,
             "rebootPaths": plan.reboot_paths,
-            "checks": plan.checks,
-            "kept": adoption.as_ref().map(|k| json!({"values": k.taken, "tunnelProtocol": k.tunnel, "notKept": k.unread})),
             "created": created,
-        })
+        });
+        // An adoption's preview also says its checks and what it keeps.
+        if let Some(k) = &adoption {
+            v["checks"] = json!(plan.checks);
+            v["kept"] = json!({"values": k.taken, "tunnelProtocol": k.tunnel, "notKept": k.unread});
+        }
+        v
     };
     // Nothing to do: the cluster already runs the target (the spec says it, and every machine
     // runs it, or the status records the mode): nothing is written.

@@ -92,6 +92,7 @@ fn main() {
                 annotations: BTreeMap::new(),
                 cilium_values: None,
                 cilium_tunnel: None,
+                cilium_adoption: None,
             },
             machines: snap,
             workload: Workload::default(),
