@@ -31,11 +31,15 @@ pub enum ConfigCommand {
         /// Read fieldmeta.yaml, *.rules and contracts/ from DIR instead of the embedded rules.
         #[arg(long)]
         rules: Option<PathBuf>,
+        /// A folder of manifests: classify under its TalosCluster's path policies
+        /// (`spec.configPolicy`), which may make the path stricter.
+        #[arg(long)]
+        manifests: Option<PathBuf>,
     },
     /// Compare two Talos configs: every changed path with its class and reason, the verdict,
     /// and a redacted unified diff.
     #[command(
-        after_help = "Examples:\n  ichor config diff --from running.yaml --to desired.yaml\n  ichor config diff --from running.yaml --to desired.yaml --contract v1.14 --output json\n  ichor config diff --node w1 --talosconfig talosconfig --to desired.yaml\n\nExit: 0 no changes, 1 changes (or Talos would refuse the config), 2 error."
+        after_help = "Examples:\n  ichor config diff --from running.yaml --to desired.yaml\n  ichor config diff --from running.yaml --to desired.yaml --contract v1.14 --output json\n  ichor config diff --node w1 --talosconfig talosconfig --to desired.yaml\n  ichor config diff --manifests clusters/lab --all-machines --node-configs running/ --fail-on reboot --junit report.xml\n\nExit: 0 no changes (or none reaching --fail-on), 1 changes (or Talos would refuse the config), 2 error."
     )]
     Diff {
         #[arg(long, required_unless_present_any = ["manifests", "nodes"], conflicts_with_all = ["manifests", "nodes"])]
@@ -64,14 +68,32 @@ pub enum ConfigCommand {
         /// Each Talos call's own deadline, in seconds.
         #[arg(long, default_value_t = 10)]
         timeout: u64,
-        /// A folder of manifests: render `--machine` from them and compare with `--node-config`.
-        #[arg(long, requires_all = ["machine", "node_config"])]
-        manifests: Option<PathBuf>,
+        /// A folder of manifests: render `--machine` from them and compare with `--node-config`
+        /// (or every machine with `--all-machines --node-configs DIR`).
         #[arg(long)]
+        manifests: Option<PathBuf>,
+        #[arg(long, requires_all = ["manifests", "node_config"], conflicts_with = "all_machines")]
         machine: Option<String>,
         /// The node's running config (`talosctl get machineconfig -o yaml` contents).
-        #[arg(long)]
+        #[arg(long, requires = "machine")]
         node_config: Option<PathBuf>,
+        /// The fleet check for CI: every machine of `--manifests`, each against its running
+        /// config in `--node-configs DIR/<machine>.yaml`; per machine the impact and the paths
+        /// that decide it.
+        #[arg(long, requires_all = ["manifests", "node_configs"])]
+        all_machines: bool,
+        /// The folder of the machines' running configs, one `<machine>.yaml` each.
+        #[arg(long, requires = "all_machines")]
+        node_configs: Option<PathBuf>,
+        /// With `--all-machines`: exit 1 only when a machine's impact reaches this (live <
+        /// install < operation < reboot); a config Talos would refuse always fails. Without it,
+        /// any change fails.
+        #[arg(long, value_enum, requires = "all_machines")]
+        fail_on: Option<crate::fleet::Impact>,
+        /// With `--all-machines`: also write the result as JUnit XML to FILE (`-` for stdout,
+        /// instead of the text or JSON).
+        #[arg(long, value_name = "FILE", requires = "all_machines")]
+        junit: Option<PathBuf>,
         /// The contract; inferred from the documents when absent (and printed).
         #[arg(long)]
         contract: Option<String>,
@@ -104,7 +126,9 @@ Exit: 0 started, previewed or nothing to do, 1 not started (blocked or declined)
 
 pub fn run(cmd: ConfigCommand) -> Result<Report> {
     match cmd {
-        ConfigCommand::Explain { path, contract, output, rules } => explain(&path, &contract, output, rules.as_deref()),
+        ConfigCommand::Explain { path, contract, output, rules, manifests } => {
+            explain(&path, &contract, output, rules.as_deref(), manifests.as_deref())
+        }
         ConfigCommand::Apply { machines, max_unavailable, start } => {
             crate::op_cmd::start(crate::op_cmd::Start::Rollout { machines, max_unavailable }, &start)
         }
@@ -119,6 +143,10 @@ pub fn run(cmd: ConfigCommand) -> Result<Report> {
             manifests,
             machine,
             node_config,
+            all_machines,
+            node_configs,
+            fail_on,
+            junit,
             contract,
             output,
             rules,
@@ -128,6 +156,14 @@ pub fn run(cmd: ConfigCommand) -> Result<Report> {
                 return crate::talos_cmd::node_diff(&args, to, contract.as_deref(), output, rules.as_deref());
             }
             let c = disk::classifier(rules.as_deref())?;
+            if let (true, Some(dir), Some(configs)) = (all_machines, &manifests, &node_configs) {
+                return crate::fleet::check(&c, dir, configs, fail_on, output, junit.as_deref());
+            }
+            if manifests.is_some() && machine.is_none() {
+                anyhow::bail!(
+                    "--manifests: name the machine (--machine NAME --node-config FILE), or check every machine (--all-machines --node-configs DIR)"
+                );
+            }
             if let (Some(dir), Some(machine), Some(node)) = (manifests, machine, node_config) {
                 return machine_diff(&c, &dir, &machine, &node, contract.as_deref(), output);
             }
@@ -167,22 +203,42 @@ fn machine_diff(
     )
 }
 
-fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -> Result<Report> {
+fn explain(
+    path: &str,
+    contract: &str,
+    output: Output,
+    rules: Option<&FsPath>,
+    manifests: Option<&FsPath>,
+) -> Result<Report> {
     let c = disk::classifier(rules)?;
     let contract = c.contract(contract).context("--contract")?;
     let parsed = Path::parse(path).with_context(|| format!("path {path:?} does not parse"))?;
     let change = diff::Change { path: parsed, op: diff::Op::Changed, old: None, new: None };
-    let outcome = c.classify(contract, std::slice::from_ref(&change), None, true).context("classifying")?;
+    let policy = match manifests {
+        None => vec![],
+        Some(dir) => {
+            let m = disk::read_manifests(dir, &c)?;
+            let cluster =
+                m.clusters.first().with_context(|| format!("--manifests {}: no TalosCluster", dir.display()))?;
+            cluster.spec.config_policy.clone()
+        }
+    };
+    let outcome =
+        c.classify_with_policy(contract, std::slice::from_ref(&change), &policy, true).context("classifying")?;
     let k = &outcome.changes[0];
     let shown = change.path.to_string();
     let decided = c.proof(&outcome, &change.path, k).and_then(|p| match p {
         engine::explain::Proof::Rule { rule, .. } => Some(rule),
         engine::explain::Proof::Input { .. } => None,
     });
-    let why = c.why(contract, k);
+    let why = c.why_with(contract, k, &policy);
+    let policy_at = match k.reason {
+        Reason::Policy(i) => Some(format!("spec.configPolicy[{i}]")),
+        _ => None,
+    };
     let stdout = match output {
         o @ (Output::Json | Output::Yaml) => {
-            let v = json!({
+            let mut v = json!({
                 "path": shown,
                 "contract": contract.to_string(),
                 "class": k.class,
@@ -193,6 +249,9 @@ fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -
                 "sensitive": k.sensitive,
                 "decidedBy": decided.map(|r| json!({"file": r.file, "line": r.line, "doc": r.doc})),
             });
+            if let Some(p) = &policy_at {
+                v["policy"] = json!(p);
+            }
             o.data(&v)?
         }
         Output::Text | Output::Wide => {
@@ -208,6 +267,13 @@ fn explain(path: &str, contract: &str, output: Output, rules: Option<&FsPath>) -
                         best_pattern(&c, e, &change.path)
                     );
                     s += &format!("  source:     {}\n", en.source);
+                }
+                (None, Reason::Policy(i)) => {
+                    let p = &policy[i];
+                    s += &format!(
+                        "  rule:       the cluster's spec.configPolicy[{i}] (patterns {})\n",
+                        p.paths.join(", ")
+                    );
                 }
                 (None, Reason::Unsupported) => s += "  rule:       none: the contract's inventory has no such path\n",
                 (None, Reason::Ambiguous) => {

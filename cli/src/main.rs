@@ -11,6 +11,7 @@ mod config_cmd;
 mod contract_cmd;
 mod controller_cmd;
 mod disk;
+mod fleet;
 mod install_cmd;
 mod io;
 mod op_cmd;

@@ -104,9 +104,10 @@ pub fn diff_report(
         })
     };
     let pairs: Vec<(&diff::Change, &Classified)> = changes.iter().zip(&outcome.changes).collect();
+    let policy = machine.map(|m| &m.1.policy[..]).unwrap_or(&[]);
     let stdout = match output {
         o @ (Output::Json | Output::Yaml) => {
-            let list: Vec<Json> = pairs.iter().map(|(ch, k)| change_json(c, contract, ch, k)).collect();
+            let list: Vec<Json> = pairs.iter().map(|(ch, k)| change_json(c, contract, ch, k, policy)).collect();
             let v = json!({
                 "contract": contract.to_string(),
                 "contractInferred": inferred.is_some(),
@@ -141,7 +142,7 @@ pub fn diff_report(
                 s += "\nChanges:\n";
                 let width = changes.iter().map(|k| k.path.to_string().len()).max().unwrap_or(0).min(60);
                 for (ch, k) in &pairs {
-                    s += &change_text(c, contract, ch, k, width);
+                    s += &change_text(c, contract, ch, k, width, policy);
                 }
             }
             if !unified.is_empty() {
@@ -156,22 +157,40 @@ pub fn diff_report(
     Ok(Report { stdout, findings, ..Report::default() })
 }
 
-fn change_json(c: &Classifier, contract: Contract, ch: &diff::Change, k: &Classified) -> Json {
+fn change_json(
+    c: &Classifier,
+    contract: Contract,
+    ch: &diff::Change,
+    k: &Classified,
+    policy: &[render::api::PathPolicy],
+) -> Json {
     let p = ch.path.to_string();
-    json!({
+    let mut v = json!({
         "path": p,
         "op": ch.op.to_string(),
         "class": k.class,
         "restarts": c.restarts(k),
         "appliedBy": c.applied_by(k),
         "rule": rule_json(c, k.entry(), &ch.path),
-        "why": c.why(contract, k),
+        "why": c.why_with(contract, k, policy),
         "old": value_json(&ch.old, k.sensitive),
         "new": value_json(&ch.new, k.sensitive),
-    })
+    });
+    // A path this fleet's policy decides names it (absent otherwise, as before policies).
+    if let render::classify::Reason::Policy(i) = k.reason {
+        v["policy"] = json!(format!("spec.configPolicy[{i}]"));
+    }
+    v
 }
 
-fn change_text(c: &Classifier, contract: Contract, ch: &diff::Change, k: &Classified, width: usize) -> String {
+fn change_text(
+    c: &Classifier,
+    contract: Contract,
+    ch: &diff::Change,
+    k: &Classified,
+    width: usize,
+    policy: &[render::api::PathPolicy],
+) -> String {
     let p = ch.path.to_string();
     let sign = match ch.op {
         diff::Op::Added => '+',
@@ -193,7 +212,7 @@ fn change_text(c: &Classifier, contract: Contract, ch: &diff::Change, k: &Classi
         Some(v) => diff::short(v),
     };
     s += &format!("      {} -> {}\n", show(&ch.old), show(&ch.new));
-    s += &format!("      {}\n", c.why(contract, k));
+    s += &format!("      {}\n", c.why_with(contract, k, policy));
     if let Some(e) = k.entry() {
         s += &format!(
             "      rule: {}:{} ({})\n",

@@ -196,6 +196,21 @@ impl Sim {
         panic!("the simulated cluster kept changing for 60 s");
     }
 
+    /// The reason of the TalosCluster's CNIValuesApplied condition, as kubectl reads it.
+    fn values_reason(&self) -> String {
+        let c = r#"jsonpath={.status.conditions[?(@.type=="CNIValuesApplied")].reason}"#;
+        self.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", c]).unwrap().1
+    }
+
+    /// Waits (30 s at most) for CNIValuesApplied's reason to be `want`; returns the last read.
+    fn wait_values_reason(&self, want: &str) -> String {
+        let start = std::time::Instant::now();
+        while self.values_reason() != want && start.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        self.values_reason()
+    }
+
     fn kubectl(&self, args: &[&str]) -> Option<(i32, String, String)> {
         let out = Command::new("kubectl")
             .args(args)
@@ -1826,15 +1841,7 @@ fn cni_upgrade_moves_cilium_to_the_embedded_chart_once_and_refuses_what_it_must_
         "{jobs}"
     );
     // The values reconciler records the operation's Job (same values) and runs none of its own.
-    let condition = || {
-        let c = r#"jsonpath={.status.conditions[?(@.type=="CNIValuesApplied")].reason}"#;
-        sim.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", c]).unwrap().1
-    };
-    let start = std::time::Instant::now();
-    while condition() != "Applied" && start.elapsed() < std::time::Duration::from_secs(30) {
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    assert_eq!(condition(), "Applied");
+    assert_eq!(sim.wait_values_reason("Applied"), "Applied");
     assert_eq!(sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "name"]).unwrap().1.lines().count(), 1);
     // Again: nothing to do.
     let (code, out, _) = sim.ichor(&["cni", "upgrade", "--cluster", "lab", "--yes"]);
@@ -1908,15 +1915,7 @@ fn adopt_takes_over_someone_elses_cilium_after_its_checks_and_refuses_what_it_mu
         r#"{"data":{"routing-mode":"native","ipv4-native-routing-cidr":"10.244.0.0/16","enable-hubble":"true","tunnel-protocol":"geneve","mtu":"jumbo"}}"#]).unwrap();
     assert_eq!(code, 0, "{err}");
     // Before the adoption the values reconciler runs no Job on it, and says why.
-    let condition = || {
-        let c = r#"jsonpath={.status.conditions[?(@.type=="CNIValuesApplied")].reason}"#;
-        sim.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", c]).unwrap().1
-    };
-    let start = std::time::Instant::now();
-    while condition() != "NotAdopted" && start.elapsed() < std::time::Duration::from_secs(30) {
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    assert_eq!(condition(), "NotAdopted");
+    assert_eq!(sim.wait_values_reason("NotAdopted"), "NotAdopted");
     assert_eq!(sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "name"]).unwrap().1, "");
     let (code, out, err) = sim.ichor(&["adopt", "--cluster", "lab", "--dry-run"]);
     assert_eq!(code, 0, "{out}{err}");
@@ -1954,11 +1953,7 @@ fn adopt_takes_over_someone_elses_cilium_after_its_checks_and_refuses_what_it_mu
         format!("quay.io/cilium/cilium:v{}", render::embedded::CILIUM_CHART_VERSION)
     );
     // The values reconciler takes that Job as its own: Applied, and no second Job.
-    let start = std::time::Instant::now();
-    while condition() != "Applied" && start.elapsed() < std::time::Duration::from_secs(30) {
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    assert_eq!(condition(), "Applied");
+    assert_eq!(sim.wait_values_reason("Applied"), "Applied");
     assert_eq!(sim.kubectl(&["get", "jobs", "-n", "kube-system", "-o", "name"]).unwrap().1.lines().count(), 1);
     // Again: Ichor's already.
     let (code, _, err) = sim.ichor(&["adopt", "--cluster", "lab", "--yes"]);

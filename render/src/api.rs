@@ -69,6 +69,48 @@ pub struct TalosClusterSpec {
     /// The installer image (defaults to Talos's factory image for `talosVersion`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub install_image: Option<String>,
+    /// This fleet's own stricter classes for config paths (for example: every
+    /// `machine.sysctls.**` change reboots). A policy only raises a path's class above the field
+    /// metadata's; one that would make a path looser than Talos allows is refused at admission.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config_policy: Vec<PathPolicy>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+/// One path policy: patterns in the field metadata's syntax, the class they take, and why.
+pub struct PathPolicy {
+    /// Path patterns (`machine.sysctls.**`, `LinkConfig[*].mtu`).
+    pub paths: Vec<String>,
+    /// The class the matched paths take in this fleet, when it is stricter than their own.
+    pub class: PolicyClass,
+    /// Why, shown wherever the policy decides a path.
+    #[serde(default)]
+    pub why: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+/// A class a policy may give.
+pub enum PolicyClass {
+    /// Applied live (only ever equal to, never stricter than, a path's own class).
+    Safe,
+    /// Takes effect only at the next install or Talos upgrade.
+    InstallTimeOnly,
+    /// Needs a reboot.
+    #[default]
+    RebootRequired,
+}
+
+impl PolicyClass {
+    /// The class the rules and outputs name.
+    pub fn class(self) -> crate::vocab::Class {
+        match self {
+            PolicyClass::Safe => crate::vocab::Class::Safe,
+            PolicyClass::InstallTimeOnly => crate::vocab::Class::InstallTimeOnly,
+            PolicyClass::RebootRequired => crate::vocab::Class::RebootRequired,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

@@ -48,6 +48,10 @@ struct Rels {
     entry_applied_by: Input<2>,
     operation_in_progress: Input<1>,
     applied_awaiting_reboot: Input<1>,
+    policy_candidate: Input<2>,
+    policy_class: Input<2>,
+    decided_by_policy: Output<3>,
+    meta_class: Output<3>,
     class_of: Output<3>,
     decided_by: Output<3>,
     verdict: Output<1>,
@@ -88,6 +92,10 @@ impl Rels {
             entry_applied_by: b.input("entry_applied_by", [("entry", N), ("operation", S)]),
             operation_in_progress: b.input("operation_in_progress", [("name", S)]),
             applied_awaiting_reboot: b.input("applied_awaiting_reboot", [("path", S)]),
+            policy_candidate: b.input("policy_candidate", [("path", S), ("policy", N)]),
+            policy_class: b.input("policy_class", [("policy", N), ("class", S)]),
+            decided_by_policy: b.output("decided_by_policy", [("path", S), ("class", S), ("policy", N)]),
+            meta_class: b.output("meta_class", [("path", S), ("class", S), ("reason", S)]),
             class_of: b.output("class_of", [("path", S), ("class", S), ("reason", S)]),
             decided_by: b.output("decided_by", [("path", S), ("class", S), ("entry", N)]),
             verdict: b.output("verdict", [("verdict", S)]),
@@ -189,6 +197,8 @@ pub enum Reason {
     Ambiguous,
     /// The contract has no such path.
     Unsupported,
+    /// This fleet's policy (the cluster's `spec.configPolicy[i]`) raises it.
+    Policy(usize),
 }
 
 /// The class of one changed path; `Outcome::changes[i]` answers for the caller's `changes[i]`.
@@ -210,6 +220,7 @@ impl Reason {
             Reason::Default => "default",
             Reason::Ambiguous => "ambiguous",
             Reason::Unsupported => "not-in-contract",
+            Reason::Policy(_) => "policy",
         }
     }
 
@@ -220,6 +231,14 @@ impl Reason {
 }
 
 impl Classified {
+    /// The policy that decided the class, when one did.
+    pub fn reason_policy<'a>(&self, policy: &'a [crate::api::PathPolicy]) -> Option<&'a crate::api::PathPolicy> {
+        match self.reason {
+            Reason::Policy(i) => policy.get(i),
+            _ => None,
+        }
+    }
+
     /// The field-metadata entry that decided the class, when one did.
     pub fn entry(&self) -> Option<usize> {
         match self.reason {
@@ -245,6 +264,8 @@ pub struct MachineContext {
     pub status_kube_proxy: Option<KubeProxyMode>,
     /// The desired-inputs hash equals the machine's recorded one.
     pub inputs_unchanged: bool,
+    /// The cluster's path policies (`spec.configPolicy`): stricter classes for its paths.
+    pub policy: Vec<crate::api::PathPolicy>,
     /// The cluster's drift policy.
     pub drift_policy: DriftPolicy,
     /// The machine's render failed (or the custom resources do not load), with every problem:
@@ -385,7 +406,13 @@ impl Classifier {
         for (c, inventory) in inventories {
             contracts.insert(c, ContractData { matcher: meta.matcher(c), inventory });
         }
-        let read = [rels.class_of.id(), rels.decided_by.id(), rels.verdict.id(), rels.rejected.id()];
+        let read = [
+            rels.class_of.id(),
+            rels.decided_by.id(),
+            rels.decided_by_policy.id(),
+            rels.verdict.id(),
+            rels.rejected.id(),
+        ];
         let changes_demand = engine.demand(&read);
         let machine_demand = engine
             .demand(&[&read[..], &[rels.machine_ready.id(), rels.reboot_path.id(), rels.apply_live.id()]].concat());
@@ -465,6 +492,18 @@ impl Classifier {
         self.classify_machine(contract, changes, desired, None, provenance)
     }
 
+    /// `classify` under a cluster's path policies (`spec.configPolicy`), as `config explain
+    /// --manifests` shows them.
+    pub fn classify_with_policy(
+        &self,
+        contract: Contract,
+        changes: &[Change],
+        policy: &[crate::api::PathPolicy],
+        provenance: bool,
+    ) -> Result<Outcome, ClassifyError> {
+        self.classify_full(contract, changes, None, None, policy, provenance)
+    }
+
     /// `classify` with the machine's context: also decides its Ready condition.
     pub fn classify_machine(
         &self,
@@ -472,6 +511,19 @@ impl Classifier {
         changes: &[Change],
         desired: Option<&Config>,
         machine: Option<&MachineContext>,
+        provenance: bool,
+    ) -> Result<Outcome, ClassifyError> {
+        let policy = machine.map(|m| &m.policy[..]).unwrap_or(&[]);
+        self.classify_full(contract, changes, desired, machine, policy, provenance)
+    }
+
+    fn classify_full(
+        &self,
+        contract: Contract,
+        changes: &[Change],
+        desired: Option<&Config>,
+        machine: Option<&MachineContext>,
+        policy: &[crate::api::PathPolicy],
         provenance: bool,
     ) -> Result<Outcome, ClassifyError> {
         let Some(data) = self.contracts.get(&contract) else {
@@ -484,6 +536,16 @@ impl Classifier {
                 let row = [b.num(e as i64), b.sym(class.name())];
                 r.entry_class.push(&mut b, row);
             }
+        }
+        // The policies' patterns (admission refused any that do not parse; one that does not
+        // here matches nothing) and classes.
+        let policies: Vec<(Vec<crate::path::Pattern>, Class)> = policy
+            .iter()
+            .map(|p| (p.paths.iter().filter_map(|t| crate::path::Pattern::new(t).ok()).collect(), p.class.class()))
+            .collect();
+        for (i, (_, class)) in policies.iter().enumerate() {
+            let row = [b.num(i as i64), b.sym(class.name())];
+            r.policy_class.push(&mut b, row);
         }
         // Entry numbers and specificities are small: interned once each.
         let mut nums = SmallNums::default();
@@ -509,6 +571,11 @@ impl Classifier {
             for &(e, spec) in &cands {
                 let row = [id, nums.get(&mut b, e as i64), nums.get(&mut b, spec)];
                 r.candidate.push(&mut b, row);
+            }
+            for (i, _) in policies.iter().enumerate().filter(|(_, (pats, _))| pats.iter().any(|p| p.matches(&ch.path)))
+            {
+                let row = [id, nums.get(&mut b, i as i64)];
+                r.policy_candidate.push(&mut b, row);
             }
             sensitive.push(secret);
         }
@@ -620,6 +687,12 @@ impl Classifier {
                 out[i].reason = Reason::Entry(e);
             }
         }
+        // A path this fleet's policy raises: the policy decides it, whatever entry matched.
+        for [path, _, policy] in r.decided_by_policy.rows(&db) {
+            if let (Some(i), Ok(p)) = (change_of(path), usize::try_from(db.num(policy))) {
+                out[i].reason = Reason::Policy(p);
+            }
+        }
         let verdict = r.verdict.rows(&db).find_map(|[v]| Verdict::parse(db.sym(v))).unwrap_or(Verdict::RebootRequired);
         let mut rejected: Vec<Rejection> = r
             .rejected
@@ -653,6 +726,22 @@ impl Classifier {
             ),
             Reason::Ambiguous => "Field-metadata entries of equal specificity disagree about this path, so Ichor fails closed and treats it as needing a reboot; make one entry more specific.".into(),
             Reason::Default => "No field-metadata entry decides this path, so Ichor fails closed and treats it as needing a reboot; add an entry to rules/fieldmeta.yaml.".into(),
+            Reason::Policy(i) => format!("This fleet's policy (the TalosCluster's spec.configPolicy[{i}]) makes it {}, stricter than Talos needs.", c.class),
+        }
+    }
+
+    /// `why`, with the policy's own words when a policy decided it.
+    pub fn why_with(&self, contract: Contract, c: &Classified, policy: &[crate::api::PathPolicy]) -> String {
+        match (c.reason, c.reason_policy(policy)) {
+            (Reason::Policy(i), Some(p)) if !p.why.is_empty() => {
+                format!(
+                    "This fleet's policy (the TalosCluster's spec.configPolicy[{i}], {}) makes it {}: {}",
+                    p.paths.join(", "),
+                    c.class,
+                    p.why
+                )
+            }
+            _ => self.why(contract, c),
         }
     }
 
@@ -670,7 +759,9 @@ impl Classifier {
     pub fn proof(&self, outcome: &Outcome, path: &Path, c: &Classified) -> Option<engine::explain::Proof> {
         let (rel, last) = match c.reason {
             Reason::Entry(e) => (self.rels.decided_by.id(), Const::Num(e as i64)),
-            other => (self.rels.class_of.id(), Const::Sym(other.symbol().into())),
+            Reason::Policy(i) => (self.rels.decided_by_policy.id(), Const::Num(i as i64)),
+            // The field metadata's own reason (the default, ambiguity, not in the contract).
+            other => (self.rels.meta_class.id(), Const::Sym(other.symbol().into())),
         };
         let values = vec![Const::Sym(path.to_string()), Const::Sym(c.class.to_string()), last];
         let name = &self.engine.program.relations[rel].name;

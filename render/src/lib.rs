@@ -24,6 +24,7 @@ pub mod machine;
 pub mod manifests;
 pub mod patch;
 pub mod path;
+pub mod policy;
 pub mod render;
 pub mod secrets;
 pub mod vocab;

@@ -155,6 +155,7 @@ pub fn context(m: &Manifests, mch: &TalosMachine, rendered: &Rendered) -> Machin
         node_unreachable: None,
         operation_in_progress: None,
         applied_awaiting_reboot: vec![],
+        policy: cluster.spec.config_policy.clone(),
     }
 }
 
@@ -173,5 +174,6 @@ pub fn rejected_context(m: &Manifests, mch: &TalosMachine, problem: String) -> M
         node_unreachable: None,
         operation_in_progress: None,
         applied_awaiting_reboot: vec![],
+        policy: cluster.spec.config_policy.clone(),
     }
 }

@@ -89,6 +89,9 @@ pub struct Facts {
 pub struct Verdict {
     pub allowed: bool,
     pub messages: Vec<String>,
+    /// Said to the client without refusing (kubectl prints them as `Warning: ...`): a path
+    /// policy whose pattern matches no path of the contract.
+    pub warnings: Vec<String>,
 }
 
 impl Verdict {
@@ -97,6 +100,9 @@ impl Verdict {
         let mut r = json!({"uid": uid, "allowed": self.allowed});
         if !self.allowed {
             r["status"] = json!({"code": 403, "reason": "Forbidden", "message": self.messages.join("; ")});
+        }
+        if !self.warnings.is_empty() {
+            r["warnings"] = json!(self.warnings);
         }
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": r})
     }
@@ -161,6 +167,7 @@ struct Rels {
     version_change: engine::Input<2>,
     consent: engine::Input<1>,
     values_problem: engine::Input<1>,
+    policy_problem: engine::Input<1>,
     values_changed: engine::Input<0>,
     may_write_values: engine::Input<0>,
     other_operation: engine::Input<2>,
@@ -189,6 +196,9 @@ struct Decoded {
     version_change: Option<(String, String)>,
     consent: Option<String>,
     values_problems: Vec<String>,
+    /// The path policies' refusals and warnings (render::policy::check).
+    policy_problems: Vec<String>,
+    policy_warnings: Vec<String>,
     values_changed: bool,
     values_set: bool,
     spec_changed: bool,
@@ -206,6 +216,8 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
         version_change: None,
         consent: None,
         values_problems: vec![],
+        policy_problems: vec![],
+        policy_warnings: vec![],
         values_changed: false,
         values_set: false,
         spec_changed: r.object.get("spec") != r.old_object.get("spec"),
@@ -230,6 +242,21 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
                 .filter(|o| o.spec.kubernetes_version != new.spec.kubernetes_version)
                 .map(|o| (o.spec.kubernetes_version.clone(), new.spec.kubernetes_version.clone()));
             d.consent = new.metadata.annotations.as_ref().and_then(|a| a.get(CONFIRM_KUBE_PROXY_SWITCH)).cloned();
+            // The path policies: stricter only, at the cluster's contract.
+            if !new.spec.config_policy.is_empty() {
+                match (classifier(), render::vocab::Contract::parse(&new.spec.version_contract)) {
+                    (Ok(c), Some(contract)) => {
+                        for f in render::policy::check(c, contract, &new.spec.config_policy) {
+                            let text = f.to_string();
+                            if f.refuses() { d.policy_problems.push(text) } else { d.policy_warnings.push(text) }
+                        }
+                    }
+                    (Err(e), _) => {
+                        d.policy_problems.push(format!("spec.configPolicy: the field metadata does not load here: {e}"))
+                    }
+                    (_, None) => {}
+                }
+            }
             let user = values(&Some(new.clone()));
             d.values_set = !user.is_null();
             d.values_changed = user != values(&old);
@@ -268,6 +295,7 @@ impl Rules {
             version_change: b.input("ad_version_change", [("from", S), ("to", S)]),
             consent: b.input("ad_consent", [("mode", S)]),
             values_problem: b.input("ad_values_problem", [("problem", S)]),
+            policy_problem: b.input("ad_policy_problem", [("problem", S)]),
             values_changed: b.input("ad_values_changed", []),
             may_write_values: b.input("ad_may_write_values", []),
             other_operation: b.input("ad_other_operation", [("name", S), ("phase", S)]),
@@ -316,6 +344,10 @@ impl Rules {
             let row = [b.sym(p)];
             rels.values_problem.push(&mut b, row);
         }
+        for p in &d.policy_problems {
+            let row = [b.sym(p)];
+            rels.policy_problem.push(&mut b, row);
+        }
         let own = r.object.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default();
         for (name, phase) in facts.operations.iter().filter(|(n, _)| n != own) {
             let row = [b.sym(name), b.sym(phase.name())];
@@ -339,8 +371,15 @@ impl Rules {
         };
         let messages =
             rows.iter().map(|(_, t, a, b)| self.messages.render(t, &context(a, b))).collect::<Result<Vec<_>, _>>()?;
-        Ok(Verdict { allowed: messages.is_empty(), messages })
+        Ok(Verdict { allowed: messages.is_empty(), messages, warnings: d.policy_warnings })
     }
+}
+
+/// The shipped field metadata and classification rules, for the path policies' check.
+fn classifier() -> Result<&'static render::classify::Classifier, &'static render::classify::LoadError> {
+    static C: std::sync::OnceLock<Result<render::classify::Classifier, render::classify::LoadError>> =
+        std::sync::OnceLock::new();
+    C.get_or_init(|| render::classify::Classifier::new(&render::classify::RuleSet::embedded())).as_ref()
 }
 
 /// The shipped rules, compiled on first use.
@@ -358,7 +397,7 @@ pub fn review(r: &Request, facts: &Facts, keys: &render::inventory::Inventory) -
     };
     decided.unwrap_or_else(|e| {
         let why = crate::error_chain(&e);
-        Verdict { allowed: false, messages: vec![format!("{why}; nothing was admitted")] }
+        Verdict { allowed: false, messages: vec![format!("{why}; nothing was admitted")], warnings: vec![] }
     })
 }
 
@@ -391,6 +430,34 @@ mod tests {
             v["metadata"]["annotations"] = json!({CONFIRM_KUBE_PROXY_SWITCH: a});
         }
         v
+    }
+
+    /// Issue 29: a path policy only makes paths stricter; a looser one is refused naming the
+    /// field-metadata entry that forbids it, a pattern that matches nothing is a warning.
+    #[test]
+    fn a_path_policy_is_admitted_only_when_stricter_and_an_unmatched_pattern_warns() {
+        let with = |policy: Json| {
+            let mut v = tc("enabled", None, Json::Null);
+            v["spec"]["configPolicy"] = policy;
+            review(&req("TalosCluster", "CREATE", v, Json::Null), &Facts::default(), &keys())
+        };
+        let v = with(
+            json!([{"paths": ["machine.sysctls.**", "ResolverConfig.**"], "class": "reboot-required", "why": "ours"}]),
+        );
+        assert!(v.allowed && v.warnings.is_empty(), "{v:?}");
+        let v = with(json!([{"paths": ["KernelModuleConfig.**"], "class": "safe"}]));
+        assert!(!v.allowed, "{v:?}");
+        assert!(
+            v.messages[0]
+                .starts_with("TalosCluster ichor-system/lab: spec.configPolicy[0]: KernelModuleConfig.** would make")
+                && v.messages[0].contains("rules/fieldmeta.yaml:"),
+            "{}",
+            v.messages[0]
+        );
+        let v = with(json!([{"paths": ["NoSuchConfig.**"], "class": "reboot-required"}]));
+        assert!(v.allowed, "{v:?}");
+        assert_eq!(v.warnings.len(), 1, "{v:?}");
+        assert_eq!(v.response("u")["response"]["warnings"][0], json!(v.warnings[0]));
     }
 
     #[test]

@@ -585,6 +585,7 @@ impl Planner {
             "mode": current_mode,
             "embedded": embedded,
             "running": running,
+            "takeOwnership": r.cilium_job_takes_ownership.any(&db),
         });
         let data = |extra: Json| -> Json {
             let mut d = base.clone();

@@ -84,6 +84,7 @@ impl Webhook {
             Err(e) => crate::admission::Verdict {
                 allowed: false,
                 messages: vec![format!("the webhook could not check the request ({e}); try again")],
+                warnings: vec![],
             },
         };
         tracing::info!(uid = %r.uid, kind = %r.kind, operation = %r.operation, user = %r.user, allowed = verdict.allowed, "admission");
