@@ -42,9 +42,13 @@ pub enum ConfigCommand {
         after_help = "Examples:\n  ichor config diff --from running.yaml --to desired.yaml\n  ichor config diff --from running.yaml --to desired.yaml --contract v1.14 --output json\n  ichor config diff --node w1 --talosconfig talosconfig --to desired.yaml\n  ichor config diff --manifests clusters/lab --all-machines --node-configs running/ --fail-on reboot --junit report.xml\n\nExit: 0 no changes (or none reaching --fail-on), 1 changes (or Talos would refuse the config), 2 error."
     )]
     Diff {
-        #[arg(long, required_unless_present_any = ["manifests", "nodes"], conflicts_with_all = ["manifests", "nodes"])]
+        #[arg(
+            long,
+            required_unless_present_any = ["manifests", "nodes", "all_machines"],
+            conflicts_with_all = ["manifests", "nodes"]
+        )]
         from: Option<PathBuf>,
-        #[arg(long, required_unless_present = "manifests", conflicts_with = "manifests")]
+        #[arg(long, required_unless_present_any = ["manifests", "all_machines"], conflicts_with = "manifests")]
         to: Option<PathBuf>,
         /// Compare with the live nodes' running configs (read through Talos's API) instead of
         /// `--from` (talosctl's `-n`; several by commas, each reported).

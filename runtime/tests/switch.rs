@@ -172,7 +172,8 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                     kube_proxy: target,
                     handover: Handover::Disabled,
                     handover_done: false,
-                    bootstrap_patch: None,
+                    // Ichor installed this Cilium from the bootstrap patch (its Jobs may take it over).
+                    bootstrap_patch: Some("ichor-system/cilium-bootstrap".into()),
                     home_kube_proxy_replacement: None,
                 },
                 status_kube_proxy: cluster_status,
