@@ -236,10 +236,7 @@ fn explain(
         engine::explain::Proof::Input { .. } => None,
     });
     let why = c.why_with(contract, k, &policy);
-    let policy_at = match k.reason {
-        Reason::Policy(i) => Some(format!("spec.configPolicy[{i}]")),
-        _ => None,
-    };
+    let policy_at = k.policy_field();
     let stdout = match output {
         o @ (Output::Json | Output::Yaml) => {
             let mut v = json!({

@@ -149,7 +149,7 @@ pub fn check(
                 let rule = k.entry().map(|e| {
                     format!("{}:{} ({})", c.fieldmeta_file, c.meta.entries[e].line, best_pattern(c, e, &ch.path))
                 });
-                json!({"path": ch.path.to_string(), "class": k.class, "appliedBy": c.applied_by(k), "why": c.why_with(contract, k, &ctx.policy), "rule": rule.or_else(|| k.reason_policy(&ctx.policy).map(|_| policy_at(k)))})
+                json!({"path": ch.path.to_string(), "class": k.class, "appliedBy": c.applied_by(k), "why": c.why_with(contract, k, &ctx.policy), "rule": rule.or_else(|| k.policy_field().map(|f| format!("the cluster's {f}")))})
             })
             .collect();
         results.push(MachineResult {
@@ -182,14 +182,6 @@ pub fn check(
         Output::Text | Output::Wide => text(&dir.display().to_string(), fail_on, strongest, &results),
     };
     Ok(Report { stdout, findings: results.iter().any(|r| r.failed), ..Report::default() })
-}
-
-/// Where the policy that decided a change is (`spec.configPolicy[i]`).
-fn policy_at(k: &Classified) -> String {
-    match k.reason {
-        render::classify::Reason::Policy(i) => format!("the cluster's spec.configPolicy[{i}]"),
-        _ => String::new(),
-    }
 }
 
 fn text(dir: &str, fail_on: Option<Impact>, strongest: Impact, results: &[MachineResult]) -> String {

@@ -177,8 +177,8 @@ fn change_json(
         "new": value_json(&ch.new, k.sensitive),
     });
     // A path this fleet's policy decides names it (absent otherwise, as before policies).
-    if let render::classify::Reason::Policy(i) = k.reason {
-        v["policy"] = json!(format!("spec.configPolicy[{i}]"));
+    if let Some(field) = k.policy_field() {
+        v["policy"] = json!(field);
     }
     v
 }

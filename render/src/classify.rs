@@ -231,6 +231,14 @@ impl Reason {
 }
 
 impl Classified {
+    /// The field of the policy that decided the class (`spec.configPolicy[0]`), when one did.
+    pub fn policy_field(&self) -> Option<String> {
+        match self.reason {
+            Reason::Policy(i) => Some(format!("spec.configPolicy[{i}]")),
+            _ => None,
+        }
+    }
+
     /// The policy that decided the class, when one did.
     pub fn reason_policy<'a>(&self, policy: &'a [crate::api::PathPolicy]) -> Option<&'a crate::api::PathPolicy> {
         match self.reason {

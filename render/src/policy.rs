@@ -69,16 +69,6 @@ impl std::fmt::Display for Finding {
     }
 }
 
-/// How severe a class is (the verdict's order: safe < install-time-only < reboot-required).
-fn rank(c: Class) -> u8 {
-    match c {
-        Class::Safe => 1,
-        Class::InstallTimeOnly => 2,
-        Class::RebootRequired => 3,
-        Class::Unsupported => 4,
-    }
-}
-
 /// Whether a policy pattern and an inventory pattern (`*` any key, `[*]` any bracket) can match
 /// one path.
 fn overlaps(policy: &[PatSeg], inventory: &[PatSeg]) -> bool {
@@ -150,10 +140,8 @@ pub fn check(c: &Classifier, contract: Contract, policies: &[PathPolicy]) -> Vec
                 .collect();
             let Ok(outcome) = c.classify(contract, &changes, None, false) else { continue };
             let want = policy.class.class();
-            let looser = matched
-                .iter()
-                .zip(&outcome.changes)
-                .find(|(_, k)| k.class != Class::Unsupported && rank(want) < rank(k.class));
+            let looser =
+                matched.iter().zip(&outcome.changes).find(|(_, k)| k.class != Class::Unsupported && want < k.class);
             if let Some(((path, _), k)) = looser {
                 let rule = match k.entry() {
                     Some(e) => {
