@@ -19,7 +19,7 @@ use std::path::{Path as FsPath, PathBuf};
 pub enum ConfigCommand {
     /// The class of one config path at one contract, and the rule that decides it.
     #[command(
-        after_help = "Examples:\n  ichor config explain cluster.etcd.image --contract v1.13\n  ichor config explain 'LinkConfig[eth0].mtu' --contract v1.14 --output json"
+        after_help = "Examples:\n  ichor config explain cluster.etcd.image --contract v1.13\n  ichor config explain 'LinkConfig[eth0].mtu' --contract v1.14 --output json\n  ichor config explain KubeProxyConfig.mode --contract v1.14 --config controlplane.yaml"
     )]
     Explain {
         /// A path: `machine.install.disk`, `KubeProxyConfig.enabled`, `LinkConfig[eth0].mtu`.
@@ -35,6 +35,10 @@ pub enum ConfigCommand {
         /// (`spec.configPolicy`), which may make the path stricter.
         #[arg(long)]
         manifests: Option<PathBuf>,
+        /// A Talos config the path is changed in: what depends on its other values (a field
+        /// that has no effect there, such as KubeProxyConfig's while `enabled: false`) too.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// Compare two Talos configs: every changed path with its class and reason, the verdict,
     /// and a redacted unified diff.
@@ -130,8 +134,8 @@ Exit: 0 started, previewed or nothing to do, 1 not started (blocked or declined)
 
 pub fn run(cmd: ConfigCommand) -> Result<Report> {
     match cmd {
-        ConfigCommand::Explain { path, contract, output, rules, manifests } => {
-            explain(&path, &contract, output, rules.as_deref(), manifests.as_deref())
+        ConfigCommand::Explain { path, contract, output, rules, manifests, config } => {
+            explain(&path, &contract, output, rules.as_deref(), manifests.as_deref(), config.as_deref())
         }
         ConfigCommand::Apply { machines, max_unavailable, start } => {
             crate::op_cmd::start(crate::op_cmd::Start::Rollout { machines, max_unavailable }, &start)
@@ -213,8 +217,10 @@ fn explain(
     output: Output,
     rules: Option<&FsPath>,
     manifests: Option<&FsPath>,
+    config: Option<&FsPath>,
 ) -> Result<Report> {
     let c = disk::classifier(rules)?;
+    let desired = config.map(disk::read_config).transpose()?;
     let contract = c.contract(contract).context("--contract")?;
     let parsed = Path::parse(path).with_context(|| format!("path {path:?} does not parse"))?;
     let change = diff::Change { path: parsed, op: diff::Op::Changed, old: None, new: None };
@@ -227,8 +233,9 @@ fn explain(
             cluster.spec.config_policy.clone()
         }
     };
-    let outcome =
-        c.classify_with_policy(contract, std::slice::from_ref(&change), &policy, true).context("classifying")?;
+    let outcome = c
+        .classify_with_policy(contract, std::slice::from_ref(&change), desired.as_ref(), &policy, true)
+        .context("classifying")?;
     let k = &outcome.changes[0];
     let shown = change.path.to_string();
     let decided = c.proof(&outcome, &change.path, k).and_then(|p| match p {
@@ -237,6 +244,9 @@ fn explain(
     });
     let why = c.why_with(contract, k, &policy);
     let policy_at = k.policy_field();
+    let effect = c.effect_label(k);
+    let no_effect = outcome.no_effect[0].as_deref();
+    let effect_rule = c.effect_rule(&outcome, &change.path, k);
     let stdout = match output {
         o @ (Output::Json | Output::Yaml) => {
             let mut v = json!({
@@ -245,6 +255,10 @@ fn explain(
                 "class": k.class,
                 "restarts": c.restarts(k),
                 "appliedBy": c.applied_by(k),
+                "effect": k.effect,
+                "effectText": effect,
+                "noEffectBecause": no_effect,
+                "effectDecidedBy": effect_rule.as_ref().map(|r| json!({"file": r.file, "line": r.line, "doc": r.doc})),
                 "rule": rule_json(&c, k.entry(), &change.path),
                 "why": why,
                 "sensitive": k.sensitive,
@@ -257,6 +271,12 @@ fn explain(
         }
         Output::Text | Output::Wide => {
             let mut s = format!("{shown} at {contract}: {}\n", k.class);
+            if let Some(e) = &effect {
+                s += &format!("  effect:     {e}\n");
+            }
+            if let Some(b) = no_effect {
+                s += &format!("  no effect:  {b}\n");
+            }
             s += &format!("  why:        {why}\n");
             match (k.entry(), k.reason) {
                 (Some(e), _) => {
@@ -294,6 +314,10 @@ fn explain(
             if let Some(r) = decided {
                 let doc = r.doc.map(|d| format!(" ({})", d.replace('\n', " "))).unwrap_or_default();
                 s += &format!("  decided by: {}:{}{doc}\n", r.file, r.line);
+            }
+            if let Some(r) = &effect_rule {
+                let doc = r.doc.as_ref().map(|d| format!(" ({})", d.replace('\n', " "))).unwrap_or_default();
+                s += &format!("  effect by:  {}:{}{doc}\n", r.file, r.line);
             }
             s
         }

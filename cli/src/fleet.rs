@@ -149,7 +149,7 @@ pub fn check(
                 let rule = k.entry().map(|e| {
                     format!("{}:{} ({})", c.fieldmeta_file, c.meta.entries[e].line, best_pattern(c, e, &ch.path))
                 });
-                json!({"path": ch.path.to_string(), "class": k.class, "appliedBy": c.applied_by(k), "why": c.why_with(contract, k, &ctx.policy), "rule": rule.or_else(|| k.policy_field().map(|f| format!("the cluster's {f}")))})
+                json!({"path": ch.path.to_string(), "class": k.class, "appliedBy": c.applied_by(k), "effect": k.effect, "effectText": c.effect_label(k), "why": c.why_with(contract, k, &ctx.policy), "rule": rule.or_else(|| k.policy_field().map(|f| format!("the cluster's {f}")))})
             })
             .collect();
         results.push(MachineResult {
@@ -203,8 +203,9 @@ fn text(dir: &str, fail_on: Option<Impact>, strongest: Impact, results: &[Machin
             r.contract
         );
         for d in &r.deciding {
+            let effect = d["effectText"].as_str().map(|e| format!("  [{e}]")).unwrap_or_default();
             s += &format!(
-                "        {}\n          {}\n",
+                "        {}{effect}\n          {}\n",
                 d["path"].as_str().unwrap_or_default(),
                 d["why"].as_str().unwrap_or_default()
             );

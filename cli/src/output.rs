@@ -103,11 +103,17 @@ pub fn diff_report(
             json!({"name": name, "ready": {"status": v.status, "reason": v.reason, "message": v.message}, "rebootPaths": v.reboot_paths, "desiredInputsHash": hash})
         })
     };
-    let pairs: Vec<(&diff::Change, &Classified)> = changes.iter().zip(&outcome.changes).collect();
+    let pairs: Vec<(&diff::Change, &Classified, Option<&str>)> = changes
+        .iter()
+        .zip(&outcome.changes)
+        .zip(&outcome.no_effect)
+        .map(|((ch, k), dead)| (ch, k, dead.as_deref()))
+        .collect();
     let policy = machine.map(|m| &m.1.policy[..]).unwrap_or(&[]);
     let stdout = match output {
         o @ (Output::Json | Output::Yaml) => {
-            let list: Vec<Json> = pairs.iter().map(|(ch, k)| change_json(c, contract, ch, k, policy)).collect();
+            let list: Vec<Json> =
+                pairs.iter().map(|&(ch, k, dead)| change_json(c, contract, (ch, k, dead), policy)).collect();
             let v = json!({
                 "contract": contract.to_string(),
                 "contractInferred": inferred.is_some(),
@@ -141,8 +147,8 @@ pub fn diff_report(
             if !pairs.is_empty() {
                 s += "\nChanges:\n";
                 let width = changes.iter().map(|k| k.path.to_string().len()).max().unwrap_or(0).min(60);
-                for (ch, k) in &pairs {
-                    s += &change_text(c, contract, ch, k, width, policy);
+                for &(ch, k, dead) in &pairs {
+                    s += &change_text(c, contract, (ch, k, dead), width, policy);
                 }
             }
             if !unified.is_empty() {
@@ -157,13 +163,10 @@ pub fn diff_report(
     Ok(Report { stdout, findings, ..Report::default() })
 }
 
-fn change_json(
-    c: &Classifier,
-    contract: Contract,
-    ch: &diff::Change,
-    k: &Classified,
-    policy: &[render::api::PathPolicy],
-) -> Json {
+/// One change, its class, and why it has no effect when the rules say so.
+type Classed<'a> = (&'a diff::Change, &'a Classified, Option<&'a str>);
+
+fn change_json(c: &Classifier, contract: Contract, (ch, k, dead): Classed, policy: &[render::api::PathPolicy]) -> Json {
     let p = ch.path.to_string();
     let mut v = json!({
         "path": p,
@@ -171,6 +174,9 @@ fn change_json(
         "class": k.class,
         "restarts": c.restarts(k),
         "appliedBy": c.applied_by(k),
+        "effect": k.effect,
+        "effectText": c.effect_label(k),
+        "noEffectBecause": dead,
         "rule": rule_json(c, k.entry(), &ch.path),
         "why": c.why_with(contract, k, policy),
         "old": value_json(&ch.old, k.sensitive),
@@ -186,8 +192,7 @@ fn change_json(
 fn change_text(
     c: &Classifier,
     contract: Contract,
-    ch: &diff::Change,
-    k: &Classified,
+    (ch, k, dead): Classed,
     width: usize,
     policy: &[render::api::PathPolicy],
 ) -> String {
@@ -197,21 +202,19 @@ fn change_text(
         diff::Op::Removed => '-',
         diff::Op::Changed => '~',
     };
-    let mut extra = vec![];
-    if !c.restarts(k).is_empty() {
-        extra.push(format!("restarts {}", c.restarts(k).join(", ")));
-    }
-    if let Some(op) = c.applied_by(k) {
-        extra.push(format!("applied by the {op} operation"));
-    }
-    let extra = if extra.is_empty() { String::new() } else { format!(" ({})", extra.join("; ")) };
-    let mut s = format!("  {sign} {p:width$}  {}{extra}\n", k.class);
+    // What Talos itself does with it (issue 29): `live, restarts kubelet`, `applied, takes
+    // effect after a reboot`, `operation: applied by the kubernetes operation`.
+    let effect = c.effect_label(k).map(|e| format!("  [{e}]")).unwrap_or_default();
+    let mut s = format!("  {sign} {p:width$}  {}{effect}\n", k.class);
     let show = |v: &Option<serde_yaml::Value>| match v {
         None => "(absent)".to_string(),
         Some(_) if k.sensitive => REDACTED.to_string(),
         Some(v) => diff::short(v),
     };
     s += &format!("      {} -> {}\n", show(&ch.old), show(&ch.new));
+    if let Some(because) = dead {
+        s += &format!("      no effect: {because}\n");
+    }
     s += &format!("      {}\n", c.why_with(contract, k, policy));
     if let Some(e) = k.entry() {
         s += &format!(

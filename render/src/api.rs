@@ -416,6 +416,25 @@ pub struct TalosMachineStatus {
     /// the machine.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub applied_awaiting_reboot: Vec<String>,
+    /// Every path where the node's running config differs from the render, with Ichor's class
+    /// and what Talos itself does with it (issue 29): what `ichor config diff` says of this
+    /// machine now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_changes: Vec<PendingChange>,
+}
+
+/// A path where the running config differs from the render.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingChange {
+    /// The config path.
+    pub path: String,
+    /// What applying it takes, by Ichor's rules (`safe`, `reboot-required`, ...).
+    pub class: String,
+    /// What Talos itself does with it (`live`, `live-restarts`, `after-reboot`, `reboot`,
+    /// `install-time-only`, `operation`, `no-effect`), when the rules know.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
 }
 
 /// A node's boot, recorded when the machine controller first sees it.

@@ -13,7 +13,7 @@ use crate::diff::Change;
 use crate::fieldmeta::{FieldMeta, Matcher, MetaError};
 use crate::inventory::Inventory;
 use crate::path::Path;
-use crate::vocab::{Class, Contract, Verdict};
+use crate::vocab::{Class, Contract, Effect, Verdict};
 use engine::{Binder, Const, Database, Demand, Engine, EvalOptions, Input, MemSources, Output};
 use std::collections::{BTreeMap, HashMap};
 
@@ -50,6 +50,10 @@ struct Rels {
     applied_awaiting_reboot: Input<1>,
     policy_candidate: Input<2>,
     policy_class: Input<2>,
+    at_contract: Input<1>,
+    entry_effect: Input<2>,
+    effect: Output<2>,
+    no_effect: Output<2>,
     decided_by_policy: Output<3>,
     meta_class: Output<3>,
     class_of: Output<3>,
@@ -94,6 +98,10 @@ impl Rels {
             applied_awaiting_reboot: b.input("applied_awaiting_reboot", [("path", S)]),
             policy_candidate: b.input("policy_candidate", [("path", S), ("policy", N)]),
             policy_class: b.input("policy_class", [("policy", N), ("class", S)]),
+            at_contract: b.input("at_contract", [("version", S)]),
+            entry_effect: b.input("entry_effect", [("entry", N), ("effect", S)]),
+            effect: b.output("effect", [("path", S), ("effect", S)]),
+            no_effect: b.output("no_effect", [("path", S), ("because", S)]),
             decided_by_policy: b.output("decided_by_policy", [("path", S), ("class", S), ("policy", N)]),
             meta_class: b.output("meta_class", [("path", S), ("class", S), ("reason", S)]),
             class_of: b.output("class_of", [("path", S), ("class", S), ("reason", S)]),
@@ -208,6 +216,12 @@ pub struct Classified {
     pub class: Class,
     /// What decided it.
     pub reason: Reason,
+    /// What Talos itself does with the change at the contract (none: no field-metadata entry
+    /// decides the path, or the contract lacks it).
+    pub effect: Option<Effect>,
+    /// The field-metadata entry that decides the path's class by the metadata (also when this
+    /// fleet's policy raised it): the entry that says what Talos does.
+    pub meta_entry: Option<usize>,
     /// The path holds a secret: its values are never shown.
     pub sensitive: bool,
 }
@@ -336,6 +350,9 @@ pub struct MachineVerdict {
     pub reboot_paths: Vec<String>,
     /// The paths the machine controller applies live (`apply_live` in rules/machine.rules).
     pub apply_paths: Vec<String>,
+    /// Every changed path with its class and effect, in path order (the status's
+    /// `pendingChanges`).
+    pub pending: Vec<crate::api::PendingChange>,
 }
 
 /// Talos would refuse the desired config.
@@ -355,6 +372,9 @@ pub struct Outcome {
     pub verdict: Verdict,
     /// Each change's class, in the order of the changes given.
     pub changes: Vec<Classified>,
+    /// For each change, why it has no effect in the desired config, when the rules say so
+    /// (`no_effect`), in the order of the changes given.
+    pub no_effect: Vec<Option<String>>,
     /// What Talos would refuse in the desired config.
     pub rejected: Vec<Rejection>,
     /// The machine's condition, when classified with its context.
@@ -418,6 +438,8 @@ impl Classifier {
             rels.class_of.id(),
             rels.decided_by.id(),
             rels.decided_by_policy.id(),
+            rels.effect.id(),
+            rels.no_effect.id(),
             rels.verdict.id(),
             rels.rejected.id(),
         ];
@@ -501,15 +523,17 @@ impl Classifier {
     }
 
     /// `classify` under a cluster's path policies (`spec.configPolicy`), as `config explain
-    /// --manifests` shows them.
+    /// --manifests` shows them; with the desired config, what depends on its values (a path
+    /// with no effect in it) too.
     pub fn classify_with_policy(
         &self,
         contract: Contract,
         changes: &[Change],
+        desired: Option<&Config>,
         policy: &[crate::api::PathPolicy],
         provenance: bool,
     ) -> Result<Outcome, ClassifyError> {
-        self.classify_full(contract, changes, None, None, policy, provenance)
+        self.classify_full(contract, changes, desired, None, policy, provenance)
     }
 
     /// `classify` with the machine's context: also decides its Ready condition.
@@ -539,10 +563,27 @@ impl Classifier {
         };
         let r = self.rels;
         let mut b = self.engine.fact_builder();
+        let row = [b.sym(&contract.to_string())];
+        r.at_contract.push(&mut b, row);
         for (e, entry) in self.meta.entries.iter().enumerate() {
-            if let (Some(class), true) = (entry.class, entry.holds_at(contract)) {
+            if !entry.holds_at(contract) {
+                continue;
+            }
+            if let Some(class) = entry.class {
                 let row = [b.num(e as i64), b.sym(class.name())];
                 r.entry_class.push(&mut b, row);
+            }
+            if let Some(effect) = entry.effect {
+                let row = [b.num(e as i64), b.sym(effect.name())];
+                r.entry_effect.push(&mut b, row);
+            }
+            for svc in &entry.restarts {
+                let row = [b.num(e as i64), b.sym(svc)];
+                r.entry_restarts.push(&mut b, row);
+            }
+            if let Some(op) = &entry.applied_by {
+                let row = [b.num(e as i64), b.sym(op)];
+                r.entry_applied_by.push(&mut b, row);
             }
         }
         // The policies' patterns (admission refused any that do not parse; one that does not
@@ -632,18 +673,6 @@ impl Classifier {
             }
         }
         if let Some(m) = machine {
-            for (e, entry) in self.meta.entries.iter().enumerate() {
-                if entry.holds_at(contract) {
-                    for svc in &entry.restarts {
-                        let row = [b.num(e as i64), b.sym(svc)];
-                        r.entry_restarts.push(&mut b, row);
-                    }
-                    if let Some(op) = &entry.applied_by {
-                        let row = [b.num(e as i64), b.sym(op)];
-                        r.entry_applied_by.push(&mut b, row);
-                    }
-                }
-            }
             let mut one = |rel: Input<1>, v: &str| {
                 let id = b.sym(v);
                 rel.push(&mut b, [id]);
@@ -678,8 +707,15 @@ impl Classifier {
         let db = self.engine.evaluate_built_for(b, EvalOptions { provenance, ..EvalOptions::default() }, demand)?;
         let mut out: Vec<Classified> = sensitive
             .iter()
-            .map(|&s| Classified { class: Class::RebootRequired, reason: Reason::Default, sensitive: s })
+            .map(|&s| Classified {
+                class: Class::RebootRequired,
+                reason: Reason::Default,
+                effect: None,
+                meta_entry: None,
+                sensitive: s,
+            })
             .collect();
+        let mut no_effect = vec![None; out.len()];
         let change_of = |id: u32| by_id.get(id as usize).copied().filter(|&i| i != usize::MAX);
         for [path, class, reason] in r.class_of.rows(&db) {
             let Some(i) = change_of(path) else { continue };
@@ -693,12 +729,23 @@ impl Classifier {
         for [path, _, entry] in r.decided_by.rows(&db) {
             if let (Some(i), Ok(e)) = (change_of(path), usize::try_from(db.num(entry))) {
                 out[i].reason = Reason::Entry(e);
+                out[i].meta_entry = Some(e);
             }
         }
         // A path this fleet's policy raises: the policy decides it, whatever entry matched.
         for [path, _, policy] in r.decided_by_policy.rows(&db) {
             if let (Some(i), Ok(p)) = (change_of(path), usize::try_from(db.num(policy))) {
                 out[i].reason = Reason::Policy(p);
+            }
+        }
+        for [path, effect] in r.effect.rows(&db) {
+            if let Some(i) = change_of(path) {
+                out[i].effect = Effect::parse(db.sym(effect));
+            }
+        }
+        for [path, because] in r.no_effect.rows(&db) {
+            if let Some(i) = change_of(path) {
+                no_effect[i] = Some(db.sym(because).to_string());
             }
         }
         let verdict = r.verdict.rows(&db).find_map(|[v]| Verdict::parse(db.sym(v))).unwrap_or(Verdict::RebootRequired);
@@ -714,7 +761,18 @@ impl Classifier {
             reboot_paths.sort();
             let mut apply_paths: Vec<String> = r.apply_live.rows(&db).map(|[p]| db.sym(p).to_string()).collect();
             apply_paths.sort();
+            let mut pending: Vec<crate::api::PendingChange> = changes
+                .iter()
+                .zip(&out)
+                .map(|(ch, k)| crate::api::PendingChange {
+                    path: ch.path.to_string(),
+                    class: k.class.to_string(),
+                    effect: k.effect.map(|e| e.name().to_string()),
+                })
+                .collect();
+            pending.sort_by(|a, b| a.path.cmp(&b.path));
             Some(MachineVerdict {
+                pending,
                 status: db.sym(status).to_string(),
                 reason: db.sym(reason).to_string(),
                 message: db.sym(message).to_string(),
@@ -722,7 +780,7 @@ impl Classifier {
                 apply_paths,
             })
         });
-        Ok(Outcome { contract, verdict, changes: out, rejected, machine, db })
+        Ok(Outcome { contract, verdict, changes: out, no_effect, rejected, machine, db })
     }
 
     /// The sentence that explains a path's class to an operator.
@@ -761,6 +819,41 @@ impl Classifier {
     /// The operation that applies a change, when only one may (its entry's `appliedBy`).
     pub fn applied_by(&self, c: &Classified) -> Option<&str> {
         c.entry().and_then(|e| self.meta.entries[e].applied_by.as_deref())
+    }
+
+    /// What Talos itself does with the change, in an operator's words (`live, restarts
+    /// kubelet`, `applied, takes effect after a reboot`), when the rules derived it.
+    pub fn effect_label(&self, c: &Classified) -> Option<String> {
+        let entry = c.meta_entry.map(|e| &self.meta.entries[e]);
+        let restarts = entry.map_or(&[][..], |e| &e.restarts[..]);
+        c.effect.map(|x| x.label(restarts, entry.and_then(|e| e.applied_by.as_deref())))
+    }
+
+    /// The rule that derived a path's effect (`effect_by_entry` or `no_effect` in
+    /// rules/classify.rules, whose comment cites the fact it rests on); the outcome must have
+    /// been evaluated with provenance.
+    pub fn effect_rule(&self, outcome: &Outcome, path: &Path, c: &Classified) -> Option<engine::explain::RuleRef> {
+        use engine::explain::{Explanation, Proof};
+        let effect = c.effect?;
+        let name = &self.engine.program.relations[self.rels.effect.id()].name;
+        let values = vec![Const::Sym(path.to_string()), Const::Sym(effect.name().into())];
+        let Ok(Explanation::Holds(Proof::Rule { rule, premises, .. })) =
+            engine::explain::explain(&self.engine.program, &outcome.db, name, &values)
+        else {
+            return None;
+        };
+        // `effect` only passes on what its premise derived: that premise's rule says why.
+        let inner = premises.into_iter().find_map(|p| match p {
+            Proof::Rule { fact, premises, .. } if fact.starts_with("dead(") => {
+                premises.into_iter().find_map(|q| match q {
+                    Proof::Rule { rule, .. } => Some(rule),
+                    Proof::Input { .. } => None,
+                })
+            }
+            Proof::Rule { rule, .. } => Some(rule),
+            Proof::Input { .. } => None,
+        });
+        Some(inner.unwrap_or(rule))
     }
 
     /// The proof of a path's class (the outcome must have been evaluated with provenance).

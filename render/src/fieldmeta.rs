@@ -9,7 +9,7 @@
 
 use crate::inventory::Inventory;
 use crate::path::{PatSeg, Path, Pattern, Seg, canonical_index};
-use crate::vocab::{Class, Contract};
+use crate::vocab::{Class, Contract, Effect};
 use engine::FxHashMap;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -32,6 +32,9 @@ pub struct Entry {
     pub restarts: Vec<String>,
     /// The operation that applies the paths, when only one may.
     pub applied_by: Option<String>,
+    /// What Talos itself does with a change of the paths, where its class does not say it
+    /// (none: the rules derive it from the class, `restarts`, `appliedBy` and the contract).
+    pub effect: Option<Effect>,
     /// The paths hold secrets: their values are never shown.
     pub sensitive: bool,
     /// Why, in a sentence (shown by `ichor config explain`).
@@ -58,6 +61,8 @@ struct RawEntry {
     restarts: Vec<String>,
     #[serde(default)]
     applied_by: Option<String>,
+    #[serde(default)]
+    effect: Option<String>,
     #[serde(default)]
     sensitive: bool,
     why: String,
@@ -129,6 +134,20 @@ impl FieldMeta {
                     err("an entry with appliedBy is reboot-required (the machine controller leaves it to the operation)".into());
                 }
             }
+            let effect = match r.effect.as_deref() {
+                None => None,
+                Some(name) => {
+                    let e = Effect::parse(name);
+                    if e.is_none() {
+                        let all: Vec<&str> = Effect::ALL.iter().map(|e| e.name()).collect();
+                        err(format!("unknown effect {name:?}: expected one of {}", all.join(", ")));
+                    }
+                    if class.is_none() {
+                        err("an entry with an effect needs a class".into());
+                    }
+                    e
+                }
+            };
             if r.why.trim().is_empty() || r.source.trim().is_empty() {
                 err("`why` and `source` must say something".into());
             }
@@ -160,6 +179,7 @@ impl FieldMeta {
                 class,
                 restarts: r.restarts,
                 applied_by: r.applied_by,
+                effect,
                 sensitive: r.sensitive,
                 why: r.why.trim().to_string(),
                 source: r.source.trim().to_string(),

@@ -191,7 +191,7 @@ mod tests {
         };
         let plain = c.classify(v14, std::slice::from_ref(&change), None, false).unwrap();
         assert_eq!(plain.changes[0].class, Class::Safe);
-        let raised = c.classify_with_policy(v14, std::slice::from_ref(&change), &p, false).unwrap();
+        let raised = c.classify_with_policy(v14, std::slice::from_ref(&change), None, &p, false).unwrap();
         assert_eq!(raised.changes[0].class, Class::RebootRequired);
         assert_eq!(raised.changes[0].reason, crate::classify::Reason::Policy(0));
         assert!(c.why_with(v14, &raised.changes[0], &p).contains("spec.configPolicy[0]"));
@@ -214,7 +214,7 @@ mod tests {
             new: None,
         };
         let o = c
-            .classify_with_policy(v14, &[change], &[policy(&["KernelModuleConfig.**"], PolicyClass::Safe)], false)
+            .classify_with_policy(v14, &[change], None, &[policy(&["KernelModuleConfig.**"], PolicyClass::Safe)], false)
             .unwrap();
         assert_eq!(o.changes[0].class, Class::RebootRequired);
     }

@@ -1,7 +1,7 @@
 //! Ichor's domain vocabulary for configs: one type per concept, shared by every crate.
 //!
-//! `Contract` (a Talos config contract, `vX.Y`), `Class` (what applying a changed path takes)
-//! and `Verdict` (a whole change's, ordered by severity). The rules speak these as symbols;
+//! `Contract` (a Talos config contract, `vX.Y`), `Class` (what applying a changed path takes),
+//! `Effect` (what Talos itself does with it) and `Verdict` (a whole change's, ordered by severity). The rules speak these as symbols;
 //! `Class::parse` and `Verdict::parse` are where those symbols become types, once, when a host
 //! decodes the rules' answers. Kubernetes-side vocabulary (roles, kube-proxy modes, operation
 //! kinds) lives with the custom resources in `api`.
@@ -89,6 +89,91 @@ impl fmt::Display for Class {
     }
 }
 
+/// What Talos itself does with one changed path at a contract, whatever Ichor decides for it
+/// (issue 29): the rules derive it (`effect` in rules/classify.rules) from the field metadata
+/// and the contract, and a field-metadata entry may name it (`effect:`) where Talos's own
+/// behaviour differs from what its class says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Effect {
+    /// Talos applies it live and it takes effect at once.
+    Live,
+    /// Talos applies it live by restarting a service (the entry's `restarts`).
+    LiveRestarts,
+    /// Talos applies it live, but it takes effect only after the next reboot (v1.14 applies
+    /// every change live; etcd, environment variables, kernel modules and volume keys are read
+    /// only at boot).
+    AfterReboot,
+    /// Talos (up to v1.13) applies it only with a reboot: it refuses the change in no-reboot
+    /// mode, and reboots the node in auto mode.
+    Reboot,
+    /// Talos reads it only when it installs or upgrades; a running node never does.
+    InstallTimeOnly,
+    /// Ichor applies it only through an operation (the entry's `appliedBy`).
+    Operation,
+    /// Talos accepts it, but nothing reads it (another field or document overrides it, or it is
+    /// read only when a volume is formatted): a dead path.
+    NoEffect,
+}
+
+impl Effect {
+    /// Every effect.
+    pub const ALL: [Effect; 7] = [
+        Effect::Live,
+        Effect::LiveRestarts,
+        Effect::AfterReboot,
+        Effect::Reboot,
+        Effect::InstallTimeOnly,
+        Effect::Operation,
+        Effect::NoEffect,
+    ];
+
+    /// The symbol the rules and the field metadata use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Effect::Live => "live",
+            Effect::LiveRestarts => "live-restarts",
+            Effect::AfterReboot => "after-reboot",
+            Effect::Reboot => "reboot",
+            Effect::InstallTimeOnly => "install-time-only",
+            Effect::Operation => "operation",
+            Effect::NoEffect => "no-effect",
+        }
+    }
+
+    /// The effect of this name.
+    pub fn parse(s: &str) -> Option<Effect> {
+        Effect::ALL.into_iter().find(|e| e.name() == s)
+    }
+
+    /// The words an operator reads: `live, restarts kubelet`, `applied, takes effect after a
+    /// reboot`; `restarts` are the services the change restarts, `applied_by` the operation
+    /// that applies it.
+    pub fn label(self, restarts: &[String], applied_by: Option<&str>) -> String {
+        match self {
+            Effect::Live => "live".into(),
+            Effect::LiveRestarts if restarts.is_empty() => "live, restarts a service".into(),
+            Effect::LiveRestarts => format!("live, restarts {}", restarts.join(", ")),
+            Effect::AfterReboot => "applied, takes effect after a reboot".into(),
+            Effect::Reboot => "applied only with a reboot".into(),
+            Effect::InstallTimeOnly => "install-time-only".into(),
+            Effect::Operation => {
+                let by = applied_by.map(|op| format!(": applied by the {op} operation")).unwrap_or_default();
+                let restarting =
+                    if restarts.is_empty() { String::new() } else { format!(", restarts {}", restarts.join(", ")) };
+                format!("operation{by}{restarting}")
+            }
+            Effect::NoEffect => "accepted, no effect".into(),
+        }
+    }
+}
+
+impl fmt::Display for Effect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A whole change's verdict: the most severe class present, or `NoChanges`. Ordered by
 /// severity, so the worst of several is their `max`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -155,6 +240,10 @@ mod tests {
         for v in Verdict::ALL {
             assert_eq!(Verdict::parse(v.name()), Some(v));
         }
+        for e in Effect::ALL {
+            assert_eq!(Effect::parse(e.name()), Some(e));
+        }
+        assert_eq!(Effect::LiveRestarts.label(&["kubelet".into()], None), "live, restarts kubelet");
         assert!(Verdict::NoChanges < Verdict::LiveApply && Verdict::RebootRequired < Verdict::Unsupported);
         assert_eq!(Contract::parse("v1.15"), Some(Contract { major: 1, minor: 15 }));
         assert_eq!(Contract::parse("1.15"), None);

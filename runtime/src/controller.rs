@@ -590,6 +590,8 @@ impl Controller {
             last_transition_time: Some(now.into()),
         };
         let reboot_paths = v.reboot_paths;
+        // What was applied live just now is no longer pending.
+        let pending_changes: Vec<_> = v.pending.into_iter().filter(|p| !applied_live.contains(&p.path)).collect();
         // The transition time moves only when the status does.
         let previous = mch.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned());
         let mut condition = condition;
@@ -606,6 +608,7 @@ impl Controller {
             "appliedInputsHash": applied,
             "boot": boot,
             "appliedAwaitingReboot": awaiting,
+            "pendingChanges": pending_changes,
         }});
         // An unchanged status is not written again: each write is a watch event, which would
         // start this reconcile again.
