@@ -1,5 +1,5 @@
 //! `ichor config explain|diff`: field metadata on Talos configs (interfaces.md); `ichor config
-//! apply` starts a config rollout (the operation commands' `op_cmd::start`).
+//! migrate` is in migrate_cmd; `ichor config apply` starts a config rollout (the operation commands' `op_cmd::start`).
 //!
 //! Both classify with the rules this binary embeds, or with `--rules DIR` from disk. Values of
 //! sensitive paths are shown as `<redacted>` in every output: the change list, the unified
@@ -110,6 +110,16 @@ pub enum ConfigCommand {
         #[arg(long)]
         rules: Option<PathBuf>,
     },
+    /// Move a config from the legacy v1alpha1 fields to the v1.14 documents: every move, the
+    /// fields kept (no home in the documents) and why, the behaviour changes that need a
+    /// decision; written only when nothing conflicts and Talos would accept the result.
+    #[command(after_help = "Examples:
+  ichor config migrate controlplane.yaml --out controlplane.v1.14.yaml
+  ichor config diff --from controlplane.yaml --to controlplane.v1.14.yaml      (every path: moved)
+  ichor config migrate --manifests clusters/lab --dry-run
+
+Exit: 0 migrated (or nothing to migrate), 1 not written (a conflict, or Talos would refuse the result), 2 error.")]
+    Migrate(crate::migrate_cmd::MigrateArgs),
     /// Start a config rollout: the changes the machine controller does not apply because they
     /// need a reboot (each TalosMachine's `status.rebootPaths`), one node at a time: cordon,
     /// drain, apply, reboot, back Ready, uncordon; control planes first, the controller's node
@@ -137,6 +147,7 @@ pub fn run(cmd: ConfigCommand) -> Result<Report> {
         ConfigCommand::Explain { path, contract, output, rules, manifests, config } => {
             explain(&path, &contract, output, rules.as_deref(), manifests.as_deref(), config.as_deref())
         }
+        ConfigCommand::Migrate(args) => crate::migrate_cmd::run(args),
         ConfigCommand::Apply { machines, max_unavailable, start } => {
             crate::op_cmd::start(crate::op_cmd::Start::Rollout { machines, max_unavailable }, &start)
         }

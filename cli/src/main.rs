@@ -14,6 +14,7 @@ mod disk;
 mod fleet;
 mod install_cmd;
 mod io;
+mod migrate_cmd;
 mod op_cmd;
 mod output;
 mod plan_cmd;

@@ -48,6 +48,9 @@ fn verdict_sentence(c: &Classifier, o: &Outcome) -> String {
     let count = |class: Class| o.changes.iter().filter(|k| k.class == class).count();
     match o.verdict {
         Verdict::NoChanges => "No changes.".into(),
+        Verdict::LiveApply if o.changes.iter().all(|k| k.reason == render::classify::Reason::Moved) => format!(
+            "Only moves: each of the {n} changed path(s) holds the same value at its v1.14 document or legacy field; nothing changes on the node."
+        ),
         Verdict::LiveApply => format!("Applies without a reboot ({n} changed path(s))."),
         Verdict::InstallTimeOnly => format!(
             "Applies without a reboot, but {} of {n} changed path(s) take effect only at the next install or Talos upgrade.",
@@ -103,17 +106,16 @@ pub fn diff_report(
             json!({"name": name, "ready": {"status": v.status, "reason": v.reason, "message": v.message}, "rebootPaths": v.reboot_paths, "desiredInputsHash": hash})
         })
     };
-    let pairs: Vec<(&diff::Change, &Classified, Option<&str>)> = changes
+    let pairs: Vec<Classed> = changes
         .iter()
         .zip(&outcome.changes)
-        .zip(&outcome.no_effect)
-        .map(|((ch, k), dead)| (ch, k, dead.as_deref()))
+        .zip(outcome.no_effect.iter().zip(&outcome.moved_to))
+        .map(|((ch, k), (dead, other))| (ch, k, dead.as_deref(), other.as_deref()))
         .collect();
     let policy = machine.map(|m| &m.1.policy[..]).unwrap_or(&[]);
     let stdout = match output {
         o @ (Output::Json | Output::Yaml) => {
-            let list: Vec<Json> =
-                pairs.iter().map(|&(ch, k, dead)| change_json(c, contract, (ch, k, dead), policy)).collect();
+            let list: Vec<Json> = pairs.iter().map(|&x| change_json(c, contract, x, policy)).collect();
             let v = json!({
                 "contract": contract.to_string(),
                 "contractInferred": inferred.is_some(),
@@ -147,8 +149,8 @@ pub fn diff_report(
             if !pairs.is_empty() {
                 s += "\nChanges:\n";
                 let width = changes.iter().map(|k| k.path.to_string().len()).max().unwrap_or(0).min(60);
-                for &(ch, k, dead) in &pairs {
-                    s += &change_text(c, contract, (ch, k, dead), width, policy);
+                for &x in &pairs {
+                    s += &change_text(c, contract, x, width, policy);
                 }
             }
             if !unified.is_empty() {
@@ -163,10 +165,16 @@ pub fn diff_report(
     Ok(Report { stdout, findings, ..Report::default() })
 }
 
-/// One change, its class, and why it has no effect when the rules say so.
-type Classed<'a> = (&'a diff::Change, &'a Classified, Option<&'a str>);
+/// One change, its class, why it has no effect when the rules say so, and the other end of
+/// its move when it only moves.
+type Classed<'a> = (&'a diff::Change, &'a Classified, Option<&'a str>, Option<&'a str>);
 
-fn change_json(c: &Classifier, contract: Contract, (ch, k, dead): Classed, policy: &[render::api::PathPolicy]) -> Json {
+fn change_json(
+    c: &Classifier,
+    contract: Contract,
+    (ch, k, dead, other): Classed,
+    policy: &[render::api::PathPolicy],
+) -> Json {
     let p = ch.path.to_string();
     let mut v = json!({
         "path": p,
@@ -177,6 +185,7 @@ fn change_json(c: &Classifier, contract: Contract, (ch, k, dead): Classed, polic
         "effect": k.effect,
         "effectText": c.effect_label(k),
         "noEffectBecause": dead,
+        "movedWith": other,
         "rule": rule_json(c, k.entry(), &ch.path),
         "why": c.why_with(contract, k, policy),
         "old": value_json(&ch.old, k.sensitive),
@@ -192,7 +201,7 @@ fn change_json(c: &Classifier, contract: Contract, (ch, k, dead): Classed, polic
 fn change_text(
     c: &Classifier,
     contract: Contract,
-    (ch, k, dead): Classed,
+    (ch, k, dead, other): Classed,
     width: usize,
     policy: &[render::api::PathPolicy],
 ) -> String {
@@ -214,6 +223,10 @@ fn change_text(
     s += &format!("      {} -> {}\n", show(&ch.old), show(&ch.new));
     if let Some(because) = dead {
         s += &format!("      no effect: {because}\n");
+    }
+    if let Some(other) = other {
+        let dir = if ch.op == diff::Op::Removed { "to" } else { "from" };
+        s += &format!("      moved {dir} {other}\n");
     }
     s += &format!("      {}\n", c.why_with(contract, k, policy));
     if let Some(e) = k.entry() {

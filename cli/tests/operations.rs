@@ -37,11 +37,16 @@ impl Sim {
     }
 
     fn start_args(name: &str, handover: &str, extra: &[&str]) -> Sim {
+        Sim::start_manifests(name, "examples/clusters/lab-v1.14", handover, extra)
+    }
+
+    /// The simulated cluster of a folder of manifests (a path from the repository's root, or absolute).
+    fn start_manifests(name: &str, manifests: &str, handover: &str, extra: &[&str]) -> Sim {
         let dir = std::env::temp_dir().join(format!("ichor-ops-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_ichor"))
-            .args(["sim", "cluster", "--manifests", "examples/clusters/lab-v1.14", "--handover", handover])
+            .args(["sim", "cluster", "--manifests", manifests, "--handover", handover])
             .args(extra)
             .arg("--kubeconfig")
             .arg(dir.join("kubeconfig"))
@@ -1987,4 +1992,117 @@ fn ichors_namespace_is_locked_down_with_cilium_network_policies_once_cilium_is_r
     assert_eq!(code, 0, "{err}");
     std::thread::sleep(std::time::Duration::from_secs(2));
     assert_eq!(list(), first, "written once");
+}
+
+/// Issue 29: a cluster on Talos v1.14 still configured by legacy v1alpha1 patches (the v1.13
+/// example's: the Cilium inline manifest, NTP servers) is migrated with `ichor config migrate
+/// --manifests`; before the patches are applied, every node's diff against its new render
+/// (read over Talos's API) holds only moves; applied with kubectl, every machine is Converged
+/// again without a reboot or an operation, and no node differs from its render.
+#[test]
+fn migrated_patches_converge_every_machine_with_only_moves() {
+    let manifests = std::env::temp_dir().join(format!("ichor-migrate-manifests-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&manifests);
+    std::fs::create_dir_all(&manifests).unwrap();
+    for f in ["cluster.yaml", "machines.yaml", "secrets.yaml"] {
+        std::fs::copy(root().join("examples/clusters/lab-v1.14").join(f), manifests.join(f)).unwrap();
+    }
+    std::fs::copy(root().join("examples/clusters/lab-v1.13/patches.yaml"), manifests.join("patches.yaml")).unwrap();
+    let sim = Sim::start_manifests("migrate", manifests.to_str().unwrap(), "disabled", &[]);
+    sim.wait_quiet();
+    let reasons = || {
+        sim.kubectl(&[
+            "get",
+            "talosmachines",
+            "-n",
+            "ichor-system",
+            "-o",
+            "jsonpath={.items[*].status.conditions[0].reason}",
+        ])
+        .expect("kubectl on PATH")
+        .1
+    };
+    assert_eq!(reasons(), "Converged Converged Converged Converged");
+    let boots = || sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
+    let boots_before = boots();
+    let legacy = std::fs::read_to_string(manifests.join("patches.yaml")).unwrap();
+
+    let dir = manifests.to_str().unwrap();
+    let (code, _, err) = sim.ichor(&["config", "migrate", "--manifests", dir]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("moved   machine.time.servers -> TimeSyncConfig.ntp.servers"), "{err}");
+    let migrated = std::fs::read_to_string(manifests.join("patches.yaml")).unwrap();
+    assert!(
+        migrated.contains("kind: TimeSyncConfig") && migrated.contains("kind: KubeInlineManifestConfig"),
+        "{migrated}"
+    );
+    assert!(migrated.starts_with(legacy.lines().next().unwrap()), "the file's comment is kept");
+    let (code, _, err) = sim.ichor(&["config", "migrate", "--manifests", dir]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("Nothing to migrate"), "a second run has nothing to do: {err}");
+
+    // Before applying: each node's running config against its new render, over Talos's API.
+    let addresses = sim
+        .kubectl(&[
+            "get",
+            "talosmachines",
+            "-n",
+            "ichor-system",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}={.spec.address} {end}",
+        ])
+        .unwrap()
+        .1;
+    let tc = sim.dir.join("talosconfig");
+    for pair in addresses.split_whitespace() {
+        let (machine, address) = pair.split_once('=').unwrap();
+        let (code, desired, err) = sim.ichor(&["render", "--manifests", dir, "--machine", machine]);
+        assert_eq!(code, 0, "{err}");
+        let file = sim.dir.join(format!("{machine}.yaml"));
+        std::fs::write(&file, desired).unwrap();
+        let (_, out, err) = sim.ichor(&[
+            "config",
+            "diff",
+            "-n",
+            address,
+            "--talosconfig",
+            tc.to_str().unwrap(),
+            "--to",
+            file.to_str().unwrap(),
+            "-o",
+            "json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{machine}: {e}: {out}{err}"));
+        let changes = v["changes"].as_array().unwrap();
+        assert!(!changes.is_empty(), "{machine}: the migration changes its render");
+        for ch in changes {
+            assert_eq!(ch["effect"], "moved", "{machine}: {ch}");
+            assert_eq!(ch["class"], "safe", "{machine}: {ch}");
+        }
+        assert_eq!(v["verdict"], "LiveApply", "{machine}");
+    }
+
+    let (code, _, err) = sim.kubectl(&["apply", "-f", manifests.join("patches.yaml").to_str().unwrap()]).unwrap();
+    assert_eq!(code, 0, "{err}");
+    sim.wait_quiet();
+    assert_eq!(reasons(), "Converged Converged Converged Converged");
+    assert_eq!(boots(), boots_before, "no node rebooted");
+    let (_, out, _) = sim.ichor(&["status", "--cluster", "lab"]);
+    assert_eq!(out, "No TalosOperations in ichor-system.\n");
+    for pair in addresses.split_whitespace() {
+        let (machine, address) = pair.split_once('=').unwrap();
+        let file = sim.dir.join(format!("{machine}.yaml"));
+        let (code, out, err) = sim.ichor(&[
+            "config",
+            "diff",
+            "-n",
+            address,
+            "--talosconfig",
+            tc.to_str().unwrap(),
+            "--to",
+            file.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{machine}: the node holds its migrated render: {out}{err}");
+    }
+    let _ = std::fs::remove_dir_all(&manifests);
 }

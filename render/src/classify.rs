@@ -52,6 +52,26 @@ struct Rels {
     policy_class: Input<2>,
     at_contract: Input<1>,
     entry_effect: Input<2>,
+    moved_change: Input<2>,
+    legacy_node: Input<1>,
+    legacy_leaf: Input<1>,
+    under: Input<2>,
+    legacy_value: Input<2>,
+    t_moved: Output<3>,
+    t_negated: Output<3>,
+    t_moved_each: Output<3>,
+    t_each_field: Output<3>,
+    t_implied: Output<3>,
+    t_implied_add: Output<3>,
+    migrate_move: Output<3>,
+    migrate_negated: Output<3>,
+    migrate_each: Output<3>,
+    migrate_field: Output<3>,
+    migrate_drop: Output<2>,
+    migrate_kept: Output<3>,
+    migrate_finding: Output<3>,
+    migrate_add: Output<2>,
+    nothing_to_migrate: Output<0>,
     effect: Output<2>,
     no_effect: Output<2>,
     decided_by_policy: Output<3>,
@@ -100,6 +120,26 @@ impl Rels {
             policy_class: b.input("policy_class", [("policy", N), ("class", S)]),
             at_contract: b.input("at_contract", [("version", S)]),
             entry_effect: b.input("entry_effect", [("entry", N), ("effect", S)]),
+            moved_change: b.input("moved_change", [("path", S), ("other", S)]),
+            legacy_node: b.input("legacy_node", [("path", S)]),
+            legacy_leaf: b.input("legacy_leaf", [("path", S)]),
+            under: b.input("under", [("leaf", S), ("ancestor", S)]),
+            legacy_value: b.input("legacy_value", [("path", S), ("text", S)]),
+            t_moved: b.output("moved", [("from", S), ("to", S), ("group", S)]),
+            t_negated: b.output("negated", [("from", S), ("to", S), ("group", S)]),
+            t_moved_each: b.output("moved_each", [("list", S), ("kind", S), ("group", S)]),
+            t_each_field: b.output("each_field", [("list", S), ("from", S), ("to", S)]),
+            t_implied: b.output("implied_by_document", [("leaf", S), ("value", S), ("group", S)]),
+            t_implied_add: b.output("implied_add", [("path", S), ("value", S), ("group", S)]),
+            migrate_move: b.output("migrate_move", [("from", S), ("to", S), ("group", S)]),
+            migrate_negated: b.output("migrate_negated", [("from", S), ("to", S), ("group", S)]),
+            migrate_each: b.output("migrate_each", [("list", S), ("kind", S), ("group", S)]),
+            migrate_field: b.output("migrate_field", [("list", S), ("from", S), ("to", S)]),
+            migrate_drop: b.output("migrate_drop", [("leaf", S), ("group", S)]),
+            migrate_kept: b.output("migrate_kept", [("group", S), ("leaf", S), ("why", S)]),
+            migrate_finding: b.output("migrate_finding", [("code", S), ("at", S), ("message", S)]),
+            migrate_add: b.output("migrate_add", [("path", S), ("value", S)]),
+            nothing_to_migrate: b.output("nothing_to_migrate", []),
             effect: b.output("effect", [("path", S), ("effect", S)]),
             no_effect: b.output("no_effect", [("path", S), ("because", S)]),
             decided_by_policy: b.output("decided_by_policy", [("path", S), ("class", S), ("policy", N)]),
@@ -192,6 +232,10 @@ pub struct Classifier {
     /// the machine's condition: only the rules these need run.
     changes_demand: Demand,
     machine_demand: Demand,
+    migrate_demand: Demand,
+    /// Where each legacy field lives in the v1.14 documents (rules/migrate.rules' tables), for
+    /// telling moves in a diff.
+    pub moves: crate::migrate::Table,
 }
 
 /// Why a path has its class.
@@ -207,6 +251,8 @@ pub enum Reason {
     Unsupported,
     /// This fleet's policy (the cluster's `spec.configPolicy[i]`) raises it.
     Policy(usize),
+    /// The same value moved between a legacy field and its v1.14 document.
+    Moved,
 }
 
 /// The class of one changed path; `Outcome::changes[i]` answers for the caller's `changes[i]`.
@@ -235,12 +281,13 @@ impl Reason {
             Reason::Ambiguous => "ambiguous",
             Reason::Unsupported => "not-in-contract",
             Reason::Policy(_) => "policy",
+            Reason::Moved => "moved",
         }
     }
 
     /// The reason a `class_of` symbol names; `entry` is `None` (its entry is in `decided_by`).
     fn from_symbol(s: &str) -> Option<Reason> {
-        [Reason::Default, Reason::Ambiguous, Reason::Unsupported].into_iter().find(|r| r.symbol() == s)
+        [Reason::Default, Reason::Ambiguous, Reason::Unsupported, Reason::Moved].into_iter().find(|r| r.symbol() == s)
     }
 }
 
@@ -375,6 +422,8 @@ pub struct Outcome {
     /// For each change, why it has no effect in the desired config, when the rules say so
     /// (`no_effect`), in the order of the changes given.
     pub no_effect: Vec<Option<String>>,
+    /// For each change that only moves (`Reason::Moved`), the path at the other end of the move.
+    pub moved_to: Vec<Option<String>>,
     /// What Talos would refuse in the desired config.
     pub rejected: Vec<Rejection>,
     /// The machine's condition, when classified with its context.
@@ -444,6 +493,21 @@ impl Classifier {
             rels.rejected.id(),
         ];
         let changes_demand = engine.demand(&read);
+        let migrate_demand = engine.demand(&[
+            rels.migrate_move.id(),
+            rels.migrate_negated.id(),
+            rels.migrate_each.id(),
+            rels.migrate_field.id(),
+            rels.migrate_drop.id(),
+            rels.migrate_kept.id(),
+            rels.migrate_finding.id(),
+            rels.migrate_add.id(),
+            rels.nothing_to_migrate.id(),
+        ]);
+        let moves = match move_table(&engine, &rels) {
+            Ok(t) => t,
+            Err(e) => return Err(LoadError { problems: vec![format!("evaluating rules/migrate.rules' tables: {e}")] }),
+        };
         let machine_demand = engine
             .demand(&[&read[..], &[rels.machine_ready.id(), rels.reboot_path.id(), rels.apply_live.id()]].concat());
         Ok(Classifier {
@@ -454,6 +518,8 @@ impl Classifier {
             rels,
             changes_demand,
             machine_demand,
+            migrate_demand,
+            moves,
         })
     }
 
@@ -601,6 +667,8 @@ impl Classifier {
         // Each path is interned once; its id finds its change again when decoding.
         let mut by_id: Vec<usize> = vec![];
         let mut sensitive = Vec::with_capacity(changes.len());
+        // Moves between a legacy field and its document, with the same value: facts for the rules.
+        let moves = self.moves.moves_in(changes);
         let (mut cands, mut scratch) = (vec![], (vec![], vec![]));
         b.reserve_syms(changes.len());
         b.reserve(r.change.id(), changes.len());
@@ -627,6 +695,10 @@ impl Classifier {
                 r.policy_candidate.push(&mut b, row);
             }
             sensitive.push(secret);
+        }
+        for (&i, other) in &moves {
+            let row = [b.sym_owned(changes[i].path.text()), b.sym(other)];
+            r.moved_change.push(&mut b, row);
         }
         if let Some(cfg) = desired {
             let row = [b.sym(&contract.to_string())];
@@ -716,6 +788,7 @@ impl Classifier {
             })
             .collect();
         let mut no_effect = vec![None; out.len()];
+        let mut moved_to: Vec<Option<String>> = vec![None; out.len()];
         let change_of = |id: u32| by_id.get(id as usize).copied().filter(|&i| i != usize::MAX);
         for [path, class, reason] in r.class_of.rows(&db) {
             let Some(i) = change_of(path) else { continue };
@@ -741,6 +814,11 @@ impl Classifier {
         for [path, effect] in r.effect.rows(&db) {
             if let Some(i) = change_of(path) {
                 out[i].effect = Effect::parse(db.sym(effect));
+            }
+        }
+        for (i, k) in out.iter().enumerate() {
+            if k.reason == Reason::Moved {
+                moved_to[i] = moves.get(&i).cloned();
             }
         }
         for [path, because] in r.no_effect.rows(&db) {
@@ -780,7 +858,7 @@ impl Classifier {
                 apply_paths,
             })
         });
-        Ok(Outcome { contract, verdict, changes: out, no_effect, rejected, machine, db })
+        Ok(Outcome { contract, verdict, changes: out, no_effect, moved_to, rejected, machine, db })
     }
 
     /// The sentence that explains a path's class to an operator.
@@ -793,6 +871,7 @@ impl Classifier {
             Reason::Ambiguous => "Field-metadata entries of equal specificity disagree about this path, so Ichor fails closed and treats it as needing a reboot; make one entry more specific.".into(),
             Reason::Default => "No field-metadata entry decides this path, so Ichor fails closed and treats it as needing a reboot; add an entry to rules/fieldmeta.yaml.".into(),
             Reason::Policy(i) => format!("This fleet's policy (the TalosCluster's spec.configPolicy[{i}]) makes it {}, stricter than Talos needs.", c.class),
+            Reason::Moved => "Only moved: the same value between a legacy v1alpha1 field and its v1.14 document (rules/migrate.rules); Talos reads it from the new place, so nothing changes on the node.".into(),
         }
     }
 
@@ -871,6 +950,130 @@ impl Classifier {
             _ => None,
         }
     }
+}
+
+impl Classifier {
+    /// The migration of `cfg` to the v1.14 documents at `contract` (`ichor config migrate`): the
+    /// rules (rules/migrate.rules) decide what moves, what stays and what needs a decision;
+    /// `migrate::perform` moves it; the result is checked by the same rules as a render (what
+    /// Talos would refuse).
+    pub fn migrate(&self, contract: Contract, cfg: &Config) -> Result<crate::migrate::Migration, ClassifyError> {
+        use crate::migrate::{Decisions, Finding, Kept, scalar_text};
+        let Some(data) = self.contracts.get(&contract) else {
+            return Err(ClassifyError::UnknownContract { contract });
+        };
+        let r = self.rels;
+        let mut b = self.engine.fact_builder();
+        let row = [b.sym(&contract.to_string())];
+        r.at_contract.push(&mut b, row);
+        for d in cfg.docs.iter().filter(|d| d.kind.is_some()) {
+            let kind = b.sym(d.kind.as_deref().unwrap_or_default());
+            r.document.push(&mut b, [kind]);
+        }
+        let mut nodes = std::collections::BTreeSet::new();
+        for (path, v) in cfg.leaves() {
+            if matches!(path.segs.first(), Some(crate::path::Seg::Field(k)) if k.starts_with(|c: char| c.is_ascii_uppercase()))
+            {
+                continue;
+            }
+            let leaf = b.sym(&path.to_string());
+            r.legacy_leaf.push(&mut b, [leaf]);
+            for n in 1..=path.segs.len() {
+                let anc = Path { segs: path.segs[..n].to_vec() }.to_string();
+                let a = b.sym(&anc);
+                r.under.push(&mut b, [leaf, a]);
+                nodes.insert(anc);
+            }
+            if !data.matcher.secret(&path)
+                && let Some(t) = scalar_text(&v)
+            {
+                let row = [leaf, b.sym(&t)];
+                r.legacy_value.push(&mut b, row);
+            }
+        }
+        for n in &nodes {
+            let id = b.sym(n);
+            r.legacy_node.push(&mut b, [id]);
+        }
+        let db = self.engine.evaluate_built_for(b, EvalOptions::default(), &self.migrate_demand)?;
+        let path = |id: u32| Path::parse(db.sym(id)).ok();
+        let text = |id: u32| db.sym(id).to_string();
+        let triples = |rel: Output<3>| -> Vec<(Path, Path, String)> {
+            rel.rows(&db).filter_map(|[f, t, g]| Some((path(f)?, path(t)?, text(g)))).collect()
+        };
+        let mut fields: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for [l, f, t] in r.migrate_field.rows(&db) {
+            fields.entry(text(l)).or_default().push((text(f), text(t)));
+        }
+        let d = Decisions {
+            moves: triples(r.migrate_move),
+            negated: triples(r.migrate_negated),
+            each: r
+                .migrate_each
+                .rows(&db)
+                .filter_map(|[l, k, g]| {
+                    Some((path(l)?, text(k), fields.get(db.sym(l)).cloned().unwrap_or_default(), text(g)))
+                })
+                .collect(),
+            drops: r.migrate_drop.rows(&db).filter_map(|[l, g]| Some((path(l)?, text(g)))).collect(),
+            adds: r.migrate_add.rows(&db).filter_map(|[p, v]| Some((path(p)?, text(v)))).collect(),
+            kept: r
+                .migrate_kept
+                .rows(&db)
+                .map(|[g, l, w]| Kept { group: text(g), leaf: text(l), why: text(w) })
+                .collect(),
+            findings: r
+                .migrate_finding
+                .rows(&db)
+                .map(|[c, a, m]| Finding { code: text(c), at: text(a), message: text(m) })
+                .collect(),
+            nothing: r.nothing_to_migrate.rows(&db).next().is_some(),
+        };
+        let secret = |p: &Path| data.matcher.secret(p);
+        let mut m = crate::migrate::perform(cfg, &d, &secret);
+        // Kept: each field the table says has no home, and one line for the others of a group.
+        let mut seen = std::collections::BTreeSet::new();
+        m.kept.retain(|k| seen.insert((k.group.clone(), k.why.clone())));
+        if !m.nothing {
+            m.rejected = self.classify(contract, &[], Some(&m.config), false)?.rejected;
+        }
+        Ok(m)
+    }
+}
+
+/// rules/migrate.rules' tables, evaluated once at load.
+fn move_table(engine: &Engine, r: &Rels) -> Result<crate::migrate::Table, engine::EvalError> {
+    let demand = engine.demand(&[
+        r.t_moved.id(),
+        r.t_negated.id(),
+        r.t_moved_each.id(),
+        r.t_each_field.id(),
+        r.t_implied.id(),
+        r.t_implied_add.id(),
+    ]);
+    let db = engine.evaluate_built_for(engine.fact_builder(), EvalOptions::default(), &demand)?;
+    let path = |id: u32| Path::parse(db.sym(id)).ok();
+    let text = |id: u32| db.sym(id).to_string();
+    let triples = |rel: Output<3>| -> Vec<(Path, Path, String)> {
+        rel.rows(&db).filter_map(|[f, t, g]| Some((path(f)?, path(t)?, text(g)))).collect()
+    };
+    let mut fields: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for [l, f, t] in r.t_each_field.rows(&db) {
+        fields.entry(text(l)).or_default().push((text(f), text(t)));
+    }
+    Ok(crate::migrate::Table {
+        moved: triples(r.t_moved),
+        negated: triples(r.t_negated),
+        each: r
+            .t_moved_each
+            .rows(&db)
+            .filter_map(|[l, k, g]| {
+                Some((path(l)?, text(k), fields.get(db.sym(l)).cloned().unwrap_or_default(), text(g)))
+            })
+            .collect(),
+        implied: r.t_implied.rows(&db).filter_map(|[l, v, g]| Some((path(l)?, text(v), text(g)))).collect(),
+        added: r.t_implied_add.rows(&db).filter_map(|[p, v, g]| Some((path(p)?, text(v), text(g)))).collect(),
+    })
 }
 
 /// What the validation rules read of one leaf's value.

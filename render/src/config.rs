@@ -332,7 +332,8 @@ fn key(s: &Seg) -> Option<Value> {
     }
 }
 
-fn get<'v>(v: &'v Value, segs: &[Seg]) -> Option<&'v Value> {
+/// The value at `segs` inside a document's value.
+pub(crate) fn get<'v>(v: &'v Value, segs: &[Seg]) -> Option<&'v Value> {
     let Some((first, rest)) = segs.split_first() else { return Some(v) };
     let next = match first {
         Seg::Index(i) => v.as_sequence()?.get(*i)?,
@@ -341,7 +342,8 @@ fn get<'v>(v: &'v Value, segs: &[Seg]) -> Option<&'v Value> {
     get(next, rest)
 }
 
-fn set(v: &mut Value, segs: &[Seg], to: Option<Value>) {
+/// Sets (or with `None` removes, pruning parents it empties) the value at `segs`.
+pub(crate) fn set(v: &mut Value, segs: &[Seg], to: Option<Value>) {
     let Some((first, rest)) = segs.split_first() else {
         if let Some(t) = to {
             *v = t;

@@ -22,6 +22,7 @@ pub mod fieldmeta;
 pub mod inventory;
 pub mod machine;
 pub mod manifests;
+pub mod migrate;
 pub mod patch;
 pub mod path;
 pub mod policy;

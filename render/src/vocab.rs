@@ -114,11 +114,14 @@ pub enum Effect {
     /// Talos accepts it, but nothing reads it (another field or document overrides it, or it is
     /// read only when a volume is formatted): a dead path.
     NoEffect,
+    /// The same value moved between a legacy field and its v1.14 document (rules/migrate.rules):
+    /// nothing changes on the node.
+    Moved,
 }
 
 impl Effect {
     /// Every effect.
-    pub const ALL: [Effect; 7] = [
+    pub const ALL: [Effect; 8] = [
         Effect::Live,
         Effect::LiveRestarts,
         Effect::AfterReboot,
@@ -126,6 +129,7 @@ impl Effect {
         Effect::InstallTimeOnly,
         Effect::Operation,
         Effect::NoEffect,
+        Effect::Moved,
     ];
 
     /// The symbol the rules and the field metadata use.
@@ -138,6 +142,7 @@ impl Effect {
             Effect::InstallTimeOnly => "install-time-only",
             Effect::Operation => "operation",
             Effect::NoEffect => "no-effect",
+            Effect::Moved => "moved",
         }
     }
 
@@ -164,6 +169,7 @@ impl Effect {
                 format!("operation{by}{restarting}")
             }
             Effect::NoEffect => "accepted, no effect".into(),
+            Effect::Moved => "moved (same value)".into(),
         }
     }
 }
