@@ -201,6 +201,12 @@ impl Sim {
         panic!("the simulated cluster kept changing for 60 s");
     }
 
+    /// Every TalosMachine's Ready reason, as kubectl reads it, in name order.
+    fn machine_reasons(&self) -> String {
+        let jsonpath = "jsonpath={.items[*].status.conditions[0].reason}";
+        self.kubectl(&["get", "talosmachines", "-n", "ichor-system", "-o", jsonpath]).expect("kubectl on PATH").1
+    }
+
     /// The reason of the TalosCluster's CNIValuesApplied condition, as kubectl reads it.
     fn values_reason(&self) -> String {
         let c = r#"jsonpath={.status.conditions[?(@.type=="CNIValuesApplied")].reason}"#;
@@ -1075,18 +1081,7 @@ fn a_safe_patch_is_applied_live_on_every_machine_within_seconds() {
     let start = std::time::Instant::now();
     let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl on PATH");
     assert_eq!(code, 0, "{err}");
-    let reasons = || {
-        sim.kubectl(&[
-            "get",
-            "talosmachines",
-            "-n",
-            "ichor-system",
-            "-o",
-            "jsonpath={.items[*].status.conditions[0].reason}",
-        ])
-        .unwrap()
-        .1
-    };
+    let reasons = || sim.machine_reasons();
     let labels = || sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.labels.team}"]).unwrap().1;
     let mut seen = (String::new(), String::new());
     while start.elapsed() < std::time::Duration::from_secs(20) {
@@ -2010,18 +2005,7 @@ fn migrated_patches_converge_every_machine_with_only_moves() {
     std::fs::copy(root().join("examples/clusters/lab-v1.13/patches.yaml"), manifests.join("patches.yaml")).unwrap();
     let sim = Sim::start_manifests("migrate", manifests.to_str().unwrap(), "disabled", &[]);
     sim.wait_quiet();
-    let reasons = || {
-        sim.kubectl(&[
-            "get",
-            "talosmachines",
-            "-n",
-            "ichor-system",
-            "-o",
-            "jsonpath={.items[*].status.conditions[0].reason}",
-        ])
-        .expect("kubectl on PATH")
-        .1
-    };
+    let reasons = || sim.machine_reasons();
     assert_eq!(reasons(), "Converged Converged Converged Converged");
     let boots = || sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
     let boots_before = boots();

@@ -998,23 +998,12 @@ impl Classifier {
         let db = self.engine.evaluate_built_for(b, EvalOptions::default(), &self.migrate_demand)?;
         let path = |id: u32| Path::parse(db.sym(id)).ok();
         let text = |id: u32| db.sym(id).to_string();
-        let triples = |rel: Output<3>| -> Vec<(Path, Path, String)> {
-            rel.rows(&db).filter_map(|[f, t, g]| Some((path(f)?, path(t)?, text(g)))).collect()
-        };
-        let mut fields: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
-        for [l, f, t] in r.migrate_field.rows(&db) {
-            fields.entry(text(l)).or_default().push((text(f), text(t)));
-        }
+        let (moves, negated, each) =
+            decode_moves(&db, [r.migrate_move, r.migrate_negated, r.migrate_each, r.migrate_field]);
         let d = Decisions {
-            moves: triples(r.migrate_move),
-            negated: triples(r.migrate_negated),
-            each: r
-                .migrate_each
-                .rows(&db)
-                .filter_map(|[l, k, g]| {
-                    Some((path(l)?, text(k), fields.get(db.sym(l)).cloned().unwrap_or_default(), text(g)))
-                })
-                .collect(),
+            moves,
+            negated,
+            each,
             drops: r.migrate_drop.rows(&db).filter_map(|[l, g]| Some((path(l)?, text(g)))).collect(),
             adds: r.migrate_add.rows(&db).filter_map(|[p, v]| Some((path(p)?, text(v)))).collect(),
             kept: r
@@ -1041,6 +1030,28 @@ impl Classifier {
     }
 }
 
+/// Moves (from, to, group), negated moves of that shape, and list moves with their fields.
+type Moves = (Vec<(Path, Path, String)>, Vec<(Path, Path, String)>, Vec<crate::migrate::EachMove>);
+
+/// The moves, negated moves and list moves (list, kind, group) with their fields (list, from,
+/// to), decoded from those four relations, in that order.
+fn decode_moves(db: &Database, [moved, negated, each, fields]: [Output<3>; 4]) -> Moves {
+    let path = |id: u32| Path::parse(db.sym(id)).ok();
+    let text = |id: u32| db.sym(id).to_string();
+    let triples = |rel: Output<3>| -> Vec<(Path, Path, String)> {
+        rel.rows(db).filter_map(|[f, t, g]| Some((path(f)?, path(t)?, text(g)))).collect()
+    };
+    let mut by_list: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for [l, f, t] in fields.rows(db) {
+        by_list.entry(text(l)).or_default().push((text(f), text(t)));
+    }
+    let each = each
+        .rows(db)
+        .filter_map(|[l, k, g]| Some((path(l)?, text(k), by_list.get(db.sym(l)).cloned().unwrap_or_default(), text(g))))
+        .collect();
+    (triples(moved), triples(negated), each)
+}
+
 /// rules/migrate.rules' tables, evaluated once at load.
 fn move_table(engine: &Engine, r: &Rels) -> Result<crate::migrate::Table, engine::EvalError> {
     let demand = engine.demand(&[
@@ -1054,23 +1065,11 @@ fn move_table(engine: &Engine, r: &Rels) -> Result<crate::migrate::Table, engine
     let db = engine.evaluate_built_for(engine.fact_builder(), EvalOptions::default(), &demand)?;
     let path = |id: u32| Path::parse(db.sym(id)).ok();
     let text = |id: u32| db.sym(id).to_string();
-    let triples = |rel: Output<3>| -> Vec<(Path, Path, String)> {
-        rel.rows(&db).filter_map(|[f, t, g]| Some((path(f)?, path(t)?, text(g)))).collect()
-    };
-    let mut fields: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
-    for [l, f, t] in r.t_each_field.rows(&db) {
-        fields.entry(text(l)).or_default().push((text(f), text(t)));
-    }
+    let (moved, negated, each) = decode_moves(&db, [r.t_moved, r.t_negated, r.t_moved_each, r.t_each_field]);
     Ok(crate::migrate::Table {
-        moved: triples(r.t_moved),
-        negated: triples(r.t_negated),
-        each: r
-            .t_moved_each
-            .rows(&db)
-            .filter_map(|[l, k, g]| {
-                Some((path(l)?, text(k), fields.get(db.sym(l)).cloned().unwrap_or_default(), text(g)))
-            })
-            .collect(),
+        moved,
+        negated,
+        each,
         implied: r.t_implied.rows(&db).filter_map(|[l, v, g]| Some((path(l)?, text(v), text(g)))).collect(),
         added: r.t_implied_add.rows(&db).filter_map(|[p, v, g]| Some((path(p)?, text(v), text(g)))).collect(),
     })
