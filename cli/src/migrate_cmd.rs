@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 #[derive(clap::Args, Debug)]
 pub struct MigrateArgs {
     /// A Talos config in v1alpha1 form (a machine config file).
-    #[arg(required_unless_present = "manifests", conflicts_with = "manifests")]
+    #[arg(conflicts_with = "manifests")]
     pub file: Option<PathBuf>,
     /// A folder of manifests: rewrite each TalosConfigPatch's patch into document form, in
     /// place, after rendering every machine with the rewritten patches.
@@ -62,7 +62,9 @@ pub fn run(a: MigrateArgs) -> Result<Report> {
     match (&a.file, &a.manifests) {
         (Some(file), _) => migrate_file(&c, file, &a),
         (None, Some(dir)) => migrate_manifests(&c, dir, &a),
-        (None, None) => bail!("name a config file or --manifests DIR"),
+        (None, None) => bail!(
+            "nothing to migrate named: give a Talos config file (`ichor config migrate controlplane.yaml`) or a folder of manifests (`--manifests DIR`)"
+        ),
     }
 }
 
