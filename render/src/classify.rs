@@ -57,12 +57,15 @@ struct Rels {
     legacy_leaf: Input<1>,
     under: Input<2>,
     legacy_value: Input<2>,
+    legacy_filled: Input<1>,
     t_moved: Output<3>,
     t_negated: Output<3>,
     t_moved_each: Output<3>,
     t_each_field: Output<3>,
     t_implied: Output<3>,
     t_implied_add: Output<3>,
+    t_decoded: Output<3>,
+    migrate_decoded: Output<3>,
     migrate_move: Output<3>,
     migrate_negated: Output<3>,
     migrate_each: Output<3>,
@@ -125,12 +128,15 @@ impl Rels {
             legacy_leaf: b.input("legacy_leaf", [("path", S)]),
             under: b.input("under", [("leaf", S), ("ancestor", S)]),
             legacy_value: b.input("legacy_value", [("path", S), ("text", S)]),
+            legacy_filled: b.input("legacy_filled", [("path", S)]),
             t_moved: b.output("moved", [("from", S), ("to", S), ("group", S)]),
             t_negated: b.output("negated", [("from", S), ("to", S), ("group", S)]),
             t_moved_each: b.output("moved_each", [("list", S), ("kind", S), ("group", S)]),
             t_each_field: b.output("each_field", [("list", S), ("from", S), ("to", S)]),
             t_implied: b.output("implied_by_document", [("leaf", S), ("value", S), ("group", S)]),
             t_implied_add: b.output("implied_add", [("path", S), ("value", S), ("group", S)]),
+            t_decoded: b.output("decoded_pair", [("from", S), ("to", S), ("group", S)]),
+            migrate_decoded: b.output("migrate_decoded", [("from", S), ("to", S), ("group", S)]),
             migrate_move: b.output("migrate_move", [("from", S), ("to", S), ("group", S)]),
             migrate_negated: b.output("migrate_negated", [("from", S), ("to", S), ("group", S)]),
             migrate_each: b.output("migrate_each", [("list", S), ("kind", S), ("group", S)]),
@@ -496,6 +502,7 @@ impl Classifier {
         let migrate_demand = engine.demand(&[
             rels.migrate_move.id(),
             rels.migrate_negated.id(),
+            rels.migrate_decoded.id(),
             rels.migrate_each.id(),
             rels.migrate_field.id(),
             rels.migrate_drop.id(),
@@ -990,6 +997,9 @@ impl Classifier {
                 let row = [leaf, b.sym(&t)];
                 r.legacy_value.push(&mut b, row);
             }
+            if leaf_facts(&v).filled {
+                r.legacy_filled.push(&mut b, [leaf]);
+            }
         }
         for n in &nodes {
             let id = b.sym(n);
@@ -1000,9 +1010,13 @@ impl Classifier {
         let text = |id: u32| db.sym(id).to_string();
         let (moves, negated, each) =
             decode_moves(&db, [r.migrate_move, r.migrate_negated, r.migrate_each, r.migrate_field]);
+        let triples = |rel: Output<3>| -> Vec<(Path, Path, String)> {
+            rel.rows(&db).filter_map(|[f, t, g]| Some((path(f)?, path(t)?, text(g)))).collect()
+        };
         let d = Decisions {
             moves,
             negated,
+            decoded: triples(r.migrate_decoded),
             each,
             drops: r.migrate_drop.rows(&db).filter_map(|[l, g]| Some((path(l)?, text(g)))).collect(),
             adds: r.migrate_add.rows(&db).filter_map(|[p, v]| Some((path(p)?, text(v)))).collect(),
@@ -1061,14 +1075,17 @@ fn move_table(engine: &Engine, r: &Rels) -> Result<crate::migrate::Table, engine
         r.t_each_field.id(),
         r.t_implied.id(),
         r.t_implied_add.id(),
+        r.t_decoded.id(),
     ]);
     let db = engine.evaluate_built_for(engine.fact_builder(), EvalOptions::default(), &demand)?;
     let path = |id: u32| Path::parse(db.sym(id)).ok();
     let text = |id: u32| db.sym(id).to_string();
     let (moved, negated, each) = decode_moves(&db, [r.t_moved, r.t_negated, r.t_moved_each, r.t_each_field]);
+    let decoded = r.t_decoded.rows(&db).filter_map(|[f, t, g]| Some((path(f)?, path(t)?, text(g)))).collect();
     Ok(crate::migrate::Table {
         moved,
         negated,
+        decoded,
         each,
         implied: r.t_implied.rows(&db).filter_map(|[l, v, g]| Some((path(l)?, text(v), text(g)))).collect(),
         added: r.t_implied_add.rows(&db).filter_map(|[p, v, g]| Some((path(p)?, text(v), text(g)))).collect(),

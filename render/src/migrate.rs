@@ -25,6 +25,8 @@ pub struct Table {
     pub moved: Vec<(Path, Path, String)>,
     /// Legacy boolean, the document field holding its opposite, its group.
     pub negated: Vec<(Path, Path, String)>,
+    /// Legacy base64 text, the document field holding the text decoded, its group.
+    pub decoded: Vec<(Path, Path, String)>,
     /// Legacy list, the kind each element becomes, the element fields and where they go, its group.
     pub each: Vec<EachMove>,
     /// Legacy leaf the document's presence says, with its value (as text), its group.
@@ -40,6 +42,8 @@ pub struct Decisions {
     pub moves: Vec<(Path, Path, String)>,
     /// Booleans to move negated: from, to, group.
     pub negated: Vec<(Path, Path, String)>,
+    /// Base64 text to move decoded: from, to, group.
+    pub decoded: Vec<(Path, Path, String)>,
     /// Lists whose elements become named documents: list, kind, fields, group.
     pub each: Vec<EachMove>,
     /// Legacy leaves the documents' presence says: leaf, group.
@@ -83,7 +87,7 @@ pub struct Moved {
     pub from: String,
     /// The document path.
     pub to: String,
-    /// How: `moved`, `negated`, `element` (a list element become a document), `implied` (said
+    /// How: `moved`, `negated`, `decoded` (base64 text written decoded), `element` (a list element become a document), `implied` (said
     /// by the document's presence), `added` (made explicit).
     pub how: &'static str,
 }
@@ -139,6 +143,14 @@ pub fn scalar_text(v: &Value) -> Option<String> {
         Value::Bool(b) => Some(b.to_string()),
         _ => None,
     }
+}
+
+/// The text a base64 string decodes to, when it is base64 of UTF-8 text.
+pub fn base64_text(v: &Value) -> Option<String> {
+    use base64::Engine as _;
+    let s = v.as_str()?;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(s.trim()).ok()?;
+    String::from_utf8(bytes).ok()
 }
 
 /// The document a path lives in (its kind and name) and the path inside it.
@@ -209,6 +221,23 @@ pub fn perform(cfg: &Config, d: &Decisions, secret: &dyn Fn(&Path) -> bool) -> M
             writes.push((from.clone(), to.clone(), Value::Bool(!b), "negated"));
         }
     }
+    // A value that does not decode stays where it is, said as a conflict with itself.
+    let mut undecodable = BTreeSet::new();
+    for (from, to, _) in &d.decoded {
+        match legacy_get(cfg, from).map(|v| (v, base64_text(v))) {
+            Some((_, Some(text))) => writes.push((from.clone(), to.clone(), Value::String(text), "decoded")),
+            Some((v, None)) => {
+                undecodable.insert(from.clone());
+                conflicts.push(Conflict {
+                    legacy: from.to_string(),
+                    legacy_value: shown(v, secret(from)),
+                    document: to.to_string(),
+                    document_value: "(not written: the legacy value is not base64-encoded text)".into(),
+                });
+            }
+            None => {}
+        }
+    }
     for (list, kind, fields, _) in &d.each {
         let Some(Value::Sequence(items)) = legacy_get(cfg, list) else { continue };
         for (i, item) in items.iter().enumerate() {
@@ -259,7 +288,9 @@ pub fn perform(cfg: &Config, d: &Decisions, secret: &dyn Fn(&Path) -> bool) -> M
         .moves
         .iter()
         .chain(&d.negated)
+        .chain(&d.decoded)
         .map(|(f, _, _)| f.clone())
+        .filter(|f| !undecodable.contains(f))
         .chain(d.each.iter().map(|(l, ..)| l.clone()))
         .chain(d.drops.iter().map(|(l, _)| l.clone()))
         .collect();
@@ -280,7 +311,7 @@ impl Table {
     /// The groups' document kinds (the first segment of their targets).
     fn kinds(&self, group: &str) -> BTreeSet<String> {
         let mut out: BTreeSet<String> = BTreeSet::new();
-        for (_, to, g) in self.moved.iter().chain(&self.negated) {
+        for (_, to, g) in self.moved.iter().chain(&self.negated).chain(&self.decoded) {
             if g == group
                 && let Some(Seg::Field(k)) = to.segs.first()
             {
@@ -325,6 +356,15 @@ impl Table {
             for (from, to, g) in &self.negated {
                 if let (true, Some(Value::Bool(b)), Some(&j)) = (p == from, old, added.get(to))
                     && changes[j].new == Some(Value::Bool(!b))
+                {
+                    pair(&mut out, i, j);
+                    groups_moved.insert(g);
+                }
+            }
+            for (from, to, g) in &self.decoded {
+                if let (true, Some(old), Some(&j)) = (p == from, old, added.get(to))
+                    && base64_text(old)
+                        .is_some_and(|t| changes[j].new.as_ref().and_then(Value::as_str) == Some(t.as_str()))
                 {
                     pair(&mut out, i, j);
                     groups_moved.insert(g);
@@ -399,6 +439,11 @@ mod tests {
         Table {
             moved: vec![(p("machine.time.servers"), p("TimeSyncConfig.ntp.servers"), "TimeSyncConfig".into())],
             negated: vec![(p("cluster.proxy.disabled"), p("KubeProxyConfig.enabled"), "KubeProxyConfig".into())],
+            decoded: vec![(
+                p("cluster.ca.crt"),
+                p("KubeAPIServerCAConfig.acceptedCAs[0]"),
+                "KubeAPIServerCAConfig".into(),
+            )],
             each: vec![(
                 p("cluster.inlineManifests"),
                 "KubeInlineManifestConfig".into(),
@@ -430,6 +475,43 @@ mod tests {
         assert!(moved.contains(&"cluster.inlineManifests[0].name".to_string()));
         // machine.type was added: a change, not a move.
         assert!(!moved.contains(&"machine.type".to_string()));
+    }
+
+    #[test]
+    fn base64_text_moves_decoded_and_other_text_does_not() {
+        // "-----BEGIN X-----\n" in base64.
+        let old = Config::parse("cluster:\n  ca:\n    crt: LS0tLS1CRUdJTiBYLS0tLS0K\n").unwrap();
+        let new = Config::parse(
+            "apiVersion: v1alpha1\nkind: KubeAPIServerCAConfig\nacceptedCAs:\n  - |\n    -----BEGIN X-----\n",
+        )
+        .unwrap();
+        let changes = crate::diff::changes(&old, &new);
+        assert_eq!(table().moves_in(&changes).len(), 2, "{changes:?}");
+        let other = Config::parse(
+            "apiVersion: v1alpha1\nkind: KubeAPIServerCAConfig\nacceptedCAs: [LS0tLS1CRUdJTiBYLS0tLS0K]\n",
+        )
+        .unwrap();
+        assert!(
+            table().moves_in(&crate::diff::changes(&old, &other)).is_empty(),
+            "the base64 text itself is another value"
+        );
+        let d = Decisions {
+            decoded: vec![(
+                p("cluster.ca.crt"),
+                p("KubeAPIServerCAConfig.acceptedCAs[0]"),
+                "KubeAPIServerCAConfig".into(),
+            )],
+            ..Decisions::default()
+        };
+        let m = perform(&old, &d, &|_: &Path| false);
+        assert_eq!(
+            m.config.leaves().get(&p("KubeAPIServerCAConfig.acceptedCAs[0]")),
+            Some(&Value::String("-----BEGIN X-----\n".into()))
+        );
+        let bad = Config::parse("cluster:\n  ca:\n    crt: not base64!\n").unwrap();
+        let m = perform(&bad, &d, &|_: &Path| false);
+        assert_eq!(m.conflicts.len(), 1);
+        assert!(m.config.leaves().contains_key(&p("cluster.ca.crt")), "a value that does not decode stays");
     }
 
     #[test]
