@@ -2037,25 +2037,21 @@ fn migrated_patches_converge_every_machine_with_only_moves() {
         ])
         .unwrap()
         .1;
+    let machines: Vec<(&str, &str)> = addresses.split_whitespace().filter_map(|p| p.split_once('=')).collect();
     let tc = sim.dir.join("talosconfig");
-    for pair in addresses.split_whitespace() {
-        let (machine, address) = pair.split_once('=').unwrap();
+    // A node's running config, read over Talos's API, against the machine's migrated render.
+    let node_diff = |machine: &str, address: &str| {
+        let file = sim.dir.join(format!("{machine}.yaml"));
+        let to = ["--talosconfig", tc.to_str().unwrap(), "--to", file.to_str().unwrap(), "-o", "json"];
+        sim.ichor(&[&["config", "diff", "-n", address][..], &to[..]].concat())
+    };
+    for &(machine, _) in &machines {
         let (code, desired, err) = sim.ichor(&["render", "--manifests", dir, "--machine", machine]);
         assert_eq!(code, 0, "{err}");
-        let file = sim.dir.join(format!("{machine}.yaml"));
-        std::fs::write(&file, desired).unwrap();
-        let (_, out, err) = sim.ichor(&[
-            "config",
-            "diff",
-            "-n",
-            address,
-            "--talosconfig",
-            tc.to_str().unwrap(),
-            "--to",
-            file.to_str().unwrap(),
-            "-o",
-            "json",
-        ]);
+        std::fs::write(sim.dir.join(format!("{machine}.yaml")), desired).unwrap();
+    }
+    for &(machine, address) in &machines {
+        let (_, out, err) = node_diff(machine, address);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{machine}: {e}: {out}{err}"));
         let changes = v["changes"].as_array().unwrap();
         assert!(!changes.is_empty(), "{machine}: the migration changes its render");
@@ -2073,19 +2069,9 @@ fn migrated_patches_converge_every_machine_with_only_moves() {
     assert_eq!(boots(), boots_before, "no node rebooted");
     let (_, out, _) = sim.ichor(&["status", "--cluster", "lab"]);
     assert_eq!(out, "No TalosOperations in ichor-system.\n");
-    for pair in addresses.split_whitespace() {
-        let (machine, address) = pair.split_once('=').unwrap();
-        let file = sim.dir.join(format!("{machine}.yaml"));
-        let (code, out, err) = sim.ichor(&[
-            "config",
-            "diff",
-            "-n",
-            address,
-            "--talosconfig",
-            tc.to_str().unwrap(),
-            "--to",
-            file.to_str().unwrap(),
-        ]);
+    assert_eq!(machines.len(), 4);
+    for &(machine, address) in &machines {
+        let (code, out, err) = node_diff(machine, address);
         assert_eq!(code, 0, "{machine}: the node holds its migrated render: {out}{err}");
     }
     let _ = std::fs::remove_dir_all(&manifests);

@@ -631,13 +631,8 @@ impl Classifier {
         policy: &[crate::api::PathPolicy],
         provenance: bool,
     ) -> Result<Outcome, ClassifyError> {
-        let Some(data) = self.contracts.get(&contract) else {
-            return Err(ClassifyError::UnknownContract { contract });
-        };
+        let (data, mut b) = self.facts_at(contract)?;
         let r = self.rels;
-        let mut b = self.engine.fact_builder();
-        let row = [b.sym(&contract.to_string())];
-        r.at_contract.push(&mut b, row);
         for (e, entry) in self.meta.entries.iter().enumerate() {
             if !entry.holds_at(contract) {
                 continue;
@@ -898,21 +893,22 @@ impl Classifier {
     }
 
     /// The services a change restarts (its entry's `restarts`).
+    /// A path this fleet's policy raised keeps its entry's: the policy changes when Ichor
+    /// applies it, not what applying it restarts.
     pub fn restarts(&self, c: &Classified) -> &[String] {
-        c.entry().map_or(&[], |e| &self.meta.entries[e].restarts)
+        c.meta_entry.map_or(&[], |e| &self.meta.entries[e].restarts)
     }
 
-    /// The operation that applies a change, when only one may (its entry's `appliedBy`).
+    /// The operation that applies a change, when only one may (its entry's `appliedBy`; the
+    /// machine rules' `operation_path` reads the same entry, policy or not).
     pub fn applied_by(&self, c: &Classified) -> Option<&str> {
-        c.entry().and_then(|e| self.meta.entries[e].applied_by.as_deref())
+        c.meta_entry.and_then(|e| self.meta.entries[e].applied_by.as_deref())
     }
 
     /// What Talos itself does with the change, in an operator's words (`live, restarts
     /// kubelet`, `applied, takes effect after a reboot`), when the rules derived it.
     pub fn effect_label(&self, c: &Classified) -> Option<String> {
-        let entry = c.meta_entry.map(|e| &self.meta.entries[e]);
-        let restarts = entry.map_or(&[][..], |e| &e.restarts[..]);
-        c.effect.map(|x| x.label(restarts, entry.and_then(|e| e.applied_by.as_deref())))
+        c.effect.map(|x| x.label(self.restarts(c), self.applied_by(c)))
     }
 
     /// The rule that derived a path's effect (`effect_by_entry` or `no_effect` in
@@ -960,19 +956,24 @@ impl Classifier {
 }
 
 impl Classifier {
+    /// The contract's data and a fact builder that states the contract (`at_contract`): how
+    /// every evaluation of the config program starts.
+    fn facts_at(&self, contract: Contract) -> Result<(&ContractData, engine::FactBuilder), ClassifyError> {
+        let data = self.contracts.get(&contract).ok_or(ClassifyError::UnknownContract { contract })?;
+        let mut b = self.engine.fact_builder();
+        let row = [b.sym(&contract.to_string())];
+        self.rels.at_contract.push(&mut b, row);
+        Ok((data, b))
+    }
+
     /// The migration of `cfg` to the v1.14 documents at `contract` (`ichor config migrate`): the
     /// rules (rules/migrate.rules) decide what moves, what stays and what needs a decision;
     /// `migrate::perform` moves it; the result is checked by the same rules as a render (what
     /// Talos would refuse).
     pub fn migrate(&self, contract: Contract, cfg: &Config) -> Result<crate::migrate::Migration, ClassifyError> {
         use crate::migrate::{Decisions, Finding, Kept, scalar_text};
-        let Some(data) = self.contracts.get(&contract) else {
-            return Err(ClassifyError::UnknownContract { contract });
-        };
+        let (data, mut b) = self.facts_at(contract)?;
         let r = self.rels;
-        let mut b = self.engine.fact_builder();
-        let row = [b.sym(&contract.to_string())];
-        r.at_contract.push(&mut b, row);
         for d in cfg.docs.iter().filter(|d| d.kind.is_some()) {
             let kind = b.sym(d.kind.as_deref().unwrap_or_default());
             r.document.push(&mut b, [kind]);

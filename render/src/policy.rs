@@ -195,6 +195,14 @@ mod tests {
         assert_eq!(raised.changes[0].class, Class::RebootRequired);
         assert_eq!(raised.changes[0].reason, crate::classify::Reason::Policy(0));
         assert!(c.why_with(v14, &raised.changes[0], &p).contains("spec.configPolicy[0]"));
+        // What applying it restarts, and what Talos does, stay the field metadata's.
+        let kubelet =
+            Change { path: Path::parse("KubeletConfig.extraArgs.v").unwrap(), op: Op::Changed, old: None, new: None };
+        let p = [policy(&["KubeletConfig.**"], PolicyClass::RebootRequired)];
+        let raised = c.classify_with_policy(v14, std::slice::from_ref(&kubelet), None, &p, false).unwrap();
+        assert_eq!(raised.changes[0].reason, crate::classify::Reason::Policy(0));
+        assert_eq!(c.restarts(&raised.changes[0]), ["kubelet".to_string()]);
+        assert_eq!(c.effect_label(&raised.changes[0]).as_deref(), Some("live, restarts kubelet"));
     }
 
     #[test]
