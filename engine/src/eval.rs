@@ -22,6 +22,28 @@ use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+/// Patterns compiled for `match` with a pattern from the facts, kept for the process: the same
+/// few patterns (the field metadata's, the stages') come back in every evaluation, and compiling
+/// one costs far more than matching it. Shared, so the regex's search caches are too. Bounded:
+/// past `KEPT_PATTERNS` distinct patterns the set starts over.
+fn compiled(pattern: &str) -> Result<std::sync::Arc<Regex>, String> {
+    use std::sync::{Arc, Mutex, OnceLock};
+    type Kept = HashMap<String, Result<Arc<Regex>, String>>;
+    static KEPT: OnceLock<Mutex<Kept>> = OnceLock::new();
+    const KEPT_PATTERNS: usize = 4096;
+    let kept = KEPT.get_or_init(Default::default);
+    if let Some(r) = kept.lock().unwrap_or_else(|e| e.into_inner()).get(pattern) {
+        return r.clone();
+    }
+    let r = Regex::new(&crate::plan::whole(pattern)).map(Arc::new).map_err(|e| e.to_string());
+    let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+    if kept.len() >= KEPT_PATTERNS {
+        kept.clear();
+    }
+    kept.insert(pattern.to_string(), r.clone());
+    r
+}
+
 /// Provenance carried beside a row.
 pub trait Meta: Copy + Default + std::fmt::Debug + 'static {
     fn new(rule: u32, height: u32) -> Self;
@@ -503,7 +525,7 @@ struct Ctx<'a, const W: usize> {
     neg: Vec<Option<Rc<NegKeys<W>>>>,
     /// Per aggregate: its value by correlated key (built from the sorted aux relation).
     aggs: Vec<Option<AggTable<W>>>,
-    dyn_regex: RefCell<HashMap<u32, Result<Regex, String>>>,
+    dyn_regex: RefCell<HashMap<u32, Result<std::sync::Arc<Regex>, String>>>,
     error: RefCell<Option<EvalError>>,
     zero: u32,
 }
@@ -690,9 +712,7 @@ impl<const W: usize> Ctx<'_, W> {
                         let pid = self.value(p, env)?;
                         let i = self.interner.borrow();
                         let mut cache = self.dyn_regex.borrow_mut();
-                        let re = cache
-                            .entry(pid)
-                            .or_insert_with(|| Regex::new(&crate::plan::whole(i.sym(pid))).map_err(|e| e.to_string()));
+                        let re = cache.entry(pid).or_insert_with(|| compiled(i.sym(pid)));
                         match re {
                             Ok(re) => re.is_match(i.sym(s)),
                             Err(e) => {
