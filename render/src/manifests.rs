@@ -47,6 +47,19 @@ pub struct Manifests {
     pub secrets: BTreeMap<String, (String, BTreeMap<String, String>)>,
 }
 
+/// Names and counts only: a secret's data never reaches a debug print.
+impl std::fmt::Debug for Manifests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manifests")
+            .field("clusters", &self.clusters.len())
+            .field("machines", &self.machines.len())
+            .field("patches", &self.patches.len())
+            .field("operations", &self.operations.len())
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
 fn ns_name(m: &kube_core::ObjectMeta) -> String {
     format!("{}/{}", m.namespace.clone().unwrap_or_else(|| "default".into()), m.name.clone().unwrap_or_default())
 }

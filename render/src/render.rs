@@ -59,8 +59,8 @@ pub struct Rendered {
     pub contract: Contract,
     /// The config as YAML, as Talos's generator writes it.
     pub text: String,
-    /// The config, parsed.
-    pub config: Config,
+    /// The config, parsed (shared: a controller's reconcile hands it to the plan without a copy).
+    pub config: std::sync::Arc<Config>,
     /// ADR 0024 amendment: generations of every input plus the two status values the render reads.
     pub inputs_hash: String,
     /// The patches applied, in order (`namespace/name`).
@@ -775,7 +775,15 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
         }
     };
     let set_by = set_by.into_iter().filter_map(|(k, v)| Path::parse(&k).ok().map(|p| (p, v))).collect();
-    Ok(Rendered { contract, text, config, inputs_hash: inputs_hash(i, &patches), patches: applied, set_by, warnings })
+    Ok(Rendered {
+        contract,
+        text,
+        config: std::sync::Arc::new(config),
+        inputs_hash: inputs_hash(i, &patches),
+        patches: applied,
+        set_by,
+        warnings,
+    })
 }
 
 /// The desired-inputs hash (ADR 0024 amendment): generations of the cluster, the machine and

@@ -43,7 +43,7 @@ fn main() {
         let rendered = render::render::Rendered {
             contract,
             text: String::new(),
-            config: desired,
+            config: std::sync::Arc::new(desired),
             inputs_hash: format!("inputs-{i}"),
             patches: vec![],
             set_by: BTreeMap::new(),

@@ -332,7 +332,7 @@ impl RenderCache {
 pub struct TalosRead {
     pub talos_version: String,
     /// The config the node runs, as read.
-    pub running_config: String,
+    pub running_config: Arc<str>,
     /// The bootstrap manifests Talos rendered there (ids, e.g. `10-kube-proxy`).
     pub manifests: Vec<String>,
     /// Talos services that are not running and healthy (`etcd` on a control plane, ...).
@@ -350,14 +350,18 @@ pub struct Observation {
     /// The namespace's TalosOperations (this one may be among them: `assemble` keeps the
     /// cluster's others).
     pub operations: Vec<TalosOperation>,
-    /// The cluster's TalosMachines and TalosConfigPatches.
-    pub machines: Vec<TalosMachine>,
-    pub patches: Vec<TalosConfigPatch>,
+    /// The cluster's TalosMachines and TalosConfigPatches (shared with the caches they were
+    /// read from: a reconcile copies no object).
+    pub machines: Vec<Arc<TalosMachine>>,
+    pub patches: Vec<Arc<TalosConfigPatch>>,
     /// The Secret holding the cluster's Talos secrets bundle.
     pub secret: Secret,
-    pub nodes: Vec<Node>,
+    /// The cluster, machines, patches and secret loaded and checked (`Manifests::from_objects`),
+    /// when the reader kept them loaded for these very objects; otherwise loaded here.
+    pub loaded: Option<Arc<Manifests>>,
+    pub nodes: Vec<Arc<Node>>,
     /// kube-system's pods: the static control plane's mirror pods are among them.
-    pub kube_system_pods: Vec<Pod>,
+    pub kube_system_pods: Vec<Arc<Pod>>,
     /// What each machine's Talos said, by machine name; a machine absent here was not reached.
     pub talos: BTreeMap<String, TalosRead>,
     pub workload: Workload,
@@ -421,21 +425,25 @@ enum RenderProblem {
 }
 
 /// The render's inputs, from the objects as read.
-pub fn manifests(o: &Observation, c: &Classifier) -> Result<Manifests, Vec<ManifestError>> {
+pub fn manifests(o: &Observation, c: &Classifier) -> Result<Arc<Manifests>, Vec<ManifestError>> {
+    if let Some(m) = &o.loaded {
+        return Ok(m.clone());
+    }
     let contracts: Vec<String> = c.known().iter().map(|c| c.to_string()).collect();
     Manifests::from_objects(
         vec![o.cluster.clone()],
-        o.machines.clone(),
-        o.patches.clone(),
+        o.machines.iter().map(|m| (**m).clone()).collect(),
+        o.patches.iter().map(|p| (**p).clone()).collect(),
         std::slice::from_ref(&o.secret),
         &contracts,
     )
+    .map(Arc::new)
 }
 
 /// Every machine's render, in the observation's order, or the first problem.
 fn render_all(o: &Observation, s: &Settings) -> Result<Vec<Arc<Rendered>>, RenderProblem> {
     let m = manifests(o, s.classifier).map_err(RenderProblem::Load)?;
-    let machines: Vec<&TalosMachine> = o.machines.iter().collect();
+    let machines: Vec<&TalosMachine> = o.machines.iter().map(|m| &**m).collect();
     s.renders
         .render_many(s.classifier, &m, &machines)
         .into_iter()
@@ -480,7 +488,7 @@ impl HasCondition for k8s_openapi::api::core::v1::PodCondition {
 }
 
 /// The static control plane's mirror pods, by node and then component (`k8s-app`).
-fn static_pods(pods: &[Pod]) -> BTreeMap<String, BTreeMap<String, StaticPod>> {
+fn static_pods(pods: &[Arc<Pod>]) -> BTreeMap<String, BTreeMap<String, StaticPod>> {
     let mut out: BTreeMap<String, BTreeMap<String, StaticPod>> = BTreeMap::new();
     for p in pods {
         if !p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror")) {
@@ -523,7 +531,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
         Err(e) => (vec![], Some(rejection(e))),
     };
     let nodes: BTreeMap<&str, &Node> =
-        o.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or_default(), n)).collect();
+        o.nodes.iter().map(|n| (n.metadata.name.as_deref().unwrap_or_default(), &**n)).collect();
     let mut mirror = static_pods(&o.kube_system_pods);
     let mut configs = BTreeMap::new();
     let mut machines = vec![];
@@ -556,10 +564,11 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                     && n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
             }),
         };
-        let running = talos.map(|t| t.running_config.as_str());
-        if let Some(running) = running {
-            configs.insert(name, MachineConfigs { running: running.to_string(), desired: rendered.config.clone() });
+        if let Some(t) = talos {
+            configs
+                .insert(name, MachineConfigs { running: t.running_config.clone(), desired: rendered.config.clone() });
         }
+        let running = talos.map(|t| &*t.running_config);
         reads.push((read, running, rendered));
     }
     // Each machine's pending paths are its own: judged on every core at once.
@@ -575,6 +584,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
         .patches
         .iter()
         .filter(|p| p.metadata.namespace == cluster.metadata.namespace && p.spec.cluster_ref.name == cluster_name)
+        .map(|p| &**p)
         .collect();
     let bootstrap = render::render::cni_home(&patches);
     let snapshot = ObservedState {
@@ -686,7 +696,7 @@ mod tests {
                         name,
                         TalosRead {
                             talos_version: "v1.14.3".into(),
-                            running_config: r.text,
+                            running_config: r.text.into(),
                             manifests: vec![],
                             unhealthy_services: vec![],
                             boot_id: None,
@@ -705,9 +715,10 @@ mod tests {
             operation,
             cluster: m.clusters[0].clone(),
             operations: vec![],
-            machines: m.machines.clone(),
-            patches: m.patches.clone(),
+            machines: m.machines.iter().cloned().map(Arc::new).collect(),
+            patches: m.patches.iter().cloned().map(Arc::new).collect(),
             secret,
+            loaded: None,
             nodes: vec![],
             kube_system_pods: vec![],
             talos,

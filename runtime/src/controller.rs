@@ -74,6 +74,14 @@ pub struct Reconciled {
     pub status: ObservedState,
 }
 
+/// A cluster's loaded objects as `Controller::cluster_loaded` keeps them.
+struct LoadedAt {
+    epoch: u64,
+    /// The cluster's and the secret's (uid, resourceVersion).
+    versions: [(String, String); 2],
+    loaded: Arc<render::manifests::Manifests>,
+}
+
 pub struct Controller {
     pub kube: kube_client::Client,
     pub talos: Talos,
@@ -97,6 +105,9 @@ pub struct Controller {
     /// Each cluster's loaded custom resources, kept while their specs are unchanged: a machine
     /// reconcile loads its cluster once per change, not once per machine.
     manifests: std::sync::Mutex<std::collections::HashMap<String, (u64, Arc<render::manifests::Manifests>)>>,
+    /// The same by the caches' epoch (`Stores::epoch`) and the cluster's and secret's versions:
+    /// while no machine or patch changed, a machine reconcile neither reads nor hashes them all.
+    loaded_at: std::sync::Mutex<std::collections::HashMap<String, LoadedAt>>,
     /// Talos observations kept between reconciles (see `talos::observe::ObservationCache`).
     pub observations: crate::talos::observe::ObservationCache,
     /// The machine controller's verdicts kept between resyncs.
@@ -140,6 +151,7 @@ impl Controller {
             renders: RenderCache::default(),
             stores: std::sync::OnceLock::new(),
             manifests: Default::default(),
+            loaded_at: Default::default(),
             observations: Default::default(),
             verdicts: Default::default(),
             lockdown: None,
@@ -252,27 +264,32 @@ impl Controller {
         let cluster_name = op.spec.cluster_ref.name.clone();
         let stores = self.stores.get();
         let operations = self.operations(namespace).await?;
-        let (machines, patches) = self.cluster_objects(namespace, &cluster_name).await?;
+        let (machines, patches) = self.cluster_shared(namespace, &cluster_name).await?;
         let secret = self.secret(namespace, cluster).await?;
+        // Loaded once per change of these objects (shared with the machine controller); objects
+        // that do not load are the assembly's to report (`inputsRejected`).
+        let loaded = self.cluster_manifests(cluster, machines.clone(), patches.clone(), secret.clone()).ok();
         let nodes = match stores {
-            Some(s) => crate::stores::items(&s.nodes, |_| true),
-            None => {
-                Api::<Node>::all(self.kube.clone())
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(kube_err("listing Nodes"))?
-                    .items
-            }
+            Some(s) => crate::stores::shared(&s.nodes, |_| true),
+            None => Api::<Node>::all(self.kube.clone())
+                .list(&ListParams::default())
+                .await
+                .map_err(kube_err("listing Nodes"))?
+                .items
+                .into_iter()
+                .map(Arc::new)
+                .collect(),
         };
         let kube_system_pods = match stores {
-            Some(s) => crate::stores::items(&s.kube_system_pods, |_| true),
-            None => {
-                Api::<Pod>::namespaced(self.kube.clone(), "kube-system")
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(kube_err("listing kube-system pods"))?
-                    .items
-            }
+            Some(s) => crate::stores::shared(&s.kube_system_pods, |_| true),
+            None => Api::<Pod>::namespaced(self.kube.clone(), "kube-system")
+                .list(&ListParams::default())
+                .await
+                .map_err(kube_err("listing kube-system pods"))?
+                .items
+                .into_iter()
+                .map(Arc::new)
+                .collect(),
         };
         let addresses: Vec<String> = machines.iter().map(|m| m.spec.address.clone()).collect();
         let observed = self.observations.observe_fleet(&self.talos, &addresses, 16).await;
@@ -283,10 +300,10 @@ impl Controller {
                 crate::talos::observe::Observed::Known(o) => Some((
                     m.metadata.name.clone().unwrap_or_default(),
                     TalosRead {
-                        talos_version: o.talos_version,
-                        running_config: o.running_config,
-                        manifests: o.manifests,
-                        boot_id: o.boot_id,
+                        talos_version: o.talos_version.clone(),
+                        running_config: o.running_config.clone(),
+                        manifests: o.manifests.clone(),
+                        boot_id: o.boot_id.clone(),
                         unhealthy_services: o
                             .services
                             .iter()
@@ -307,6 +324,7 @@ impl Controller {
             machines,
             patches,
             secret,
+            loaded,
             nodes,
             kube_system_pods,
             talos,
@@ -331,17 +349,8 @@ impl Controller {
             .items)
     }
 
-    /// A cluster's TalosMachines and TalosConfigPatches.
-    async fn cluster_objects(
-        &self,
-        namespace: &str,
-        cluster: &str,
-    ) -> Result<(Vec<TalosMachine>, Vec<TalosConfigPatch>), ControllerError> {
-        let (machines, patches) = self.cluster_shared(namespace, cluster).await?;
-        Ok((machines.iter().map(|m| (**m).clone()).collect(), patches.iter().map(|p| (**p).clone()).collect()))
-    }
-
-    /// `cluster_objects` as shared objects: from the stores without a copy.
+    /// The cluster's TalosMachines and TalosConfigPatches, shared: from the stores without a
+    /// copy (listed when there are no stores).
     async fn cluster_shared(
         &self,
         namespace: &str,
@@ -431,6 +440,39 @@ impl Controller {
         Ok(loaded)
     }
 
+    /// `cluster_manifests` of the cluster's objects as the caches hold them, taken as kept while
+    /// the caches heard of no machine or patch change since (their epoch) and the cluster and
+    /// secret are the same versions: an idle machine reconcile costs the same at any fleet size.
+    async fn cluster_loaded(
+        &self,
+        namespace: &str,
+        cluster: &TalosCluster,
+        secret: Secret,
+    ) -> Result<Arc<render::manifests::Manifests>, ControllerError> {
+        let name = format!("{namespace}/{}", cluster.metadata.name.as_deref().unwrap_or_default());
+        let version = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            (m.uid.clone().unwrap_or_default(), m.resource_version.clone().unwrap_or_default())
+        };
+        let versions = [version(&cluster.metadata), version(&secret.metadata)];
+        // Read before the objects: a change heard meanwhile makes the next reconcile load again.
+        let epoch = self.stores.get().map(|s| s.epoch());
+        if let Some(epoch) = epoch
+            && let Some(kept) = self.loaded_at.lock().unwrap_or_else(|e| e.into_inner()).get(&name)
+            && kept.epoch == epoch
+            && kept.versions == versions
+        {
+            return Ok(kept.loaded.clone());
+        }
+        let (machines, patches) =
+            self.cluster_shared(namespace, cluster.metadata.name.as_deref().unwrap_or_default()).await?;
+        let loaded = self.cluster_manifests(cluster, machines, patches, secret)?;
+        if let Some(epoch) = epoch {
+            let kept = LoadedAt { epoch, versions, loaded: loaded.clone() };
+            self.loaded_at.lock().unwrap_or_else(|e| e.into_inner()).insert(name, kept);
+        }
+        Ok(loaded)
+    }
+
     /// The Secret with the cluster's Talos secrets bundle.
     async fn secret(&self, namespace: &str, cluster: &TalosCluster) -> Result<Secret, ControllerError> {
         let name = &cluster.spec.secrets_ref.name;
@@ -460,7 +502,6 @@ impl Controller {
             .get(&cluster_name)
             .await
             .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
-        let (machines, patches) = self.cluster_shared(namespace, &cluster_name).await?;
         let secret = self.secret(namespace, &cluster).await?;
         // An operation of the cluster that has not ended: the machine is left to it. (The
         // rules' terminal set, which `Phase::is_terminal` is pinned to by a test: no evaluation
@@ -474,7 +515,7 @@ impl Controller {
                     && !o.status.as_ref().map(|s| s.phase()).unwrap_or_default().is_terminal()
             })
             .and_then(|o| o.metadata.name);
-        let manifests = self.cluster_manifests(&cluster, machines, patches, secret)?;
+        let manifests = self.cluster_loaded(namespace, &cluster, secret).await?;
         // What the rules judge: the render against the node's running config, or, when either
         // cannot be had, the failure itself. The reason and message are the rules' alone
         // (rules/machine.rules), as for `ichor config diff --manifests`.

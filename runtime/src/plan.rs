@@ -15,6 +15,7 @@ use serde::Serialize;
 use serde_json::{Value as Json, json};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 /// A containerd namespace an image is pulled into: `k8s.io` for the CRI's images (the API
 /// server, scheduler, controller manager, kube-proxy), `system` for Talos's own services (the
@@ -101,8 +102,8 @@ pub fn config_hash(text: &str) -> String {
 /// text, as read from the node) and its render.
 #[derive(Clone, Debug)]
 pub struct MachineConfigs {
-    pub running: String,
-    pub desired: render::config::Config,
+    pub running: Arc<str>,
+    pub desired: Arc<render::config::Config>,
 }
 
 /// Talos's bootstrap manifest that holds kube-proxy's objects (`k8s.Manifest` id, FACTS 5).

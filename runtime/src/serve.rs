@@ -532,8 +532,10 @@ pub async fn run(
     let ops: Api<TalosOperation> = Api::namespaced(client.clone(), &config.namespace);
     let machines: Api<render::api::TalosMachine> = Api::namespaced(client, &config.namespace);
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
-    // What an operation depends on wakes it: its cluster, machines and patches, the Nodes, and
-    // the kube-system DaemonSets and ConfigMaps (cilium, kube-proxy, cilium-config).
+    // What an operation depends on wakes it: its cluster, machines and patches, and the
+    // kube-system DaemonSets and ConfigMaps (cilium, kube-proxy, cilium-config); a change the
+    // caches hold (`runtime::stores`) of what it reads of a Node or a mirror pod (a heartbeat
+    // wakes nothing).
     let controller_ops = kube_runtime::Controller::new(ops, watcher::Config::default());
     let store = controller_ops.store();
     let of_cluster = |store| of_cluster_in(store, |o: &TalosOperation| &o.spec.cluster_ref.name);
@@ -544,7 +546,7 @@ pub async fn run(
     };
     let ns = config.namespace.clone();
     let (c1, c2, c3) = (of_cluster(store.clone()), of_cluster(store.clone()), of_cluster(store.clone()));
-    let (e1, e2, e3) = (every(store.clone()), every(store.clone()), every(store));
+    let (e2, e3) = (every(store.clone()), every(store));
     let k = ctx.controller.kube.clone();
     let operations = controller_ops
         .watches(Api::<render::api::TalosCluster>::namespaced(k.clone(), &ns), watcher::Config::default(), move |c| {
@@ -558,7 +560,6 @@ pub async fn run(
             watcher::Config::default(),
             move |p| c3(p.spec.cluster_ref.name),
         )
-        .watches(Api::<k8s_openapi::api::core::v1::Node>::all(k.clone()), watcher::Config::default(), move |_| e1())
         .watches(
             Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(k.clone(), "kube-system"),
             watcher::Config::default(),

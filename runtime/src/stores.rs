@@ -37,6 +37,8 @@ pub struct Stores {
     pub kube_system_pods: Store<Pod>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     changed: tokio::sync::broadcast::Sender<Changed>,
+    /// Moves on every change the machines' and patches' caches hear (after the cache has it).
+    epoch: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Stores {
@@ -58,6 +60,8 @@ fn keep<K>(
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
     changed: &tokio::sync::broadcast::Sender<Changed>,
     what: fn(&K) -> Changed,
+    digest: Option<fn(&K) -> u64>,
+    epoch: Option<Arc<std::sync::atomic::AtomicU64>>,
 ) -> Store<K>
 where
     K: kube_client::Resource<DynamicType = ()>
@@ -74,11 +78,29 @@ where
     // cache keeps its last state meanwhile.
     let stream = reflector::reflector(writer, watcher::watcher(api, watcher::Config::default()).default_backoff());
     let changed = changed.clone();
+    // With a digest, what the decisions read of each object as last heard: a change that leaves
+    // it the same (a Node's heartbeat, a pod's status time) wakes nothing.
+    let mut heard: std::collections::HashMap<(Option<String>, Option<String>), u64> = Default::default();
     tasks.push(tokio::spawn(stream.for_each(move |e| {
         if let Ok(e) = e {
             use kube_runtime::watcher::Event;
+            if let Some(epoch) = &epoch {
+                epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            let key = |o: &K| (o.meta().namespace.clone(), o.meta().name.clone());
             match e {
-                Event::Apply(o) | Event::Delete(o) | Event::InitApply(o) => {
+                Event::Apply(o) | Event::InitApply(o) => {
+                    let new = digest.map(|d| d(&o));
+                    let same = new.is_some() && heard.get(&key(&o)) == new.as_ref();
+                    if let Some(n) = new {
+                        heard.insert(key(&o), n);
+                    }
+                    if !same {
+                        let _ = changed.send(what(&o));
+                    }
+                }
+                Event::Delete(o) => {
+                    heard.remove(&key(&o));
                     let _ = changed.send(what(&o));
                 }
                 Event::Init | Event::InitDone => {}
@@ -89,12 +111,60 @@ where
     reader
 }
 
+fn hash_of(x: impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    x.hash(&mut h);
+    h.finish()
+}
+
+/// What the decisions read of a Node (`assemble`): Ready, the kubelet's version, the boot,
+/// whether it is unschedulable and carries Ichor's cordon mark. A heartbeat changes none.
+pub fn node_digest(n: &Node) -> u64 {
+    let status = n.status.as_ref();
+    let info = status.and_then(|s| s.node_info.as_ref());
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let cordoned = n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::CORDONED));
+    hash_of((
+        ready,
+        info.map(|i| (&i.kubelet_version, &i.boot_id)),
+        n.spec.as_ref().and_then(|s| s.unschedulable),
+        cordoned,
+    ))
+}
+
+/// What the decisions read of a kube-system pod (`assemble`'s mirror pods): whether it is a
+/// mirror pod, its node, component, image and readiness. Anything else of a pod wakes nothing.
+pub fn pod_digest(p: &Pod) -> u64 {
+    let mirror = p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    if !mirror {
+        return 0;
+    }
+    let spec = p.spec.as_ref();
+    let ready = p
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    hash_of((
+        spec.and_then(|s| s.node_name.as_ref()),
+        p.metadata.labels.as_ref().and_then(|l| l.get("k8s-app")),
+        spec.and_then(|s| s.containers.first()).and_then(|c| c.image.as_ref()),
+        ready,
+        1u8,
+    ))
+}
+
 impl Stores {
     /// Starts the watches of `namespace`'s objects and the cluster's Nodes, and waits until
     /// each has listed once.
     pub async fn start(client: &kube_client::Client, namespace: &str) -> Stores {
         let mut tasks = vec![];
         let (changed, _) = tokio::sync::broadcast::channel(4096);
+        let epoch: Arc<std::sync::atomic::AtomicU64> = Default::default();
+        let e = || Some(epoch.clone());
         let t = &mut tasks;
         let ended = |o: &TalosOperation| {
             if o.status.as_ref().is_some_and(|s| s.phase().is_terminal()) {
@@ -104,13 +174,21 @@ impl Stores {
             }
         };
         let stores = Stores {
-            machines: keep(Api::namespaced(client.clone(), namespace), t, &changed, |_| Changed::Machine),
-            patches: keep(Api::namespaced(client.clone(), namespace), t, &changed, |_| Changed::Patch),
-            operations: keep(Api::namespaced(client.clone(), namespace), t, &changed, ended),
-            nodes: keep(Api::all(client.clone()), t, &changed, |_| Changed::Node),
-            kube_system_pods: keep(Api::namespaced(client.clone(), "kube-system"), t, &changed, |_| Changed::Pod),
+            machines: keep(Api::namespaced(client.clone(), namespace), t, &changed, |_| Changed::Machine, None, e()),
+            patches: keep(Api::namespaced(client.clone(), namespace), t, &changed, |_| Changed::Patch, None, e()),
+            operations: keep(Api::namespaced(client.clone(), namespace), t, &changed, ended, None, None),
+            nodes: keep(Api::all(client.clone()), t, &changed, |_| Changed::Node, Some(node_digest), None),
+            kube_system_pods: keep(
+                Api::namespaced(client.clone(), "kube-system"),
+                t,
+                &changed,
+                |_| Changed::Pod,
+                Some(pod_digest),
+                None,
+            ),
             tasks,
             changed,
+            epoch: epoch.clone(),
         };
         let _ = futures::join!(
             stores.machines.wait_until_ready(),
@@ -124,6 +202,12 @@ impl Stores {
 }
 
 impl Stores {
+    /// How many changes the machines' and patches' caches have heard: equal twice, nothing of
+    /// them changed between.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// A stream with one item for each change `wanted` picks, once the cache holds it: what
     /// wakes the reconciles that read these caches (a watch of their own could wake them
     /// before the cache has the change). A lagging receiver yields one item for what it missed.
@@ -156,4 +240,57 @@ where
     K: kube_client::Resource<DynamicType = ()> + Clone + 'static,
 {
     shared(store, keep).into_iter().map(|o| (*o).clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(ready: &str, heartbeat: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "w1"},
+            "status": {
+                "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": heartbeat}],
+                "nodeInfo": {"kubeletVersion": "v1.36.4", "bootID": "b1", "machineID": "", "systemUUID": "",
+                    "kernelVersion": "", "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "",
+                    "operatingSystem": "linux", "architecture": "amd64"}
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_heartbeat_changes_no_digest_and_what_the_decisions_read_does() {
+        let a = node("True", "2026-12-06T10:00:00Z");
+        assert_eq!(node_digest(&a), node_digest(&node("True", "2026-12-06T10:00:10Z")), "a heartbeat");
+        assert_ne!(node_digest(&a), node_digest(&node("False", "2026-12-06T10:00:00Z")), "readiness");
+        let mut cordoned = a.clone();
+        cordoned.spec = Some(k8s_openapi::api::core::v1::NodeSpec { unschedulable: Some(true), ..Default::default() });
+        assert_ne!(node_digest(&a), node_digest(&cordoned), "unschedulable");
+        let mut newer = a.clone();
+        if let Some(i) = newer.status.as_mut().and_then(|s| s.node_info.as_mut()) {
+            i.kubelet_version = "v1.37.0".into();
+        }
+        assert_ne!(node_digest(&a), node_digest(&newer), "the kubelet's version");
+    }
+
+    #[test]
+    fn only_a_mirror_pods_node_image_and_readiness_make_its_digest() {
+        let pod = |mirror: bool, image: &str, ready: &str, started: &str| -> Pod {
+            let ann =
+                if mirror { serde_json::json!({"kubernetes.io/config.mirror": "x"}) } else { serde_json::json!({}) };
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "kube-apiserver-cp1", "annotations": ann, "labels": {"k8s-app": "kube-apiserver"}},
+                "spec": {"nodeName": "cp1", "containers": [{"name": "c", "image": image}]},
+                "status": {"startTime": started, "conditions": [{"type": "Ready", "status": ready}]}
+            }))
+            .unwrap()
+        };
+        let a = pod(true, "k8s/apiserver:v1.36.4", "True", "2026-12-06T10:00:00Z");
+        assert_eq!(pod_digest(&a), pod_digest(&pod(true, "k8s/apiserver:v1.36.4", "True", "2026-12-06T11:00:00Z")));
+        assert_ne!(pod_digest(&a), pod_digest(&pod(true, "k8s/apiserver:v1.37.0", "True", "2026-12-06T10:00:00Z")));
+        assert_ne!(pod_digest(&a), pod_digest(&pod(true, "k8s/apiserver:v1.36.4", "False", "2026-12-06T10:00:00Z")));
+        let other = pod(false, "k8s/apiserver:v1.36.4", "True", "2026-12-06T10:00:00Z");
+        assert_eq!(pod_digest(&other), pod_digest(&pod(false, "x:1", "False", "2026-12-06T10:00:00Z")));
+    }
 }

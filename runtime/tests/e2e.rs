@@ -181,8 +181,10 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         let mut configs = BTreeMap::new();
         for (name, role) in names() {
             let o = observe_node(&client, &name).await.unwrap();
-            let running =
-                runtime::plan::MachineConfigs { running: o.running_config.clone(), desired: renders[&name].clone() };
+            let running = runtime::plan::MachineConfigs {
+                running: o.running_config.clone(),
+                desired: renders[&name].clone().into(),
+            };
             configs.insert(name.clone(), running);
             let read = machine_read(&o, &name, role, name == "w2");
             machines.push(
@@ -245,7 +247,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
                 let mut images: Vec<String> = o.components.values().cloned().collect();
                 images.push(o.kubelet_image.clone());
                 assert_eq!(fleet.reboots(&name), 0, "{name} rebooted");
-                end.insert(name.clone(), (o.running_config.clone(), images));
+                end.insert(name.clone(), (o.running_config.to_string(), images));
             }
             let pulls: Vec<String> = names()
                 .iter()

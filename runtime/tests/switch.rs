@@ -128,8 +128,10 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
         let mut configs = BTreeMap::new();
         for (name, role) in names() {
             let o = observe_node(&w.kube.talos, &name).await.unwrap();
-            let running =
-                runtime::plan::MachineConfigs { running: o.running_config.clone(), desired: renders[&name].clone() };
+            let running = runtime::plan::MachineConfigs {
+                running: o.running_config.clone(),
+                desired: renders[&name].clone().into(),
+            };
             configs.insert(name.clone(), running);
             let read = runtime::assemble::MachineRead {
                 name: name.clone(),

@@ -16,10 +16,11 @@ use std::sync::Arc;
 pub struct NodeObservation {
     pub node: String,
     pub talos_version: String,
-    /// The config the node runs (MachineConfig `v1alpha1`).
-    pub running_config: String,
+    /// The config the node runs (MachineConfig `v1alpha1`); shared, as a kept observation is
+    /// handed to every reconcile.
+    pub running_config: Arc<str>,
     /// The config the next boot reads (MachineConfig `persistent`).
-    pub persisted_config: String,
+    pub persisted_config: Arc<str>,
     pub kubelet_image: String,
     /// Control-plane component images in force, by component (`kube-apiserver`, ...); empty on
     /// a worker.
@@ -37,7 +38,7 @@ pub struct NodeObservation {
 /// A node observed, or why it could not be.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Observed {
-    Known(Box<NodeObservation>),
+    Known(Arc<NodeObservation>),
     /// Not reachable or not answering: this node is unknown this reconcile; the rest go on.
     Unknown {
         node: String,
@@ -82,8 +83,8 @@ pub async fn observe_node(c: &Client, node: &str) -> Result<NodeObservation, Tal
     let mut o = NodeObservation {
         node: node.to_string(),
         talos_version: version?.tag,
-        running_config: running?,
-        persisted_config: persisted?,
+        running_config: running?.into(),
+        persisted_config: persisted?.into(),
         kubelet_image: KubeletSpecSpec::decode(spec(&kubelet?)).map(|k| k.image).unwrap_or_default(),
         boot_id: boot_id?,
         ..NodeObservation::default()
@@ -118,7 +119,7 @@ pub async fn observe_fleet(c: &Client, nodes: &[String], concurrency: usize) -> 
         set.spawn(async move {
             let _permit = sem.acquire_owned().await;
             let r = match observe_node(&c, &node).await {
-                Ok(o) => Observed::Known(Box::new(o)),
+                Ok(o) => Observed::Known(Arc::new(o)),
                 Err(error) => Observed::Unknown { node, error },
             };
             (i, r)
@@ -185,12 +186,12 @@ impl ObservationCache {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         kept.into_iter()
             .map(|k| match k {
-                Some(o) => Observed::Known(Box::new((*o).clone())),
+                Some(o) => Observed::Known(o),
                 None => {
                     let o = read.next().expect("one observation per stale node");
                     match &o {
                         Observed::Known(n) if settled(n) => {
-                            entries.insert(n.node.clone(), (now, Arc::new((**n).clone())));
+                            entries.insert(n.node.clone(), (now, n.clone()));
                         }
                         other => {
                             entries.remove(other.node());
