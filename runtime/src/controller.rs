@@ -72,6 +72,9 @@ pub struct Reconciled {
     pub outcome: Outcome,
     /// The status written.
     pub status: ObservedState,
+    /// How long reading (from the caches, the three GETs, Talos where nothing is kept),
+    /// assembling and planning took: the deciding part, without executing or writing.
+    pub decided_in: std::time::Duration,
 }
 
 /// A cluster's loaded objects as `Controller::cluster_loaded` keeps them.
@@ -124,6 +127,8 @@ pub struct MachineReconciled {
     pub condition: render::api::Condition,
     /// The paths applied live this time (none when nothing was, or the apply did not happen).
     pub applied: Vec<String>,
+    /// The operation of its cluster that has not ended, which the machine is left to.
+    pub left_to: Option<String>,
 }
 
 /// A render's refusal with every problem it names (the patch and field at fault).
@@ -660,14 +665,14 @@ impl Controller {
         let mut next = serde_json::to_value(&current).unwrap_or_default();
         crate::kube::merge_patch(&mut next, &status["status"]);
         if serde_json::from_value::<render::api::TalosMachineStatus>(next).ok().as_ref() == Some(&current) {
-            return Ok(MachineReconciled { condition, applied: applied_live });
+            return Ok(MachineReconciled { condition, applied: applied_live, left_to: in_progress });
         }
         machines_api
             .patch_status(machine, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .map_err(kube_err(format!("writing the status of TalosMachine {namespace}/{machine}")))?;
         crate::crashpoint::after(crate::crashpoint::Write::Status);
-        Ok(MachineReconciled { condition, applied: applied_live })
+        Ok(MachineReconciled { condition, applied: applied_live, left_to: in_progress })
     }
 
     /// One reconcile: read, plan, execute, write status (re-read and re-planned on a conflict).
@@ -676,10 +681,12 @@ impl Controller {
         loop {
             // A render that fails is a fact of the snapshot (`inputsRejected`): the rules pause
             // the operation, unless it has ended, and nothing else is done.
+            let started = std::time::Instant::now();
             let read = self.read(namespace, operation, now).await?;
             // The plan is complete: each apply carries the config to send and the hash of the
             // running config it was planned from; the executor gets nothing else.
             let plan = self.planner.plan_complete(&read.snapshot, &read.configs)?;
+            let decided_in = started.elapsed();
             let mut kube = KubeCluster {
                 client: self.kube.clone(),
                 talos: self.talos.clone(),
@@ -691,11 +698,17 @@ impl Controller {
             // A precondition that no longer held: the plan was stale. Nothing of it is recorded
             // (as after a crash before the status write); the next reconcile plans again.
             if outcome.refused() {
-                return Ok(Reconciled { snapshot: read.snapshot.clone(), plan, outcome, status: read.snapshot });
+                return Ok(Reconciled {
+                    snapshot: read.snapshot.clone(),
+                    plan,
+                    outcome,
+                    status: read.snapshot,
+                    decided_in,
+                });
             }
             let after = crate::status::record(&read.snapshot, &plan, outcome.actions.len(), &outcome.failed());
             match self.write_status(namespace, operation, &read, &after).await {
-                Ok(()) => return Ok(Reconciled { snapshot: read.snapshot, plan, outcome, status: after }),
+                Ok(()) => return Ok(Reconciled { snapshot: read.snapshot, plan, outcome, status: after, decided_in }),
                 Err(ControllerError::Kube { source: kube_client::Error::Api(s), .. })
                     if s.code == 409 && attempt < 3 =>
                 {

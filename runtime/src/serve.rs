@@ -58,6 +58,7 @@ pub struct Metrics {
     reconciles: Counter,
     errors: Counter,
     plan_seconds: Histogram,
+    decide_seconds: Histogram,
     actions: Family<KindLabel, Counter>,
     operations: Family<PhaseLabel, Gauge>,
 }
@@ -68,6 +69,7 @@ impl Metrics {
         let reconciles = Counter::default();
         let errors = Counter::default();
         let plan_seconds = Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]);
+        let decide_seconds = Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]);
         let actions = Family::<KindLabel, Counter>::default();
         let operations = Family::<PhaseLabel, Gauge>::default();
         registry.register("reconciles", "Reconciles of TalosOperations", reconciles.clone());
@@ -77,9 +79,14 @@ impl Metrics {
             "Time of one reconcile (read, plan, execute, write)",
             plan_seconds.clone(),
         );
+        registry.register(
+            "reconcile_decide_seconds",
+            "Time of one reconcile's reading, assembling and planning (what grows with the fleet), without executing or writing",
+            decide_seconds.clone(),
+        );
         registry.register("actions", "Actions executed, by kind", actions.clone());
         registry.register("operations", "Operations by phase at their last reconcile", operations.clone());
-        Metrics { registry, reconciles, errors, plan_seconds, actions, operations }
+        Metrics { registry, reconciles, errors, plan_seconds, decide_seconds, actions, operations }
     }
 
     pub fn encode(&self) -> String {
@@ -194,6 +201,7 @@ async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action
     let _entered = span.enter();
     match &r {
         Ok(r) => {
+            ctx.metrics.decide_seconds.observe(r.decided_in.as_secs_f64());
             tracing::info!(phase = %r.status.operation.phase, actions = r.plan.actions.len(), "reconciled");
             // An action refused (its precondition no longer held) or interrupted records
             // nothing: said, with the action, so a plan that keeps meeting it can be seen.
@@ -327,7 +335,7 @@ async fn reconcile_machine_once(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>
     }
     let name = m.metadata.name.clone().unwrap_or_default();
     match ctx.controller.reconcile_machine(&ctx.config.namespace, &name, &now()).await {
-        Ok(crate::controller::MachineReconciled { condition, applied }) => {
+        Ok(crate::controller::MachineReconciled { condition, applied, left_to }) => {
             // A change of the machine's Ready condition is an Event on the machine (what
             // `kubectl describe talosmachine` shows): its reason and message are the rules'.
             let before = m.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
@@ -353,8 +361,11 @@ async fn reconcile_machine_once(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>
                 return Ok(Action::requeue(Duration::from_secs(2)));
             }
             // A converged machine is looked at again every two minutes (drift behind Ichor's
-            // back shows then); one that is not, every 30 s. A change it watches wakes it at once.
-            let look = if condition.status == "True" { MACHINE_RESYNC_CONVERGED } else { MACHINE_RESYNC };
+            // back shows then); one that is not, every 30 s, unless an operation has it (the
+            // operation reconciles it; its end wakes the machine). A change it watches wakes it
+            // at once.
+            let look =
+                if condition.status == "True" || left_to.is_some() { MACHINE_RESYNC_CONVERGED } else { MACHINE_RESYNC };
             Ok(Action::requeue(look))
         }
         Err(source) => {
