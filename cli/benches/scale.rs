@@ -11,7 +11,12 @@
 //!
 //! `cargo bench -p cli --bench scale` runs the three sizes (about ten minutes on 2 cores);
 //! without `--bench` (what `cargo test --all-targets` runs) one small size, as a smoke test
-//! that the whole path works. `ICHOR_SCALE_SIZES=30,100` chooses the sizes.
+//! that the whole path works. `ICHOR_SCALE_SIZES=30,100` chooses the sizes;
+//! `ICHOR_SCALE_UPGRADE_SECONDS=N` stops following the upgrade after N seconds (a 5,000-machine
+//! fleet's whole upgrade is set by the simulator's stand-in kubelets), its reconciles so far
+//! still counted. Each size also prints the operation reconciles during the upgrade and their
+//! mean deciding time (`ichor_reconcile_decide_seconds`: reads from the caches and the API,
+//! assembly and plan, no execution): the steady-state reconcile at that size.
 
 use render::api::Phase;
 use std::io::{BufRead, BufReader};
@@ -40,6 +45,8 @@ struct Sim {
     sim: Child,
     controller: Option<Child>,
     dir: PathBuf,
+    /// Where the controller serves `/metrics`.
+    metrics: String,
 }
 
 impl Drop for Sim {
@@ -75,17 +82,19 @@ impl Sim {
         let mut line = String::new();
         BufReader::new(sim.stdout.take().unwrap()).read_line(&mut line).unwrap();
         assert!(line.starts_with("ready:"), "the simulated cluster did not start: {line:?}");
-        Sim { sim, controller: None, dir }
+        Sim { sim, controller: None, dir, metrics: String::new() }
     }
 
     fn start_controller(&mut self) -> u32 {
         let kc = std::fs::read_to_string(self.dir.join("kubeconfig")).unwrap();
         let server = kc.lines().find_map(|l| l.trim().strip_prefix("server: http://")).unwrap().to_string();
         let (host, port) = server.rsplit_once(':').unwrap();
+        // A port free now, for the controller's `/metrics`.
+        self.metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
         let child = Command::new(ICHOR)
             .env("KUBERNETES_SERVICE_HOST", host)
             .env("KUBERNETES_SERVICE_PORT", port)
-            .args(["controller", "--metrics-addr", "127.0.0.1:0", "--identity", "bench", "--kubeconfig"])
+            .args(["controller", "--metrics-addr", &self.metrics, "--identity", "bench", "--kubeconfig"])
             .arg(self.dir.join("kubeconfig"))
             .arg("--talosconfig")
             .arg(self.dir.join("talosconfig"))
@@ -110,6 +119,19 @@ impl Sim {
             .output()
             .unwrap_or_else(|e| panic!("running {program}: {e}"));
         (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The operation reconciles' deciding time so far (`ichor_reconcile_decide_seconds`): its
+    /// sum in seconds and its count.
+    fn decided(&self) -> (f64, f64) {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(&self.metrics) else { return (0.0, 0.0) };
+        let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.metrics);
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        let value =
+            |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok()).unwrap_or(0.0);
+        (value("ichor_reconcile_decide_seconds_sum "), value("ichor_reconcile_decide_seconds_count "))
     }
 
     /// The wall time of the upgrade's preview (it reads and judges every machine).
@@ -168,6 +190,12 @@ struct Figures {
     idle_writes: usize,
     upgrade_wall: Duration,
     upgrade_cpu: f64,
+    /// Whether the upgrade reached Completed within the cap (`ICHOR_SCALE_UPGRADE_SECONDS`).
+    upgrade_completed: bool,
+    /// The operation reconciles during the upgrade: how many, and their mean deciding time
+    /// (reads from the caches and the API, assembly, plan; no execution).
+    reconciles: f64,
+    decide_mean: Duration,
 }
 
 fn measure(machines: usize, idle_for: Duration) -> Figures {
@@ -199,21 +227,33 @@ fn measure(machines: usize, idle_for: Duration) -> Figures {
     let preview_quiet = sim.preview();
     // The upgrade.
     let cpu0 = cpu_seconds(pid);
+    let decided0 = sim.decided();
     let t = Instant::now();
     let (ok, out) = sim.run(
         ICHOR,
         &["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes", "--max-unavailable", "10"],
     );
     assert!(ok, "the upgrade was not started: {out}");
-    let deadline = Instant::now() + Duration::from_secs(3600);
+    // Past the cap the upgrade is left running: its reconciles so far are still measured.
+    let cap = std::env::var("ICHOR_SCALE_UPGRADE_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3600);
+    let deadline = Instant::now() + Duration::from_secs(cap);
+    let mut completed = true;
     loop {
         let p = sim.phase();
         if p == Phase::Completed {
             break;
         }
-        assert!(Instant::now() < deadline, "the upgrade of {machines} machines did not complete in an hour ({p:?})");
+        if Instant::now() > deadline {
+            completed = false;
+            break;
+        }
+        assert!(p != Phase::Paused && !p.is_terminal(), "the upgrade of {machines} machines stopped: {p:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
+    let upgrade_cpu = cpu_seconds(pid) - cpu0;
+    let upgrade_wall = t.elapsed();
+    let decided1 = sim.decided();
+    let reconciles = decided1.1 - decided0.1;
     Figures {
         machines,
         preview_at_start,
@@ -222,8 +262,15 @@ fn measure(machines: usize, idle_for: Duration) -> Figures {
         first_pass_wall,
         idle_core_share,
         idle_writes,
-        upgrade_wall: t.elapsed(),
-        upgrade_cpu: cpu_seconds(pid) - cpu0,
+        upgrade_wall,
+        upgrade_cpu,
+        upgrade_completed: completed,
+        reconciles,
+        decide_mean: Duration::from_secs_f64(if reconciles > 0.0 {
+            (decided1.0 - decided0.0) / reconciles
+        } else {
+            0.0
+        }),
     }
 }
 
@@ -241,7 +288,7 @@ fn main() {
     // A full look of the machine controller at every converged machine (120 s) and a little more.
     let idle_for = Duration::from_secs(if full { 125 } else { 5 });
     println!(
-        "{:>8} {:>12} {:>12} {:>14} {:>12} {:>10} {:>7} {:>11} {:>11} {:>14}",
+        "{:>8} {:>12} {:>12} {:>14} {:>12} {:>10} {:>7} {:>11} {:>11} {:>14} {:>10} {:>9}",
         "machines",
         "preview@0 s",
         "preview s",
@@ -251,13 +298,15 @@ fn main() {
         "writes",
         "upgrade s",
         "upg cpu s",
-        "upg cpu/mach ms"
+        "upg cpu/mach ms",
+        "reconciles",
+        "decide ms"
     );
     let mut all = vec![];
     for n in sizes {
         let f = measure(n, idle_for);
         println!(
-            "{:>8} {:>12.2} {:>12.2} {:>14.2} {:>12.1} {:>9.1}% {:>7} {:>11.1} {:>11.2} {:>14.1}   (first pass {:.1} s wall)",
+            "{:>8} {:>12.2} {:>12.2} {:>14.2} {:>12.1} {:>9.1}% {:>7} {:>11.1} {:>11.2} {:>14.1} {:>10} {:>9.1}   (first pass {:.1} s wall){}",
             f.machines,
             f.preview_at_start.as_secs_f64(),
             f.preview_quiet.as_secs_f64(),
@@ -268,7 +317,10 @@ fn main() {
             f.upgrade_wall.as_secs_f64(),
             f.upgrade_cpu,
             f.upgrade_cpu * 1000.0 / f.machines as f64,
+            f.reconciles,
+            f.decide_mean.as_secs_f64() * 1000.0,
             f.first_pass_wall.as_secs_f64(),
+            if f.upgrade_completed { "" } else { " (upgrade stopped at the cap, not Completed)" },
         );
         all.push(f);
     }
