@@ -247,7 +247,13 @@ fn measure(machines: usize, idle_for: Duration) -> Figures {
             completed = false;
             break;
         }
-        assert!(p != Phase::Paused && !p.is_terminal(), "the upgrade of {machines} machines stopped: {p:?}");
+        if p == Phase::Paused || p.is_terminal() {
+            // Said with the reason, and what was measured until then still printed.
+            let (_, why) = sim.run("kubectl", &["get", "talosoperations", "-A", "-o", "jsonpath={.items[0].status}"]);
+            eprintln!("the upgrade of {machines} machines stopped {p:?}: {why}");
+            completed = false;
+            break;
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
     let upgrade_cpu = cpu_seconds(pid) - cpu0;
@@ -320,7 +326,7 @@ fn main() {
             f.reconciles,
             f.decide_mean.as_secs_f64() * 1000.0,
             f.first_pass_wall.as_secs_f64(),
-            if f.upgrade_completed { "" } else { " (upgrade stopped at the cap, not Completed)" },
+            if f.upgrade_completed { "" } else { " (upgrade not Completed: stopped at the cap or paused, above)" },
         );
         all.push(f);
     }
