@@ -487,23 +487,53 @@ impl HasCondition for k8s_openapi::api::core::v1::PodCondition {
     }
 }
 
+/// What the decisions read of a Node; the watch's cache wakes the operations only when this
+/// changes (`stores::node_digest`), so a heartbeat wakes nothing.
+#[derive(Debug, Default, Hash, PartialEq, Eq)]
+pub struct NodeRead<'a> {
+    pub ready: bool,
+    /// Empty when the kubelet has not reported one.
+    pub kubelet_version: &'a str,
+    pub boot_id: Option<&'a str>,
+    /// Unschedulable with Ichor's cordon mark (`render::api::CORDONED`).
+    pub cordoned: bool,
+}
+
+pub fn node_read(n: &Node) -> NodeRead<'_> {
+    let status = n.status.as_ref();
+    let info = status.and_then(|s| s.node_info.as_ref());
+    NodeRead {
+        ready: ready(status.and_then(|s| s.conditions.as_ref())),
+        kubelet_version: info.map_or("", |i| i.kubelet_version.as_str()),
+        boot_id: info.map(|i| i.boot_id.as_str()).filter(|b| !b.is_empty()),
+        cordoned: n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::CORDONED))
+            && n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
+    }
+}
+
+/// A static control-plane component's mirror pod as the decisions read it: its node, its
+/// component (`k8s-app`), its image and readiness. None for any other pod (`stores::pod_digest`
+/// wakes nothing for those).
+pub fn mirror_pod(p: &Pod) -> Option<(&str, &str, &str, bool)> {
+    if !p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror")) {
+        return None;
+    }
+    let spec = p.spec.as_ref()?;
+    Some((
+        spec.node_name.as_deref()?,
+        p.metadata.labels.as_ref().and_then(|l| l.get("k8s-app"))?.as_str(),
+        spec.containers.first().and_then(|c| c.image.as_deref())?,
+        ready(p.status.as_ref().and_then(|s| s.conditions.as_ref())),
+    ))
+}
+
 /// The static control plane's mirror pods, by node and then component (`k8s-app`).
 fn static_pods(pods: &[Arc<Pod>]) -> BTreeMap<String, BTreeMap<String, StaticPod>> {
     let mut out: BTreeMap<String, BTreeMap<String, StaticPod>> = BTreeMap::new();
-    for p in pods {
-        if !p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror")) {
-            continue;
-        }
-        let Some(spec) = p.spec.as_ref() else { continue };
-        let (Some(node), Some(component), Some(image)) = (
-            spec.node_name.as_ref(),
-            p.metadata.labels.as_ref().and_then(|l| l.get("k8s-app")),
-            spec.containers.first().and_then(|c| c.image.clone()),
-        ) else {
-            continue;
-        };
-        let ready = ready(p.status.as_ref().and_then(|s| s.conditions.as_ref()));
-        out.entry(node.clone()).or_default().insert(component.clone(), StaticPod { image, ready });
+    for (node, component, image, ready) in pods.iter().filter_map(|p| mirror_pod(p)) {
+        out.entry(node.to_string())
+            .or_default()
+            .insert(component.to_string(), StaticPod { image: image.into(), ready });
     }
     out
 }
@@ -539,15 +569,18 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
     // No render, no machine: nothing observed of the fleet enters the snapshot.
     for (m, rendered) in o.machines.iter().zip(&rendered) {
         let name = m.metadata.name.clone().unwrap_or_default();
-        let status = nodes.get(name.as_str()).and_then(|n| n.status.as_ref());
-        let kubelet = status.and_then(|s| s.node_info.as_ref()).map(|i| i.kubelet_version.clone()).unwrap_or_default();
+        let node = nodes.get(name.as_str()).map(|n| node_read(n)).unwrap_or_default();
         let talos = o.talos.get(&name);
         let read = MachineRead {
             name: name.clone(),
             role: m.spec.role,
             talos_version: talos.map_or_else(|| cluster.spec.talos_version.clone(), |t| t.talos_version.clone()),
-            kubelet_version: if kubelet.is_empty() { cluster.spec.kubernetes_version.clone() } else { kubelet },
-            node_ready: ready(status.and_then(|s| s.conditions.as_ref())),
+            kubelet_version: if node.kubelet_version.is_empty() {
+                cluster.spec.kubernetes_version.clone()
+            } else {
+                node.kubelet_version.to_string()
+            },
+            node_ready: node.ready,
             hold: m.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::HOLD)),
             runs_controller: s.controller_node == Some(name.as_str()),
             static_pods: mirror.remove(&name).unwrap_or_default(),
@@ -555,14 +588,11 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .filter(|_| m.spec.role == Role::Controlplane)
                 .map(|t| t.manifests.iter().any(|x| x == crate::plan::KUBE_PROXY_MANIFEST)),
             address: Some(m.spec.address.clone()),
-            boot_id: status.and_then(|s| s.node_info.as_ref()).map(|i| i.boot_id.clone()).filter(|b| !b.is_empty()),
+            boot_id: node.boot_id.map(str::to_string),
             talos_boot_id: talos.and_then(|t| t.boot_id.clone()),
             awaiting_reboot: m.status.as_ref().map(|s| s.applied_awaiting_reboot.clone()).unwrap_or_default(),
             unhealthy_services: talos.map(|t| t.unhealthy_services.clone()).unwrap_or_default(),
-            cordoned: nodes.get(name.as_str()).is_some_and(|n| {
-                n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::CORDONED))
-                    && n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
-            }),
+            cordoned: node.cordoned,
         };
         if let Some(t) = talos {
             configs

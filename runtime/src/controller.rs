@@ -77,6 +77,14 @@ pub struct Reconciled {
     pub decided_in: std::time::Duration,
 }
 
+/// Every object `api` lists, shared like the caches' (the reads when there are no caches).
+async fn listed<K>(api: Api<K>, what: &'static str) -> Result<Vec<Arc<K>>, ControllerError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api.list(&ListParams::default()).await.map_err(kube_err(what))?.items.into_iter().map(Arc::new).collect())
+}
+
 /// A cluster's loaded objects as `Controller::cluster_loaded` keeps them.
 struct LoadedAt {
     epoch: u64,
@@ -276,25 +284,13 @@ impl Controller {
         let loaded = self.cluster_manifests(cluster, machines.clone(), patches.clone(), secret.clone()).ok();
         let nodes = match stores {
             Some(s) => crate::stores::shared(&s.nodes, |_| true),
-            None => Api::<Node>::all(self.kube.clone())
-                .list(&ListParams::default())
-                .await
-                .map_err(kube_err("listing Nodes"))?
-                .items
-                .into_iter()
-                .map(Arc::new)
-                .collect(),
+            None => listed(Api::<Node>::all(self.kube.clone()), "listing Nodes").await?,
         };
         let kube_system_pods = match stores {
             Some(s) => crate::stores::shared(&s.kube_system_pods, |_| true),
-            None => Api::<Pod>::namespaced(self.kube.clone(), "kube-system")
-                .list(&ListParams::default())
-                .await
-                .map_err(kube_err("listing kube-system pods"))?
-                .items
-                .into_iter()
-                .map(Arc::new)
-                .collect(),
+            None => {
+                listed(Api::<Pod>::namespaced(self.kube.clone(), "kube-system"), "listing kube-system pods").await?
+            }
         };
         let addresses: Vec<String> = machines.iter().map(|m| m.spec.address.clone()).collect();
         let observed = self.observations.observe_fleet(&self.talos, &addresses, 16).await;

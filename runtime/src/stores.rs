@@ -118,43 +118,16 @@ fn hash_of(x: impl std::hash::Hash) -> u64 {
     h.finish()
 }
 
-/// What the decisions read of a Node (`assemble`): Ready, the kubelet's version, the boot,
-/// whether it is unschedulable and carries Ichor's cordon mark. A heartbeat changes none.
+/// A Node's digest: what the decisions read of it (`assemble::node_read`). A heartbeat
+/// changes none of it.
 pub fn node_digest(n: &Node) -> u64 {
-    let status = n.status.as_ref();
-    let info = status.and_then(|s| s.node_info.as_ref());
-    let ready = status
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    let cordoned = n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::CORDONED));
-    hash_of((
-        ready,
-        info.map(|i| (&i.kubelet_version, &i.boot_id)),
-        n.spec.as_ref().and_then(|s| s.unschedulable),
-        cordoned,
-    ))
+    hash_of(crate::assemble::node_read(n))
 }
 
-/// What the decisions read of a kube-system pod (`assemble`'s mirror pods): whether it is a
-/// mirror pod, its node, component, image and readiness. Anything else of a pod wakes nothing.
+/// A kube-system pod's digest: what the decisions read of it (`assemble::mirror_pod`); every
+/// pod that is not a static component's mirror has the same.
 pub fn pod_digest(p: &Pod) -> u64 {
-    let mirror = p.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
-    if !mirror {
-        return 0;
-    }
-    let spec = p.spec.as_ref();
-    let ready = p
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    hash_of((
-        spec.and_then(|s| s.node_name.as_ref()),
-        p.metadata.labels.as_ref().and_then(|l| l.get("k8s-app")),
-        spec.and_then(|s| s.containers.first()).and_then(|c| c.image.as_ref()),
-        ready,
-        1u8,
-    ))
+    hash_of(crate::assemble::mirror_pod(p))
 }
 
 impl Stores {
@@ -264,9 +237,13 @@ mod tests {
         let a = node("True", "2026-12-06T10:00:00Z");
         assert_eq!(node_digest(&a), node_digest(&node("True", "2026-12-06T10:00:10Z")), "a heartbeat");
         assert_ne!(node_digest(&a), node_digest(&node("False", "2026-12-06T10:00:00Z")), "readiness");
-        let mut cordoned = a.clone();
-        cordoned.spec = Some(k8s_openapi::api::core::v1::NodeSpec { unschedulable: Some(true), ..Default::default() });
-        assert_ne!(node_digest(&a), node_digest(&cordoned), "unschedulable");
+        let mut unschedulable = a.clone();
+        unschedulable.spec =
+            Some(k8s_openapi::api::core::v1::NodeSpec { unschedulable: Some(true), ..Default::default() });
+        assert_eq!(node_digest(&a), node_digest(&unschedulable), "someone else's cordon: not read");
+        let mut cordoned = unschedulable.clone();
+        cordoned.metadata.annotations = Some([(render::api::CORDONED.to_string(), "true".to_string())].into());
+        assert_ne!(node_digest(&a), node_digest(&cordoned), "Ichor's cordon");
         let mut newer = a.clone();
         if let Some(i) = newer.status.as_mut().and_then(|s| s.node_info.as_mut()) {
             i.kubelet_version = "v1.37.0".into();
