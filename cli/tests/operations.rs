@@ -2004,8 +2004,15 @@ fn migrated_patches_converge_every_machine_with_only_moves() {
     }
     std::fs::copy(root().join("examples/clusters/lab-v1.13/patches.yaml"), manifests.join("patches.yaml")).unwrap();
     let sim = Sim::start_manifests("migrate", manifests.to_str().unwrap(), "disabled", &[]);
-    sim.wait_quiet();
     let reasons = || sim.machine_reasons();
+    // The first pass comes only once the sim's controller holds its Lease (a reconcile before
+    // that looks again 5 s later), which can be after the first quiet 3 s: wait for a reason on
+    // every machine first.
+    let start = std::time::Instant::now();
+    while reasons().split_whitespace().count() < 4 && start.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    sim.wait_quiet();
     assert_eq!(reasons(), "Converged Converged Converged Converged");
     let boots = || sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].status.nodeInfo.bootID}"]).unwrap().1;
     let boots_before = boots();
