@@ -46,7 +46,7 @@ struct Rels {
     render_failed: Input<1>,
     node_unreachable: Input<1>,
     entry_applied_by: Input<2>,
-    operation_in_progress: Input<1>,
+    operation_in_progress: Input<2>,
     applied_awaiting_reboot: Input<1>,
     policy_candidate: Input<2>,
     policy_class: Input<2>,
@@ -117,7 +117,7 @@ impl Rels {
             render_failed: b.input("render_failed", [("problem", S)]),
             node_unreachable: b.input("node_unreachable", [("why", S)]),
             entry_applied_by: b.input("entry_applied_by", [("entry", N), ("operation", S)]),
-            operation_in_progress: b.input("operation_in_progress", [("name", S)]),
+            operation_in_progress: b.input("operation_in_progress", [("name", S), ("kind", S)]),
             applied_awaiting_reboot: b.input("applied_awaiting_reboot", [("path", S)]),
             policy_candidate: b.input("policy_candidate", [("path", S), ("policy", N)]),
             policy_class: b.input("policy_class", [("policy", N), ("class", S)]),
@@ -348,8 +348,9 @@ pub struct MachineContext {
     pub render_failed: Option<String>,
     /// The node could not be read, with why: the rules make it `Unknown` / `NodeUnreachable`.
     pub node_unreachable: Option<String>,
-    /// An operation of the cluster that has not ended (its name): the machine is left to it.
-    pub operation_in_progress: Option<String>,
+    /// An operation of the cluster that has not ended (its name and kind): the machine is left
+    /// to it, and the paths that kind applies are its, not a reboot's.
+    pub operation_in_progress: Option<(String, crate::api::OperationKind)>,
     /// Reboot-class paths whose running value changed within the node's current boot
     /// (`render::boot`): applied, they take effect after the next reboot.
     pub applied_awaiting_reboot: Vec<String>,
@@ -766,11 +767,12 @@ impl Classifier {
             if let Some(s) = m.status_kube_proxy {
                 one(r.status_kube_proxy, s.name());
             }
-            if let Some(o) = &m.operation_in_progress {
-                one(r.operation_in_progress, o);
-            }
             for p in &m.applied_awaiting_reboot {
                 one(r.applied_awaiting_reboot, p);
+            }
+            if let Some((name, kind)) = &m.operation_in_progress {
+                let row = [b.sym(name), b.sym(kind.name())];
+                r.operation_in_progress.push(&mut b, row);
             }
             if m.inputs_unchanged {
                 r.inputs_unchanged.push(&mut b, []);

@@ -62,7 +62,17 @@ fn kube_err(what: impl Into<String>) -> impl FnOnce(kube_client::Error) -> Contr
 
 /// The controller's probe of the kubernetes Service: async, bounded by its own timeout, so a
 /// reconcile never blocks a runtime thread on a TCP connect.
-pub type ServiceProbe = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
+/// It says whether the Service answered and where it was probed (`10.96.0.1:443, from
+/// KUBERNETES_SERVICE_HOST`), which the wait's message names.
+pub type ServiceProbe = std::pin::Pin<Box<dyn std::future::Future<Output = ProbeResult> + Send>>;
+
+/// What one probe of the kubernetes Service found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProbeResult {
+    pub answers: bool,
+    /// Where it was probed and how that address was chosen.
+    pub target: String,
+}
 
 /// What one reconcile saw, decided and did.
 #[derive(Debug)]
@@ -158,7 +168,11 @@ impl Controller {
             classifier,
             release_set_kubernetes: render::embedded::RELEASE_SET_KUBERNETES.to_string(),
             controller_node: None,
-            service_answers: Arc::new(|| Box::pin(async { true })),
+            service_answers: Arc::new(|| {
+                Box::pin(async {
+                    ProbeResult { answers: true, target: "nowhere (a controller without a probe)".into() }
+                })
+            }),
             drain_timeout: Duration::from_secs(300),
             cache: PendingCache::default(),
             renders: RenderCache::default(),
@@ -515,7 +529,7 @@ impl Controller {
                 o.spec.cluster_ref.name == cluster_name
                     && !o.status.as_ref().map(|s| s.phase()).unwrap_or_default().is_terminal()
             })
-            .and_then(|o| o.metadata.name);
+            .and_then(|o| Some((o.metadata.name.clone()?, o.spec.kind)));
         let manifests = self.cluster_loaded(namespace, &cluster, secret).await?;
         // What the rules judge: the render against the node's running config, or, when either
         // cannot be had, the failure itself. The reason and message are the rules' alone
@@ -661,14 +675,14 @@ impl Controller {
         let mut next = serde_json::to_value(&current).unwrap_or_default();
         crate::kube::merge_patch(&mut next, &status["status"]);
         if serde_json::from_value::<render::api::TalosMachineStatus>(next).ok().as_ref() == Some(&current) {
-            return Ok(MachineReconciled { condition, applied: applied_live, left_to: in_progress });
+            return Ok(MachineReconciled { condition, applied: applied_live, left_to: in_progress.map(|(n, _)| n) });
         }
         machines_api
             .patch_status(machine, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .map_err(kube_err(format!("writing the status of TalosMachine {namespace}/{machine}")))?;
         crate::crashpoint::after(crate::crashpoint::Write::Status);
-        Ok(MachineReconciled { condition, applied: applied_live, left_to: in_progress })
+        Ok(MachineReconciled { condition, applied: applied_live, left_to: in_progress.map(|(n, _)| n) })
     }
 
     /// One reconcile: read, plan, execute, write status (re-read and re-planned on a conflict).
