@@ -86,13 +86,18 @@ pub struct ControllerArgs {
     /// kubelet's probes reach the controller once the namespace is locked down.
     #[arg(long, value_name = "CIDR", conflicts_with = "no_network_policies")]
     pub metrics_from: Vec<String>,
+    /// Where the kubernetes Service is probed after a switch removed kube-proxy (HOST:PORT;
+    /// default: KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT inside a pod, else the
+    /// kubeconfig's server).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub service_address: Option<String>,
 }
 
 /// A Kubernetes client from `--kubeconfig`, else as kube-rs finds one ($KUBECONFIG,
 /// ~/.kube/config, the in-cluster service account), saying who it is in its User-Agent
 /// (`ichor-controller/VERSION`: what the API server's audit log and field managers show, and
 /// what `ichor sim cluster --api-fault for=...` picks).
-async fn kube_client(kubeconfig: Option<&Path>, agent: &str) -> Result<kube_client::Client> {
+async fn kube_client(kubeconfig: Option<&Path>, agent: &str) -> Result<(kube_client::Client, http::Uri)> {
     let mut config = match kubeconfig {
         None => kube_client::Config::infer()
             .await
@@ -109,7 +114,8 @@ async fn kube_client(kubeconfig: Option<&Path>, agent: &str) -> Result<kube_clie
     if let Ok(v) = ua.parse() {
         config.headers.push((http::header::USER_AGENT, v));
     }
-    kube_client::Client::try_from(config).context("connecting to Kubernetes")
+    let server = config.cluster_url.clone();
+    Ok((kube_client::Client::try_from(config).context("connecting to Kubernetes")?, server))
 }
 
 pub fn run_real(a: &ControllerArgs) -> Result<Report> {
@@ -131,7 +137,8 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
         let creds = ctx.credentials(name, &file, now)?;
         let talos = runtime::talos::client::Client::new(ctx, &creds, Duration::from_secs(15))?;
-        let kube = kube_client(a.kubeconfig.as_deref(), "ichor-controller").await?;
+        let (kube, server) = kube_client(a.kubeconfig.as_deref(), "ichor-controller").await?;
+        let probe = probe_target(a.service_address.as_deref(), env_service_address(), &server)?;
         let controller = runtime::controller::Controller::new(
             kube,
             talos,
@@ -140,7 +147,7 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
         )
         .with_release_set(&a.release_set_kubernetes)
         .with_controller_node(a.node.clone())
-        .with_service_probe(Arc::new(kubernetes_service_answers));
+        .with_service_probe(Arc::new(move || kubernetes_service_answers(probe.clone())));
         let controller = if a.no_network_policies { controller } else { controller.with_lockdown(metrics_from) };
         let identity =
             a.identity.clone().unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "ichor".into()));
@@ -160,17 +167,65 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
     Ok(Report::default())
 }
 
+/// Where the kubernetes Service is probed: an address and how it was chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeTarget {
+    pub address: String,
+    pub from: &'static str,
+}
+
+/// KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT, set in every pod (an IPv6 host bracketed).
+fn env_service_address() -> Option<String> {
+    let host = std::env::var("KUBERNETES_SERVICE_HOST").ok().filter(|h| !h.is_empty())?;
+    let port = std::env::var("KUBERNETES_SERVICE_PORT").ok().filter(|p| !p.is_empty())?;
+    Some(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") })
+}
+
+/// The probe's address (issue 50, finding 5: outside a pod the variables are unset and the
+/// switch waited 30 minutes on nothing): `--service-address`, else the pod's variables, else
+/// the kubeconfig's server (the API server itself, which is what the Service fronts).
+pub fn probe_target(flag: Option<&str>, env: Option<String>, server: &http::Uri) -> Result<ProbeTarget> {
+    if let Some(a) = flag {
+        let ok = a.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+        if !ok {
+            anyhow::bail!("--service-address {a:?}: not HOST:PORT (for example 10.96.0.1:443)");
+        }
+        return Ok(ProbeTarget { address: a.to_string(), from: "--service-address" });
+    }
+    if let Some(a) = env {
+        return Ok(ProbeTarget { address: a, from: "KUBERNETES_SERVICE_HOST" });
+    }
+    let host = server.host().unwrap_or("localhost");
+    let port = server.port_u16().unwrap_or(if server.scheme_str() == Some("http") { 80 } else { 443 });
+    let host = if host.contains(':') && !host.starts_with('[') { format!("[{host}]") } else { host.to_string() };
+    Ok(ProbeTarget { address: format!("{host}:{port}"), from: "the kubeconfig's server" })
+}
+
 /// The controller's probe of the kubernetes Service (ADR 0066's amendment): a TCP connect to
-/// KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT within 2 s, without blocking the runtime.
-fn kubernetes_service_answers() -> runtime::controller::ServiceProbe {
-    Box::pin(async {
-        let (Ok(host), Ok(port)) = (std::env::var("KUBERNETES_SERVICE_HOST"), std::env::var("KUBERNETES_SERVICE_PORT"))
-        else {
-            return false;
-        };
-        let connect = tokio::net::TcpStream::connect(format!("{host}:{port}"));
-        matches!(tokio::time::timeout(Duration::from_secs(2), connect).await, Ok(Ok(_)))
+/// the target within 2 s, without blocking the runtime.
+fn kubernetes_service_answers(t: ProbeTarget) -> runtime::controller::ServiceProbe {
+    Box::pin(async move {
+        let connect = tokio::net::TcpStream::connect(t.address.clone());
+        let answers = matches!(tokio::time::timeout(Duration::from_secs(2), connect).await, Ok(Ok(_)));
+        runtime::controller::ProbeResult { answers, target: format!("{}, from {}", t.address, t.from) }
     })
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_address_is_the_flag_then_the_pods_variables_then_the_kubeconfigs_server() {
+        let server: http::Uri = "https://127.0.0.1:6443".parse().unwrap();
+        let t = |flag, env: Option<&str>| probe_target(flag, env.map(str::to_string), &server).unwrap();
+        assert_eq!(t(Some("10.0.0.9:443"), Some("10.96.0.1:443")).from, "--service-address");
+        assert_eq!(t(None, Some("10.96.0.1:443")).address, "10.96.0.1:443");
+        let outside = t(None, None);
+        assert_eq!((outside.address.as_str(), outside.from), ("127.0.0.1:6443", "the kubeconfig's server"));
+        let e = probe_target(Some("10.96.0.1"), None, &server).unwrap_err().to_string();
+        assert!(e.contains("not HOST:PORT"), "{e}");
+    }
 }
 
 /// `ichor sim cluster`: a simulated installation served until interrupted. Writes a kubeconfig
@@ -489,7 +544,7 @@ pub fn run_webhook(a: &WebhookArgs) -> Result<Report> {
     logging();
     let rt = crate::io::io_runtime()?;
     rt.block_on(async {
-        let kube = kube_client(None, "ichor-webhook").await?;
+        let (kube, _) = kube_client(None, "ichor-webhook").await?;
         let (cert, key) = match (&a.tls_secret, &a.tls_cert, &a.tls_key) {
             (Some(name), _, _) => runtime::webhook::tls_from_secret(&kube, &a.namespace, name).await?,
             (None, Some(c), Some(k)) => (

@@ -53,6 +53,7 @@ pub struct Rels {
     pub cilium_ds: Input<5>,
     pub kube_proxy_configmap: Input<1>,
     pub service_answers: Input<0>,
+    pub service_probe: Input<1>,
     pub bootstrap_patch: Input<1>,
     pub consent: Input<1>,
     pub spec_kube_proxy: Input<1>,
@@ -160,6 +161,7 @@ impl Rels {
                 .input("cilium_ds", [("desired", N), ("updated", N), ("ready", N), ("generation", N), ("observed", N)]),
             kube_proxy_configmap: b.input("kube_proxy_configmap", [("name", S)]),
             service_answers: b.input("service_answers", []),
+            service_probe: b.input("service_probe", [("target", S)]),
             bootstrap_patch: b.input("bootstrap_patch", [("name", S)]),
             consent: b.input("consent", [("mode", S)]),
             spec_kube_proxy: b.input("spec_kube_proxy", [("mode", S)]),
@@ -488,6 +490,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     }
     if w.kubernetes_service_answers {
         r.service_answers.push(&mut b, []);
+    }
+    if !w.kubernetes_service_probe.is_empty() {
+        let target = b.sym(&w.kubernetes_service_probe);
+        r.service_probe.push(&mut b, [target]);
     }
     for api in &w.removed_apis_in_use {
         let row = [b.sym(&api.api), b.sym(&api.removed_in)];

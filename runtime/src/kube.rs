@@ -626,10 +626,10 @@ pub async fn read_cilium(client: &kube_client::Client) -> Result<LiveCilium, Kub
 
 /// The workload cluster as the operation rules read it: cilium-config, the cilium and
 /// kube-proxy DaemonSets, kube-proxy's ConfigMaps, ServiceAccount and ClusterRoleBinding.
-/// `service_answers` is the controller's own probe of the kubernetes Service.
+/// `service_probe` is the controller's own probe of the kubernetes Service.
 pub async fn read_workload(
     client: &kube_client::Client,
-    service_answers: bool,
+    service_probe: crate::controller::ProbeResult,
     operation: &str,
 ) -> Result<crate::state::Workload, KubeError> {
     use crate::state::Workload;
@@ -721,7 +721,8 @@ pub async fn read_workload(
         kube_proxy_cluster_role_binding: Some(
             opt(crbs.get("kube-proxy").await, "ClusterRoleBinding kube-proxy")?.is_some(),
         ),
-        kubernetes_service_answers: service_answers,
+        kubernetes_service_answers: service_probe.answers,
+        kubernetes_service_probe: service_probe.target,
         ..Workload::default()
     })
 }

@@ -192,6 +192,10 @@ pub struct Workload {
     /// The kubernetes Service's cluster IP answered from the controller.
     #[serde(default)]
     pub kubernetes_service_answers: bool,
+    /// Where the controller probed the kubernetes Service (`10.96.0.1:443, from
+    /// KUBERNETES_SERVICE_HOST`): what the switch's wait names.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kubernetes_service_probe: String,
     /// APIs requested that the target release removes: `{api, removedIn}`.
     #[serde(default)]
     pub removed_apis_in_use: Vec<RemovedApi>,

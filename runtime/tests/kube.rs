@@ -329,10 +329,22 @@ async fn the_workload_reports_a_failed_cilium_job_by_its_mode() {
     let mut job = api.get("batch", "jobs", "kube-system", "ichor-cni-abc").unwrap();
     job["status"] = json!({"conditions": [{"type": JOB_FAILED, "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}]});
     api.put("batch", "jobs", job);
-    let w = runtime::kube::read_workload(&k.client, true, "sw").await.unwrap();
+    let w = runtime::kube::read_workload(
+        &k.client,
+        runtime::controller::ProbeResult { answers: true, target: "the test".into() },
+        "sw",
+    )
+    .await
+    .unwrap();
     let why = w.cilium_jobs_failed.get(&KubeProxyMode::Replaced).expect("the failed Job");
     assert!(why.contains("ichor-cni-abc") && why.contains("backoff limit"), "{why}");
-    let other = runtime::kube::read_workload(&k.client, true, "another-operation").await.unwrap();
+    let other = runtime::kube::read_workload(
+        &k.client,
+        runtime::controller::ProbeResult { answers: true, target: "the test".into() },
+        "another-operation",
+    )
+    .await
+    .unwrap();
     assert!(other.cilium_jobs_failed.is_empty(), "{:?}", other.cilium_jobs_failed);
 }
 

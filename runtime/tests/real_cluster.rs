@@ -29,8 +29,9 @@ async fn plans_every_operation_of_a_real_cluster_without_acting() {
         Duration::from_secs(15),
     )
     .unwrap();
+    let probe = runtime::controller::ProbeResult { answers: true, target: "not probed (a read-only test)".into() };
     let workload =
-        runtime::kube::read_workload(&kube, true, "ichor-real-cluster-test").await.expect("the workload reads");
+        runtime::kube::read_workload(&kube, probe, "ichor-real-cluster-test").await.expect("the workload reads");
     eprintln!("workload: {workload:?}");
     let controller = runtime::controller::Controller::new(
         kube.clone(),

@@ -162,7 +162,13 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 .unwrap(),
             );
         }
-        let workload = read_workload(&w.kube.client, true, &op.name).await.unwrap();
+        let workload = read_workload(
+            &w.kube.client,
+            runtime::controller::ProbeResult { answers: true, target: "the test".into() },
+            &op.name,
+        )
+        .await
+        .unwrap();
         let s = ObservedState {
             now: runtime::plan::rfc3339(t0 + 60 * i as i64),
             cluster: Cluster {
