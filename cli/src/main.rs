@@ -598,7 +598,8 @@ fn main() -> ExitCode {
             if let Some(d) = err.downcast_ref::<Diagnosed>() {
                 text.push_str(&d.diagnostics);
             }
-            text.push_str(&format!("ichor: error: {err:#}\n"));
+            // Each layer once, an API answer as a sentence (runtime::error_chain).
+            text.push_str(&format!("ichor: error: {}\n", runtime::error_chain(err.as_ref())));
             let _ = write_all(std::io::stderr().lock(), &text);
             ExitCode::from(2)
         }

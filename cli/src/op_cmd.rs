@@ -579,7 +579,7 @@ fn kube_error(e: kube_client::Error, object: &str) -> anyhow::Error {
         kube_client::Error::Api(s) if s.code == 404 => {
             anyhow!("{object} not found: `ichor status` lists the operations, `kubectl get talosclusters` the clusters")
         }
-        kube_client::Error::Api(s) => anyhow!("{object}: {} (HTTP {})", s.message, s.code),
+        kube_client::Error::Api(s) => anyhow!("{object}: {}", runtime::api_status_text(&s)),
         other => anyhow!(other).context(object.to_string()),
     }
 }
@@ -685,6 +685,13 @@ pub fn status(
             && items.is_empty()
         {
             bail!("TalosOperation {ns}/{n} not found: `ichor status` lists the operations");
+        }
+        // A cluster that does not exist is an error, not "no operations" (issue 50, finding 11).
+        if let Some(c) = cluster {
+            let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
+            if clusters.get_opt(c).await.map_err(|e| kube_error(e, &format!("TalosCluster {ns}/{c}")))?.is_none() {
+                bail!("TalosCluster {ns}/{c} not found: `kubectl get talosclusters -n {ns}` lists the clusters");
+            }
         }
         // Only the operations not ended yet are followed, and only they decide the exit code: an
         // operation aborted or paused before the watch began does not fail it.
