@@ -486,6 +486,9 @@ spec:
         app.kubernetes.io/name: ichor-controller
     spec:
       serviceAccountName: ichor-controller
+      # On SIGTERM the controller lets its reconciles end (20 s, runtime::serve's
+      # SHUTDOWN_RECONCILE_GRACE) and releases its Lease (at most 5 s) before the kubelet kills it.
+      terminationGracePeriodSeconds: 30
 {POD_SECURITY}{affinity}      containers:
         - name: controller
           image: {image}

@@ -13,12 +13,6 @@ use kube_client::api::Api;
 use kube_runtime::controller::Action;
 use kube_runtime::events::{Event, EventType, Recorder, Reporter};
 use kube_runtime::{WatchStreamExt, watcher};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 use render::api::TalosOperation;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -42,65 +36,7 @@ pub struct RunConfig {
     pub dump_snapshots: Option<PathBuf>,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabel {
-    kind: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PhaseLabel {
-    phase: String,
-}
-
-/// The controller's metrics.
-pub struct Metrics {
-    pub registry: Registry,
-    reconciles: Counter,
-    errors: Counter,
-    plan_seconds: Histogram,
-    decide_seconds: Histogram,
-    actions: Family<KindLabel, Counter>,
-    operations: Family<PhaseLabel, Gauge>,
-}
-
-impl Metrics {
-    pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("ichor");
-        let reconciles = Counter::default();
-        let errors = Counter::default();
-        let plan_seconds = Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]);
-        let decide_seconds = Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]);
-        let actions = Family::<KindLabel, Counter>::default();
-        let operations = Family::<PhaseLabel, Gauge>::default();
-        registry.register("reconciles", "Reconciles of TalosOperations", reconciles.clone());
-        registry.register("reconcile_errors", "Reconciles that ended in an error", errors.clone());
-        registry.register(
-            "reconcile_seconds",
-            "Time of one reconcile (read, plan, execute, write)",
-            plan_seconds.clone(),
-        );
-        registry.register(
-            "reconcile_decide_seconds",
-            "Time of one reconcile's reading, assembling and planning (what grows with the fleet), without executing or writing",
-            decide_seconds.clone(),
-        );
-        registry.register("actions", "Actions executed, by kind", actions.clone());
-        registry.register("operations", "Operations by phase at their last reconcile", operations.clone());
-        Metrics { registry, reconciles, errors, plan_seconds, decide_seconds, actions, operations }
-    }
-
-    pub fn encode(&self) -> String {
-        let mut s = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut s, &self.registry);
-        s
-    }
-}
-
-impl Default for Metrics {
-    fn default() -> Metrics {
-        Metrics::new()
-    }
-}
+pub use crate::metrics::Metrics;
 
 struct Ctx {
     controller: Arc<Controller>,
@@ -231,8 +167,14 @@ async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action
             let _ = std::fs::write(dir.join(format!("{name}-{n:06}.yaml")), text);
         }
     }
-    for (a, _) in &r.plan.actions {
-        ctx.metrics.actions.get_or_create(&KindLabel { kind: a.kind().to_string() }).inc();
+    // Events come from what the executor did, never from the plan (issue 50, finding 4: an apply
+    // and a reboot were recorded on a machine whose drain had failed): an action the run never
+    // reached records nothing; one that failed, was refused or interrupted says so below.
+    for (a, p) in &r.outcome.actions {
+        ctx.metrics.action(a.kind(), performed_name(p));
+        if !matches!(p, crate::exec::Performed::Done | crate::exec::Performed::Recorded) {
+            continue;
+        }
         let (ty, reason) = match a {
             PlanAction::Pause { .. } | PlanAction::Fail { .. } => {
                 (EventType::Warning, render::api::Phase::Paused.name())
@@ -240,10 +182,12 @@ async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action
             PlanAction::Wait { .. } | PlanAction::ClearClock { .. } => continue,
             _ => (EventType::Normal, ""),
         };
-        // A reason per action kind (`Start`, `Drain`, `ApplyNoReboot` ...): the recorder groups
-        // repeats by reason and object, never one machine's event under another's.
+        // A reason per action kind (`Start`, `Drain`, `ApplyNoReboot` ...), and the action
+        // itself (its object, machine, stage and paths) as the Event's action: the recorder
+        // groups repeats by both, so it never merges different actions into one series.
         let kind_reason = capitalized(a.kind());
         let reason = if reason.is_empty() { kind_reason.as_str() } else { reason };
+        let action = event_action(a);
         use kube_client::Resource;
         let op_ref = op.object_ref(&());
         // A step's action is an Event on the operation related to its machine, and one on the
@@ -256,9 +200,9 @@ async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action
             }
             None => None,
         };
-        publish_on(&ctx, &op_ref, machine_ref.clone(), ty, reason, a.kind(), a.to_string()).await;
+        publish_on(&ctx, &op_ref, machine_ref.clone(), ty, reason, &action, a.to_string()).await;
         if let Some(m) = &machine_ref {
-            publish_on(&ctx, m, Some(op_ref.clone()), ty, reason, a.kind(), format!("{name}: {a}")).await;
+            publish_on(&ctx, m, Some(op_ref.clone()), ty, reason, &action, format!("{name}: {a}")).await;
         }
     }
     for (machine, why) in &r.outcome.failed() {
@@ -270,7 +214,6 @@ async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action
         }
     }
     let phase = r.status.operation.phase;
-    ctx.metrics.operations.get_or_create(&PhaseLabel { phase: phase.name().to_string() }).set(1);
     Ok(match requeue_after(phase, ctx.config.requeue) {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
@@ -287,6 +230,33 @@ pub fn requeue_after(phase: render::api::Phase, running: Duration) -> Option<Dur
 async fn publish(ctx: &Ctx, op: &TalosOperation, type_: EventType, reason: &str, action: &str, note: String) {
     use kube_client::Resource;
     publish_on(ctx, &op.object_ref(&()), None, type_, reason, action, note).await;
+}
+
+/// What became of an action, as the actions counter's `outcome` label.
+fn performed_name(p: &crate::exec::Performed) -> &'static str {
+    use crate::exec::Performed;
+    match p {
+        Performed::Done => "done",
+        Performed::Recorded => "recorded",
+        Performed::Failed { .. } => "failed",
+        Performed::Refused { .. } => "refused",
+        Performed::Interrupted { .. } => "interrupted",
+    }
+}
+
+/// An Event's `action`: the action as it reads (`apply the rendered config to cp1 ...,
+/// changing KubeAPIServerConfig.image`), cut to the API's 128 characters at a character
+/// boundary. Two actions that differ in object, machine, stage or paths differ here.
+pub fn event_action(a: &PlanAction) -> String {
+    let text = a.to_string();
+    if text.len() <= 128 {
+        return text;
+    }
+    let mut end = 125;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
 }
 
 /// `applyNoReboot` -> `ApplyNoReboot`: an action kind as an Event reason.
@@ -453,7 +423,14 @@ fn error_policy(op: Arc<TalosOperation>, e: &ReconcileError, ctx: Arc<Ctx>) -> A
 
 /// Logs each change of who acts: this replica holding the Lease, or waiting for it (and who
 /// holds it), so a replica that does nothing says why.
-fn log_lease_changes(mut leader: tokio::sync::watch::Receiver<bool>, client: kube_client::Client, config: &RunConfig) {
+/// The task holds a receiver of the Lease's channel: it is aborted on shutdown, as the Lease is
+/// released only once every receiver is gone (issue 50: it held one forever, so a SIGTERM left
+/// the Lease renewed and no standby took over).
+fn log_lease_changes(
+    mut leader: tokio::sync::watch::Receiver<bool>,
+    client: kube_client::Client,
+    config: &RunConfig,
+) -> tokio::task::JoinHandle<()> {
     let (ns, name, me) = (config.namespace.clone(), config.lease_name.clone(), config.identity.clone());
     tokio::spawn(async move {
         let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client, &ns);
@@ -480,8 +457,17 @@ fn log_lease_changes(mut leader: tokio::sync::watch::Receiver<bool>, client: kub
                 break;
             }
         }
-    });
+    })
 }
+
+/// How long the reconciles in flight at a SIGTERM may take to end before the process stops
+/// them: a step is idempotent and resumes from status, so cutting one is safe; waiting longer
+/// would keep the Lease from a standby. 20 s fits in `ichor install`'s grace period (30 s) with
+/// the Lease's release after it.
+pub const SHUTDOWN_RECONCILE_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+/// How long the Lease's release may take: an API that no longer answers must not keep the
+/// process alive (a standby then takes the Lease when it expires, 15 s).
+pub const SHUTDOWN_LEASE_RELEASE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Runs until `shutdown` resolves; releases the Lease on the way out.
 pub async fn run(
@@ -499,7 +485,7 @@ pub async fn run(
         .build()
         .await?;
     let (leader, lease_task) = lease.watch().await;
-    log_lease_changes(leader.clone(), client.clone(), &config);
+    let lease_log = log_lease_changes(leader.clone(), client.clone(), &config);
     // The lists every reconcile reads come from watches from here on (see `stores`).
     let _ = controller.stores.set(crate::stores::Stores::start(&client, &config.namespace).await);
     let stores = controller.stores.get().expect("set just now");
@@ -507,6 +493,7 @@ pub async fn run(
     let ready = Arc::new(AtomicBool::new(true));
     if let Some(addr) = config.listen {
         let m = metrics.clone();
+        let metrics_controller = controller.clone();
         let ready = ready.clone();
         let app = axum::Router::new()
             .route("/healthz", axum::routing::get(|| async { "ok" }))
@@ -523,7 +510,13 @@ pub async fn run(
                     }
                 }),
             )
-            .route("/metrics", axum::routing::get(move || async move { m.encode() }));
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let (m, c) = (m.clone(), metrics_controller.clone());
+                    async move { m.encode_with(c.stores.get()) }
+                }),
+            );
         if let Ok(listener) = tokio::net::TcpListener::bind(addr).await {
             tokio::spawn(async move {
                 let _ = axum::serve(listener, app).await;
@@ -543,6 +536,7 @@ pub async fn run(
     let ops: Api<TalosOperation> = Api::namespaced(client.clone(), &config.namespace);
     let machines: Api<render::api::TalosMachine> = Api::namespaced(client, &config.namespace);
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
+    let shutdown_begun = shutdown.clone();
     // What an operation depends on wakes it: its cluster, machines and patches, and the
     // kube-system DaemonSets and ConfigMaps (cilium, kube-proxy, cilium-config); a change the
     // caches hold (`runtime::stores`) of what it reads of a Node or a mirror pod (a heartbeat
@@ -662,11 +656,36 @@ pub async fn run(
                 tracing::debug!(error = %crate::error_chain(&e), "machine reconcile");
             }
         });
-    futures::join!(operations, machine_conditions, handovers);
+    // On a SIGTERM the loops take no new work and let the reconciles in flight end, within
+    // their grace; past it they are dropped (cut), before the Lease is released, so no step of
+    // this replica runs beside a standby's.
+    let loops = async {
+        futures::join!(operations, machine_conditions, handovers);
+    };
+    tokio::select! {
+        () = loops => {}
+        () = async {
+            shutdown_begun.await;
+            tokio::time::sleep(SHUTDOWN_RECONCILE_GRACE).await;
+        } => {
+            tracing::warn!(grace = ?SHUTDOWN_RECONCILE_GRACE, "reconciles still running past the shutdown grace: stopped (their steps resume from status)");
+        }
+    }
     ready.store(false, Ordering::Relaxed);
-    // Dropping the receivers makes the lease task release the Lease.
+    // Dropping every receiver makes the lease task release the Lease.
+    lease_log.abort();
+    let _ = lease_log.await;
     drop(leader);
-    let _ = lease_task.await;
+    match tokio::time::timeout(SHUTDOWN_LEASE_RELEASE, lease_task).await {
+        Ok(_) => {
+            tracing::info!(lease = %format!("{}/{}", config.namespace, config.lease_name), "Lease released: a standby takes over at once")
+        }
+        Err(_) => tracing::warn!(
+            lease = %format!("{}/{}", config.namespace, config.lease_name),
+            within = ?SHUTDOWN_LEASE_RELEASE,
+            "the Lease was not released in time (the API does not answer): a standby takes it when it expires"
+        ),
+    }
     Ok(())
 }
 

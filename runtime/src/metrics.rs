@@ -1,0 +1,300 @@
+//! The controller's Prometheus metrics (feature `io`): counters of what this process did
+//! (reconciles, errors, actions by kind and outcome), histograms of how long it took, and
+//! gauges of the current state of every operation and machine, recomputed from the caches at
+//! each scrape, so that they read the same whichever replica answers and however long it ran
+//! (issue 50, finding 6: a gauge set once per phase read Running 1 and Completed 1 after one
+//! upgrade).
+//!
+//! Start at `Metrics::encode`; `state_gauges` is the pure part (objects in, rows out).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use render::api::{TalosMachine, TalosOperation};
+use std::collections::BTreeMap;
+
+/// An action's kind and what became of it (`done`, `recorded`, `failed`, `refused`,
+/// `interrupted`: `exec::Performed`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabel {
+    pub kind: String,
+    pub outcome: String,
+}
+
+/// Operations by kind and phase.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct OperationLabel {
+    pub kind: String,
+    pub phase: String,
+}
+
+/// One operation, with its stage (`""` when it has none).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct OperationInfoLabel {
+    pub operation: String,
+    pub cluster: String,
+    pub kind: String,
+    pub phase: String,
+    pub stage: String,
+}
+
+/// Machines by cluster and Ready condition (status and reason; `Unknown` when none yet).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct MachineLabel {
+    pub cluster: String,
+    pub ready: String,
+    pub reason: String,
+}
+
+/// One machine.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct MachineNameLabel {
+    pub cluster: String,
+    pub machine: String,
+}
+
+/// What this build is.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabel {
+    pub version: String,
+    pub release_set_kubernetes: String,
+}
+
+/// The gauges' rows from the objects: each a label set and its value. Pure.
+#[derive(Debug, Default, PartialEq)]
+pub struct StateRows {
+    pub operations: BTreeMap<OperationLabel, i64>,
+    pub operation_info: Vec<OperationInfoLabel>,
+    pub machines: BTreeMap<MachineLabel, i64>,
+    /// Paths a reboot must apply (`status.rebootPaths`), per machine that has any.
+    pub reboot_paths: BTreeMap<MachineNameLabel, i64>,
+    /// Paths applied within the current boot that take effect at the next
+    /// (`status.appliedAwaitingReboot`), per machine that has any.
+    pub awaiting_reboot: BTreeMap<MachineNameLabel, i64>,
+}
+
+/// Every operation and machine as the gauges count them.
+pub fn state_gauges<'a>(
+    operations: impl IntoIterator<Item = &'a TalosOperation>,
+    machines: impl IntoIterator<Item = &'a TalosMachine>,
+) -> StateRows {
+    let mut rows = StateRows::default();
+    for o in operations {
+        let st = o.status.clone().unwrap_or_default();
+        let (kind, phase) = (o.spec.kind.name().to_string(), st.phase().name().to_string());
+        *rows.operations.entry(OperationLabel { kind: kind.clone(), phase: phase.clone() }).or_default() += 1;
+        rows.operation_info.push(OperationInfoLabel {
+            operation: o.metadata.name.clone().unwrap_or_default(),
+            cluster: o.spec.cluster_ref.name.clone(),
+            kind,
+            phase,
+            stage: st.stage.clone().unwrap_or_default(),
+        });
+    }
+    rows.operation_info.sort();
+    for m in machines {
+        let cluster = m.spec.cluster_ref.name.clone();
+        let st = m.status.clone().unwrap_or_default();
+        let ready = st.conditions.iter().find(|c| c.type_ == "Ready");
+        let label = MachineLabel {
+            cluster: cluster.clone(),
+            ready: ready.map(|c| c.status.clone()).unwrap_or_else(|| "Unknown".into()),
+            reason: ready.map(|c| c.reason.clone()).unwrap_or_else(|| "NotJudgedYet".into()),
+        };
+        *rows.machines.entry(label).or_default() += 1;
+        let name = MachineNameLabel { cluster, machine: m.metadata.name.clone().unwrap_or_default() };
+        if !st.reboot_paths.is_empty() {
+            rows.reboot_paths.insert(name.clone(), st.reboot_paths.len() as i64);
+        }
+        if !st.applied_awaiting_reboot.is_empty() {
+            rows.awaiting_reboot.insert(name, st.applied_awaiting_reboot.len() as i64);
+        }
+    }
+    rows
+}
+
+/// The controller's metrics.
+pub struct Metrics {
+    pub registry: Registry,
+    pub(crate) reconciles: Counter,
+    pub(crate) errors: Counter,
+    pub(crate) plan_seconds: Histogram,
+    pub(crate) decide_seconds: Histogram,
+    pub(crate) actions: Family<ActionLabel, Counter>,
+    operations: Family<OperationLabel, Gauge>,
+    operation_info: Family<OperationInfoLabel, Gauge>,
+    machines: Family<MachineLabel, Gauge>,
+    reboot_paths: Family<MachineNameLabel, Gauge>,
+    awaiting_reboot: Family<MachineNameLabel, Gauge>,
+    build: Family<BuildLabel, Gauge>,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("ichor");
+        let m = Metrics {
+            reconciles: Counter::default(),
+            errors: Counter::default(),
+            plan_seconds: Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
+            decide_seconds: Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]),
+            actions: Family::default(),
+            operations: Family::default(),
+            operation_info: Family::default(),
+            machines: Family::default(),
+            reboot_paths: Family::default(),
+            awaiting_reboot: Family::default(),
+            build: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("reconciles", "Reconciles of TalosOperations", m.reconciles.clone());
+        registry.register("reconcile_errors", "Reconciles that ended in an error", m.errors.clone());
+        registry.register(
+            "reconcile_seconds",
+            "Time of one reconcile (read, plan, execute, write)",
+            m.plan_seconds.clone(),
+        );
+        registry.register(
+            "reconcile_decide_seconds",
+            "Time of one reconcile's reading, assembling and planning (what grows with the fleet), without executing or writing",
+            m.decide_seconds.clone(),
+        );
+        registry.register(
+            "actions",
+            "Actions of operations' plans this process performed, by kind and outcome (done, recorded, failed, refused, interrupted)",
+            m.actions.clone(),
+        );
+        registry.register(
+            "operations",
+            "TalosOperations now, by kind and phase (from the controller's cache)",
+            m.operations.clone(),
+        );
+        registry.register(
+            "operation_info",
+            "One series per TalosOperation now, with its cluster, kind, phase and stage",
+            m.operation_info.clone(),
+        );
+        registry.register(
+            "machines",
+            "TalosMachines now, by cluster and Ready condition (status and reason)",
+            m.machines.clone(),
+        );
+        registry.register(
+            "machine_reboot_paths",
+            "Changed paths a reboot must apply (status.rebootPaths), per machine that has any",
+            m.reboot_paths.clone(),
+        );
+        registry.register(
+            "machine_applied_awaiting_reboot_paths",
+            "Paths applied within the current boot that take effect at the next (status.appliedAwaitingReboot), per machine that has any",
+            m.awaiting_reboot.clone(),
+        );
+        registry.register("build_info", "This Ichor's version and release set (always 1)", m.build.clone());
+        m.build
+            .get_or_create(&BuildLabel {
+                version: env!("CARGO_PKG_VERSION").into(),
+                release_set_kubernetes: render::embedded::RELEASE_SET_KUBERNETES.into(),
+            })
+            .set(1);
+        Metrics { registry, ..m }
+    }
+
+    /// Counts one performed action.
+    pub fn action(&self, kind: &str, outcome: &str) {
+        self.actions.get_or_create(&ActionLabel { kind: kind.into(), outcome: outcome.into() }).inc();
+    }
+
+    /// Sets the state gauges to `rows`: what the caches hold now, and nothing older.
+    pub fn set_state(&self, rows: &StateRows) {
+        self.operations.clear();
+        for (l, n) in &rows.operations {
+            self.operations.get_or_create(l).set(*n);
+        }
+        self.operation_info.clear();
+        for l in &rows.operation_info {
+            self.operation_info.get_or_create(l).set(1);
+        }
+        self.machines.clear();
+        for (l, n) in &rows.machines {
+            self.machines.get_or_create(l).set(*n);
+        }
+        self.reboot_paths.clear();
+        for (l, n) in &rows.reboot_paths {
+            self.reboot_paths.get_or_create(l).set(*n);
+        }
+        self.awaiting_reboot.clear();
+        for (l, n) in &rows.awaiting_reboot {
+            self.awaiting_reboot.get_or_create(l).set(*n);
+        }
+    }
+
+    /// The text exposition, with the state gauges recomputed from `stores` first (when the
+    /// caches run).
+    pub fn encode_with(&self, stores: Option<&crate::stores::Stores>) -> String {
+        if let Some(s) = stores {
+            let ops = s.operations.state();
+            let machines = s.machines.state();
+            self.set_state(&state_gauges(ops.iter().map(|o| o.as_ref()), machines.iter().map(|m| m.as_ref())));
+        }
+        self.encode()
+    }
+
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut s, &self.registry);
+        s
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use render::api::Phase;
+
+    fn op(name: &str, kind: &str, phase: Option<Phase>) -> TalosOperation {
+        let status = phase.map(|p| format!("status: {{phase: {}, stage: kubelets}}", p.name())).unwrap_or_default();
+        serde_yaml::from_str(&format!(
+            "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosOperation\nmetadata: {{name: {name}}}\nspec: {{clusterRef: {{name: lab}}, kind: {kind}}}\n{status}"
+        ))
+        .unwrap()
+    }
+
+    fn machine(name: &str, reason: &str, reboot: &[&str]) -> TalosMachine {
+        serde_yaml::from_str(&format!(
+            "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosMachine\nmetadata: {{name: {name}}}\nspec: {{clusterRef: {{name: lab}}, address: 10.0.0.1, role: worker}}\nstatus: {{conditions: [{{type: Ready, status: 'False', reason: {reason}, message: m}}], rebootPaths: {reboot:?}}}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_gauges_are_the_state_now_one_finished_upgrade_reads_completed_1_and_running_0() {
+        let ops = [op("up", "kubernetes", Some(Phase::Completed)), op("roll", "config", Some(Phase::Running))];
+        let ms = [machine("w1", "RebootRequired", &["machine.kernel.modules"]), machine("w2", "RebootRequired", &[])];
+        let rows = state_gauges(&ops, &ms);
+        let phase = |k: &str, p: Phase| {
+            rows.operations.get(&OperationLabel { kind: k.into(), phase: p.name().into() }).copied()
+        };
+        assert_eq!(phase("kubernetes", Phase::Completed), Some(1));
+        assert_eq!(phase("kubernetes", Phase::Running), None);
+        assert_eq!(phase("config", Phase::Running), Some(1));
+        let label = MachineLabel { cluster: "lab".into(), ready: "False".into(), reason: "RebootRequired".into() };
+        assert_eq!(rows.machines.get(&label), Some(&2));
+        assert_eq!(rows.reboot_paths.len(), 1, "only a machine with reboot paths has the series");
+        let m = Metrics::new();
+        m.set_state(&rows);
+        // The next scrape after the operation is gone forgets it.
+        m.set_state(&state_gauges(&ops[1..], &ms));
+        let text = m.encode();
+        assert!(!text.contains("kind=\"kubernetes\""), "{text}");
+        assert!(text.contains("ichor_build_info{version="), "{text}");
+    }
+}
