@@ -110,7 +110,9 @@ impl Sim {
     }
 
     fn run(&self, program: &str, args: &[&str]) -> (bool, String) {
-        let out = Command::new(program)
+        // kubectl is the one built from k8s.io/kubectl (tests/kube), never one from PATH.
+        let path = if program == "kubectl" { runtime::sim::kubebin::kubectl() } else { program.into() };
+        let out = Command::new(path)
             .args(args)
             .env("KUBECONFIG", self.dir.join("kubeconfig"))
             .env("TALOSCONFIG", self.dir.join("talosconfig"))
@@ -281,10 +283,8 @@ fn measure(machines: usize, idle_for: Duration) -> Figures {
 }
 
 fn main() {
-    if std::process::Command::new("kubectl").arg("version").arg("--client").output().is_err() {
-        eprintln!("skipped: no kubectl on PATH (the machine image and CI have one)");
-        return;
-    }
+    // kubectl from tests/kube, built now if it is missing (its progress on stderr).
+    let _ = runtime::sim::kubebin::kubectl();
     let full = std::env::args().any(|a| a == "--bench");
     let sizes: Vec<usize> = match std::env::var("ICHOR_SCALE_SIZES") {
         Ok(s) => s.split(',').filter_map(|x| x.trim().parse().ok()).collect(),

@@ -174,8 +174,6 @@ impl Sim {
 }
 
 impl Sim {
-    /// The real `kubectl` against the simulated API, or `None` when none is on PATH (the
-    /// machine image and CI have one).
     /// Waits until no Node, TalosMachine or TalosOperation changed for 3 s (at most 60 s).
     fn wait_quiet(&self) {
         let versions = || {
@@ -204,7 +202,9 @@ impl Sim {
     /// Every TalosMachine's Ready reason, as kubectl reads it, in name order.
     fn machine_reasons(&self) -> String {
         let jsonpath = "jsonpath={.items[*].status.conditions[0].reason}";
-        self.kubectl(&["get", "talosmachines", "-n", "ichor-system", "-o", jsonpath]).expect("kubectl on PATH").1
+        self.kubectl(&["get", "talosmachines", "-n", "ichor-system", "-o", jsonpath])
+            .expect("kubectl (tests/kube) runs")
+            .1
     }
 
     /// The reason of the TalosCluster's CNIValuesApplied condition, as kubectl reads it.
@@ -222,8 +222,10 @@ impl Sim {
         self.values_reason()
     }
 
+    /// The real `kubectl` (built from k8s.io/kubectl by tests/kube, never one from PATH)
+    /// against the simulated API; `None` only when it could not be started.
     fn kubectl(&self, args: &[&str]) -> Option<(i32, String, String)> {
-        let out = Command::new("kubectl")
+        let out = Command::new(runtime::sim::kubebin::kubectl())
             .args(args)
             .env("KUBECONFIG", self.dir.join("kubeconfig"))
             .current_dir(root())
@@ -523,10 +525,7 @@ fn patch_version(sim: &Sim, version: &str, extra: &[&str]) -> (i32, String, Stri
 #[test]
 fn kubectl_discovers_lists_and_describes_the_simulated_cluster() {
     let sim = Sim::start("kubectl");
-    let Some((code, out, err)) = sim.kubectl(&["api-resources"]) else {
-        eprintln!("skipped: no kubectl on PATH (the machine image and CI have one)");
-        return;
-    };
+    let (code, out, err) = sim.kubectl(&["api-resources"]).expect("kubectl (tests/kube) runs");
     assert_eq!(code, 0, "kubectl api-resources: {err}");
     let line = out.lines().find(|l| l.starts_with("talosclusters ")).unwrap_or_else(|| panic!("{out}"));
     let cols: Vec<&str> = line.split_whitespace().collect();
@@ -706,7 +705,7 @@ impl Sim {
     /// `kubectl args...` in the background for `secs` seconds while `meanwhile` runs; what it
     /// printed.
     fn kubectl_during(&self, args: &[&str], secs: u64, meanwhile: &dyn Fn()) -> String {
-        let mut child = Command::new("kubectl")
+        let mut child = Command::new(runtime::sim::kubebin::kubectl())
             .args(args)
             .env("KUBECONFIG", self.dir.join("kubeconfig"))
             .current_dir(root())
@@ -732,10 +731,6 @@ impl Sim {
 #[test]
 fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
     let sim = Sim::start("kubectl-day");
-    if sim.kubectl(&["version", "--client"]).is_none() {
-        eprintln!("skipped: no kubectl on PATH (the machine image and CI have one)");
-        return;
-    }
     // A watch of the operations: the upgrade appears, with its columns, and its phase moves.
     let out = sim.kubectl_during(&["get", "talosoperations", "-n", "ichor-system", "-w"], 6, &|| {
         let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);
@@ -870,7 +865,7 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
 /// exist; the printer columns are what `kubectl get` shows.
 /// `kubectl ARGS` with `yaml` on its stdin, against the simulated cluster.
 fn kubectl_with_input(sim: &Sim, args: &[&str], yaml: &str) -> std::process::Output {
-    Command::new("kubectl")
+    Command::new(runtime::sim::kubebin::kubectl())
         .args(args)
         .env("KUBECONFIG", sim.dir.join("kubeconfig"))
         .stdin(Stdio::piped())
@@ -964,10 +959,6 @@ fn installed_as_shipped(sim: &Sim) {
 #[test]
 fn a_kube_proxy_switch_completes_once_the_argo_cd_values_say_so() {
     let sim = Sim::start_with("argo-switch", "done");
-    if sim.kubectl(&["version", "--client"]).is_none() {
-        eprintln!("skipped: no kubectl on PATH (the machine image and CI have one)");
-        return;
-    }
     let (code, out, err) = sim.kubectl(&["get", "applications", "-n", "argocd"]).unwrap();
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("cilium") && out.contains("Synced") && out.contains("Healthy"), "{out}");
@@ -1079,7 +1070,7 @@ fn a_safe_patch_is_applied_live_on_every_machine_within_seconds() {
     )
     .unwrap();
     let start = std::time::Instant::now();
-    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl on PATH");
+    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl (tests/kube) runs");
     assert_eq!(code, 0, "{err}");
     let reasons = || sim.machine_reasons();
     let labels = || sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.labels.team}"]).unwrap().1;
@@ -1126,7 +1117,7 @@ fn apply_module_patch(sim: &Sim) {
         "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: br-netfilter\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 60\n  patch: |\n    machine:\n      kernel:\n        modules:\n          - name: br_netfilter\n",
     )
     .unwrap();
-    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl on PATH");
+    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl (tests/kube) runs");
     assert_eq!(code, 0, "{err}");
 }
 
