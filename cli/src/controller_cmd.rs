@@ -91,6 +91,11 @@ pub struct ControllerArgs {
     /// kubeconfig's server).
     #[arg(long, value_name = "HOST:PORT")]
     pub service_address: Option<String>,
+    /// How long a drain may wait for its pods to be evicted (a PodDisruptionBudget that lets
+    /// none go) before the machine's step fails, the node is uncordoned and the operation
+    /// pauses naming the budget and the pod (`ichor sim cluster` runs its controller with 2 s).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub drain_timeout: u64,
 }
 
 /// A Kubernetes client from `--kubeconfig`, else as kube-rs finds one ($KUBECONFIG,
@@ -147,6 +152,7 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
         )
         .with_release_set(&a.release_set_kubernetes)
         .with_controller_node(a.node.clone())
+        .with_drain_timeout(Duration::from_secs(a.drain_timeout))
         .with_service_probe(Arc::new(move || kubernetes_service_answers(probe.clone())));
         let controller = if a.no_network_policies { controller } else { controller.with_lockdown(metrics_from) };
         let identity =

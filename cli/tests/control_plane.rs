@@ -46,33 +46,14 @@ fn ichor(args: &[&str]) -> (i32, String, String) {
 #[test]
 fn the_crds_and_the_install_are_accepted_by_kube_apiserver() {
     let Some(cp) = control_plane("install") else { return };
-    let (code, crds, err) = ichor(&["crds"]);
-    assert_eq!(code, 0, "ichor crds: {err}");
-    let (code, out, err) = cp.kubectl_as(
+    let (_, install_text, _) = ichor(&["install"]);
+    install(&cp);
+    let (_, warnings, _) = cp.kubectl_as(
         &cp.admin_kubeconfig,
-        &["apply", "--server-side", "--field-manager=ichor", "-f", "-"],
-        Some(&crds),
+        &["apply", "--server-side", "--field-manager=ichor", "--dry-run=server", "-f", "-"],
+        Some(&install_text),
     );
-    assert_eq!(code, 0, "kubectl apply of ichor crds: {err}\n{out}");
-    let (code, _, err) = cp.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/talosclusters.ichor.maesh.dev",
-        "crd/talosmachines.ichor.maesh.dev",
-        "crd/talosconfigpatches.ichor.maesh.dev",
-        "crd/talosoperations.ichor.maesh.dev",
-    ]);
-    assert_eq!(code, 0, "the CRDs are established: {err}");
-    let (code, install, err) = ichor(&["install"]);
-    assert_eq!(code, 0, "ichor install: {err}");
-    let (code, out, err) = cp.kubectl_as(
-        &cp.admin_kubeconfig,
-        &["apply", "--server-side", "--field-manager=ichor", "-f", "-"],
-        Some(&install),
-    );
-    assert_eq!(code, 0, "kubectl apply of ichor install: {err}\n{out}");
-    assert!(!err.contains("would violate PodSecurity"), "the install violates Pod Security: {err}");
+    assert!(!warnings.contains("would violate PodSecurity"), "the install violates Pod Security: {warnings}");
     let (_, label, _) = cp.kubectl(&[
         "get",
         "namespace",
@@ -111,4 +92,210 @@ fn the_crds_and_the_install_are_accepted_by_kube_apiserver() {
     assert_eq!(code, 0, "the controller's ClusterRole: {err}");
     // The controller's ServiceAccount can be given a token (what its pod would mount).
     cp.service_account_kubeconfig("ichor-system", "ichor-controller").expect("a token for the controller's account");
+}
+
+/// Applies `ichor crds` and `ichor install` as the install's header says.
+fn install(cp: &ControlPlane) {
+    for args in [&["crds"][..], &["install"][..]] {
+        let (code, text, err) = ichor(args);
+        assert_eq!(code, 0, "ichor {args:?}: {err}");
+        let (code, out, err) = cp.kubectl_as(
+            &cp.admin_kubeconfig,
+            &["apply", "--server-side", "--field-manager=ichor", "-f", "-"],
+            Some(&text),
+        );
+        assert_eq!(code, 0, "kubectl apply of ichor {args:?}: {err}\n{out}");
+        if args == ["crds"] {
+            let (code, _, err) = cp.kubectl(&["wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"]);
+            assert_eq!(code, 0, "the CRDs are established: {err}");
+        }
+    }
+}
+
+/// A process the test started, killed when the test ends (also when it fails).
+struct Process(std::process::Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `ichor webhook`, the product binary, as its ServiceAccount (a token from the API server), on
+/// loopback with a certificate of the cluster CA; the API server calls it as the install's
+/// ValidatingWebhookConfiguration says, its address moved from the Service (no kubelet runs
+/// the webhook's pod here) to loopback, its CA bundle the cluster's.
+fn webhook(cp: &ControlPlane) -> Process {
+    let (crt, key) = cp.serving_cert(&["127.0.0.1"]).unwrap();
+    let (crt_path, key_path) = (cp.dir().join("webhook.crt"), cp.dir().join("webhook.key"));
+    std::fs::write(&crt_path, crt).unwrap();
+    std::fs::write(&key_path, key).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let kubeconfig = cp.service_account_kubeconfig("ichor-system", "ichor-webhook").unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_ichor"))
+        .args(["webhook", "--listen", &format!("127.0.0.1:{port}"), "--tls-cert"])
+        .arg(&crt_path)
+        .arg("--tls-key")
+        .arg(&key_path)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("ICHOR_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(cp.dir().join("webhook.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let p = Process(child);
+    let start = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "ichor webhook did not listen on {port}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(cp.ca_pem());
+    let patch = format!(
+        r#"[{{"op":"replace","path":"/webhooks/0/clientConfig","value":{{"url":"https://127.0.0.1:{port}/validate","caBundle":"{ca}"}}}}]"#
+    );
+    let (code, _, err) =
+        cp.kubectl(&["patch", "validatingwebhookconfiguration", "ichor", "--type", "json", "-p", &patch]);
+    assert_eq!(code, 0, "pointing the webhook at loopback: {err}");
+    p
+}
+
+/// The install's ValidatingWebhookConfiguration makes kube-apiserver call `ichor webhook` over
+/// TLS: the example cluster is admitted, a kube-proxy switch without its consent annotation is
+/// refused with the webhook's words (ADR 0066's amendment), and the webhook's own requests pass
+/// RBAC as its ServiceAccount.
+#[test]
+fn kube_apiserver_calls_the_webhook_which_admits_the_lab_and_refuses_a_switch_without_consent() {
+    let Some(cp) = control_plane("webhook") else { return };
+    install(&cp);
+    let _hook = webhook(&cp);
+    let lab = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/lab-v1.14");
+    // The webhook may take a moment to answer the first call: kubectl's own retry is the
+    // user's, so the test tries for a few seconds.
+    let start = std::time::Instant::now();
+    let (code, out, err) = loop {
+        let r = cp.kubectl(&["apply", "--server-side", "-f", lab]);
+        if r.0 == 0 || start.elapsed() > std::time::Duration::from_secs(20) {
+            break r;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert_eq!(code, 0, "the lab cluster through the webhook: {err}\n{out}");
+    let (code, _, err) = cp.kubectl(&[
+        "patch",
+        "taloscluster",
+        "lab",
+        "-n",
+        "ichor-system",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"cni":{"kubeProxy":"replaced"}}}"#,
+    ]);
+    assert_ne!(code, 0, "a switch without consent was admitted");
+    assert!(
+        err.contains("admission webhook \"validate.ichor.maesh.dev\" denied the request")
+            && err.contains("ichor.maesh.dev/confirm-kube-proxy-switch"),
+        "{err}"
+    );
+    let (_, mode, _) = cp.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", "jsonpath={.spec.cni.kubeProxy}"]);
+    assert_eq!(mode.trim(), "enabled", "nothing was written");
+}
+
+/// `ichor controller`, the product binary, runs as its own process with its ServiceAccount's
+/// token, so kube-apiserver's RBAC judges every request the install's ClusterRole must allow:
+/// it takes the Lease, lists and watches the custom resources, Nodes, pods and Secrets' metadata,
+/// reads the cluster's secrets bundle, and writes each TalosMachine's status (a Ready condition
+/// on every machine of the example cluster, judged against a simulated Talos fleet). A denied
+/// request fails the test with the API server's words: the verb, the resource and the namespace.
+#[test]
+fn the_controller_as_its_service_account_judges_every_machine_and_rbac_denies_it_nothing() {
+    let Some(cp) = control_plane("rbac") else { return };
+    install(&cp);
+    let _hook = webhook(&cp);
+    // A simulated Talos fleet of the example's shape (3 control planes, 1 worker, Talos v1.14.3),
+    // its nodes named as the TalosMachines' addresses say below.
+    let talosconfig = cp.dir().join("talosconfig");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _fleet = Process(
+        Command::new(env!("CARGO_BIN_EXE_ichor"))
+            .args(["sim", "talos", "--nodes", "4", "--controlplanes", "3", "--talos", "v1.14.3"])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--talosconfig-out"])
+            .arg(&talosconfig)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let start = std::time::Instant::now();
+    while !talosconfig.exists() || std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "ichor sim talos did not start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let lab = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/lab-v1.14"));
+    let mut manifests = String::new();
+    for f in ["cluster.yaml", "machines.yaml", "patches.yaml", "secrets.yaml"] {
+        manifests += &std::fs::read_to_string(lab.join(f)).unwrap();
+        manifests += "\n---\n";
+    }
+    for (addr, node) in [("10.0.0.11", "cp1"), ("10.0.0.12", "cp2"), ("10.0.0.13", "cp3"), ("10.0.0.21", "w1")] {
+        manifests = manifests.replace(&format!("address: {addr}"), &format!("address: {node}"));
+    }
+    let start = std::time::Instant::now();
+    let (code, out, err) = loop {
+        let r = cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "--server-side", "-f", "-"], Some(&manifests));
+        if r.0 == 0 || start.elapsed() > std::time::Duration::from_secs(20) {
+            break r;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert_eq!(code, 0, "the lab cluster: {err}\n{out}");
+    let kubeconfig = cp.service_account_kubeconfig("ichor-system", "ichor-controller").unwrap();
+    let log = cp.dir().join("controller.log");
+    let controller = Process(
+        Command::new(env!("CARGO_BIN_EXE_ichor"))
+            .args(["controller", "--namespace", "ichor-system", "--metrics-addr", "127.0.0.1:0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .arg("--talosconfig")
+            .arg(&talosconfig)
+            .args(["--identity", "ichor-controller-test", "--no-network-policies"])
+            .env("ICHOR_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let reasons = || {
+        let (_, out, _) = cp.kubectl(&[
+            "get",
+            "talosmachines",
+            "-n",
+            "ichor-system",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].reason} {end}",
+        ]);
+        out
+    };
+    let start = std::time::Instant::now();
+    let judged = |r: &str| r.split_whitespace().filter(|m| !m.ends_with('=')).count() == 4;
+    while !judged(&reasons()) && start.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let denied: Vec<&str> = text.lines().filter(|l| l.contains("forbidden") || l.contains(" 403")).collect();
+    assert!(denied.is_empty(), "RBAC denied the controller:\n{}", denied.join("\n"));
+    let r = reasons();
+    assert!(judged(&r), "every machine has a Ready condition written by the controller: {r}\n{}", text);
+    let (_, holder, _) = cp.kubectl(&[
+        "get",
+        "lease",
+        "ichor-controller",
+        "-n",
+        "ichor-system",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert_eq!(holder.trim(), "ichor-controller-test", "the controller holds its Lease");
+    drop(controller);
 }

@@ -124,6 +124,8 @@ impl Sim {
             .arg("--talosconfig")
             .arg(self.dir.join("talosconfig"))
             .args(["--identity", identity])
+            // A budget a test adds fails the drain in seconds, as in `ichor sim cluster`.
+            .args(["--drain-timeout", "3"])
             .current_dir(root())
             .env("ICHOR_LOG", "warn")
             .envs(env.iter().copied())
@@ -2073,4 +2075,104 @@ fn migrated_patches_converge_every_machine_with_only_moves() {
         assert_eq!(code, 0, "{machine}: the node holds its migrated render: {out}{err}");
     }
     let _ = std::fs::remove_dir_all(&manifests);
+}
+
+/// Issue 50, finding 1: a rollout whose drain of w1 meets a PodDisruptionBudget that lets no
+/// pod go pauses, leaves w1 uncordoned and on its boot; once the budget is gone, `ichor
+/// operation resume` drains and reboots w1 and the rollout completes, every machine Converged.
+#[test]
+fn a_rollout_blocked_by_a_budget_resumes_drains_reboots_and_completes_once_the_budget_is_gone() {
+    let sim = Sim::start_args("pdb-resume", "done", &["--no-controller"]);
+    let controller = sim.controller();
+    sim.check_then_stop(controller, || {
+        let web = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\n  labels:\n    app: web\nspec:\n  nodeName: w1\n  containers:\n    - name: web\n      image: nginx\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  maxUnavailable: 0\n  selector:\n    matchLabels:\n      app: web\n";
+        let out = kubectl_with_input(&sim, &["apply", "-f", "-"], web);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        apply_module_patch(&sim);
+        let boot = |n: &str| {
+            sim.kubectl(&["get", "node", n, "-o", "jsonpath={.status.nodeInfo.bootID}"]).unwrap().1.trim().to_string()
+        };
+        let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--yes"]);
+        assert_eq!(code, 0, "{err}");
+        let w1_before = boot("w1");
+        assert_eq!(sim.wait_phase(&|p| matches!(p, Phase::Paused | Phase::Completed)), Phase::Paused);
+        let (_, reason, _) = sim.ichor(&["status", "--cluster", "lab"]);
+        assert!(reason.contains("w1"), "the pause names w1: {reason}");
+        let start = std::time::Instant::now();
+        let unschedulable = || {
+            sim.kubectl(&["get", "node", "w1", "-o", "jsonpath={.spec.unschedulable}"]).unwrap().1.trim().to_string()
+        };
+        while unschedulable() == "true" && start.elapsed() < std::time::Duration::from_secs(15) {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        assert_eq!(unschedulable(), "", "w1 is left cordoned while the rollout is paused");
+        assert_eq!(boot("w1"), w1_before, "w1 was rebooted after its drain failed");
+        let (code, _, err) = sim.kubectl(&["delete", "pdb", "web", "-n", "default"]).unwrap();
+        assert_eq!(code, 0, "{err}");
+        let (code, _, err) = sim.ichor(&["operation", "resume", "config-rollout"]);
+        assert_eq!(code, 0, "{err}");
+        let start = std::time::Instant::now();
+        while sim.phase() == Phase::Paused && start.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let p = sim.wait_phase(&|p| matches!(p, Phase::Paused | Phase::Completed));
+        let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
+        assert_eq!(p, Phase::Completed, "{status}");
+        assert_ne!(boot("w1"), w1_before, "w1 was not rebooted after the resume: {status}");
+        sim.wait_quiet();
+        assert_eq!(sim.machine_reasons(), "Converged Converged Converged Converged");
+    });
+}
+
+/// Issue 50, finding 2: SIGTERM to the Lease holder hands over to the standby within 5 s and
+/// the process exits 0; finding 3: while the Kubernetes upgrade runs, no machine reads
+/// RebootRequired for the component images it applies (each names the operation).
+#[test]
+fn sigterm_to_the_lease_holder_hands_over_at_once_and_no_machine_reads_reboot_required_during_an_upgrade() {
+    let sim = Sim::start_args("sigterm", "done", &["--no-controller"]);
+    let mut a = sim.replica("replica-a");
+    let start = std::time::Instant::now();
+    while sim.lease_holder() != "replica-a" && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(sim.lease_holder(), "replica-a", "the first replica never took the Lease");
+    let mut b = sim.replica("replica-b");
+    sim.wait_quiet();
+    let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(sim.wait_phase(&|p| p != Phase::Pending), Phase::Running);
+    // The machines are judged again once the cluster's version moved: none says RebootRequired.
+    let mut seen = std::collections::BTreeSet::new();
+    let judged = std::time::Instant::now();
+    while judged.elapsed() < std::time::Duration::from_secs(4) {
+        for r in sim.machine_reasons().split_whitespace() {
+            seen.insert(r.to_string());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert!(!seen.contains("RebootRequired"), "a machine read RebootRequired during the upgrade: {seen:?}");
+    let term = std::process::Command::new("kill").args(["-TERM", &a.id().to_string()]).status().unwrap();
+    assert!(term.success());
+    let sent = std::time::Instant::now();
+    while sim.lease_holder() != "replica-b" && sent.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let took = sent.elapsed();
+    assert_eq!(sim.lease_holder(), "replica-b", "the standby did not take the Lease in {took:?}");
+    // The holder lets its reconcile end (at most 20 s), then releases the Lease; the standby
+    // polls it every 5 s at most (kube-lease-manager's grace): within 5 s of the release.
+    let exited = loop {
+        if let Some(s) = a.try_wait().unwrap() {
+            break s;
+        }
+        assert!(sent.elapsed() < std::time::Duration::from_secs(30), "the holder did not exit 30 s after SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(exited.success(), "the holder exited with {exited} after SIGTERM");
+    assert!(took < std::time::Duration::from_secs(10), "the standby took the Lease {took:?} after SIGTERM");
+    let p = sim.wait_phase(&|p| matches!(p, Phase::Completed | Phase::Paused));
+    b.kill().unwrap();
+    b.wait().unwrap();
+    assert_eq!(p, Phase::Completed);
+    eprintln!("the standby took the Lease {took:?} after the holder's SIGTERM");
 }

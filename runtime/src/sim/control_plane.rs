@@ -52,6 +52,7 @@ pub struct ControlPlane {
     /// A kubeconfig of `system:masters` (what `kubectl` and the test's setup use).
     pub admin_kubeconfig: PathBuf,
     ca_pem: String,
+    ca: Ca,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -225,7 +226,8 @@ impl ControlPlane {
             "controller-manager.kubeconfig",
         )?;
         let sched = user("the scheduler's certificate", "system:kube-scheduler", &[], "scheduler.kubeconfig")?;
-        let mut cp = ControlPlane { dir: dir.clone(), procs: vec![], server, admin_kubeconfig: admin, ca_pem: ca.pem };
+        let ca_pem = ca.pem.clone();
+        let mut cp = ControlPlane { dir: dir.clone(), procs: vec![], server, admin_kubeconfig: admin, ca_pem, ca };
         let s = |p: &Path| p.display().to_string();
         cp.spawn(
             "etcd",
@@ -411,5 +413,11 @@ impl ControlPlane {
     /// The cluster CA (PEM), for a webhook's `caBundle` or a client.
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem
+    }
+
+    /// A serving certificate and key (PEM) signed by the cluster CA for these addresses and
+    /// names: what a webhook the API server calls over TLS presents.
+    pub fn serving_cert(&self, names: &[&str]) -> Result<(String, String), ControlPlaneError> {
+        self.ca.sign("a serving certificate", names.first().copied().unwrap_or("localhost"), &[], names)
     }
 }

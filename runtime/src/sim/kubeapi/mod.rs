@@ -1414,7 +1414,11 @@ impl Api {
     }
 
     /// The Eviction API: refused with 429 while a PodDisruptionBudget selecting the pod allows
-    /// no disruption (its `status.disruptionsAllowed`), else the pod is deleted.
+    /// no disruption, else the pod is deleted. What a budget allows is its
+    /// `status.disruptionsAllowed` once a disruption controller observed it (a real control
+    /// plane's), else what that controller would compute from the pods it selects now
+    /// (`disruptions_allowed`): issue 50 found every eviction refused under any budget, even
+    /// `maxUnavailable: 1` over a Ready pod.
     fn evict(&self, key: &Key) -> Response<Body> {
         let pod = {
             let s = self.store.lock().expect("kubeapi store");
@@ -1426,12 +1430,37 @@ impl Api {
         let blocked = {
             let s = self.store.lock().expect("kubeapi store");
             let labels = pod.pointer("/metadata/labels").and_then(|l| l.as_object()).cloned().unwrap_or_default();
+            let selects = |pdb: &Json, labels: &serde_json::Map<String, Json>| {
+                pdb.pointer("/spec/selector/matchLabels")
+                    .and_then(|m| m.as_object())
+                    .is_some_and(|sel| sel.iter().all(|(lk, lv)| labels.get(lk) == Some(lv)))
+            };
             s.objects.iter().filter(|(k, _)| k.0 == "policy" && k.1 == "poddisruptionbudgets" && k.2 == key.2).find_map(
                 |(k, pdb)| {
-                    let sel = pdb.pointer("/spec/selector/matchLabels").and_then(|m| m.as_object())?;
-                    let matches = sel.iter().all(|(lk, lv)| labels.get(lk) == Some(lv));
-                    let allowed = pdb.pointer("/status/disruptionsAllowed").and_then(|v| v.as_i64()).unwrap_or(0);
-                    (matches && allowed < 1).then(|| k.3.clone())
+                    if !selects(pdb, &labels) {
+                        return None;
+                    }
+                    let observed = pdb.pointer("/status/observedGeneration").is_some();
+                    let allowed = match pdb.pointer("/status/disruptionsAllowed").and_then(|v| v.as_i64()) {
+                        Some(n) if observed => n,
+                        _ => {
+                            let pods: Vec<&Json> = s
+                                .objects
+                                .iter()
+                                .filter(|(pk, p)| {
+                                    pk.0.is_empty()
+                                        && pk.1 == "pods"
+                                        && pk.2 == key.2
+                                        && p.pointer("/metadata/labels")
+                                            .and_then(|l| l.as_object())
+                                            .is_some_and(|l| selects(pdb, l))
+                                })
+                                .map(|(_, p)| p)
+                                .collect();
+                            disruptions_allowed(pdb, &pods)
+                        }
+                    };
+                    (allowed < 1).then(|| k.3.clone())
                 },
             )
         };
@@ -1449,6 +1478,43 @@ impl Api {
             StatusCode::CREATED,
         )
     }
+}
+
+/// What kube-controller-manager's disruption controller would set as a budget's
+/// `status.disruptionsAllowed` for these selected pods: healthy pods (Ready, not being deleted)
+/// beyond the desired healthy count, which `minAvailable` gives or `expected - maxUnavailable`
+/// gives (a percentage of the expected pods, `minAvailable` rounded up, `maxUnavailable` rounded
+/// up, as `GetScaledValueFromIntOrPercent` with roundUp), never below 0. The expected count is the
+/// pods selected (the real controller reads their controllers' scale; the sim's pods are the
+/// scale).
+pub fn disruptions_allowed(pdb: &Json, pods: &[&Json]) -> i64 {
+    let expected = pods.iter().filter(|p| p.pointer("/metadata/deletionTimestamp").is_none()).count() as i64;
+    let healthy = pods
+        .iter()
+        .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
+        .filter(|p| {
+            p.pointer("/status/conditions")
+                .and_then(|c| c.as_array())
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+        })
+        .count() as i64;
+    let scaled = |v: &Json| -> Option<i64> {
+        match v {
+            Json::Number(n) => n.as_i64(),
+            Json::String(t) => {
+                let pct: i64 = t.strip_suffix('%')?.parse().ok()?;
+                Some((pct * expected + 99) / 100)
+            }
+            _ => None,
+        }
+    };
+    let desired = match (pdb.pointer("/spec/minAvailable"), pdb.pointer("/spec/maxUnavailable")) {
+        (Some(min), _) => scaled(min).unwrap_or(expected),
+        (None, Some(max)) => expected - scaled(max).unwrap_or(0),
+        // A budget with neither: minAvailable 1, the API's default.
+        (None, None) => 1,
+    };
+    (healthy - desired).max(0)
 }
 
 /// The names of every kind this API has held (for RBAC checks in tests).
@@ -1470,5 +1536,30 @@ fn string_data_into_data(obj: &mut Json) {
     for (k, v) in strings {
         let text = v.as_str().unwrap_or_default();
         data.insert(k, json!(base64::engine::general_purpose::STANDARD.encode(text)));
+    }
+}
+
+#[cfg(test)]
+mod disruption_tests {
+    use super::disruptions_allowed;
+    use serde_json::json;
+
+    fn pod(ready: bool) -> serde_json::Value {
+        json!({"status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
+    }
+
+    /// Issue 50, finding 11: the sim refused every eviction under any budget.
+    #[test]
+    fn a_budget_allows_what_the_disruption_controller_would() {
+        let (r1, r2, nr) = (pod(true), pod(true), pod(false));
+        let check =
+            |spec: serde_json::Value, pods: &[&serde_json::Value]| disruptions_allowed(&json!({"spec": spec}), pods);
+        assert_eq!(check(json!({"maxUnavailable": 1}), &[&r1]), 1, "maxUnavailable 1 over a Ready pod");
+        assert_eq!(check(json!({"maxUnavailable": 0}), &[&r1, &r2]), 0);
+        assert_eq!(check(json!({"maxUnavailable": 1}), &[&r1, &nr]), 0, "one already unavailable");
+        assert_eq!(check(json!({"minAvailable": 1}), &[&r1, &r2]), 1);
+        assert_eq!(check(json!({"minAvailable": "50%"}), &[&r1, &r2]), 1);
+        assert_eq!(check(json!({"maxUnavailable": "50%"}), &[&r1, &r2, &nr]), 0, "2 of 3 must stay: 1 unready already");
+        assert_eq!(check(json!({"minAvailable": 3}), &[&r1, &r2]), 0, "never below 0");
     }
 }
