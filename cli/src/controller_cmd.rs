@@ -115,6 +115,12 @@ async fn kube_client(kubeconfig: Option<&Path>, agent: &str) -> Result<(kube_cli
                 .with_context(|| format!("--kubeconfig {}: no usable current context", path.display()))?
         }
     };
+    // No retry layer under the controller's own retries: kube-rs 5 retries every 429 up to 15
+    // times with a backoff that grows to minutes, and a 429 is also an answer (an eviction a
+    // PodDisruptionBudget refuses: issue 50 saw a drain wait minutes on one call instead of
+    // failing at its deadline). The reconcile's error policy and `kube::retrying` retry what is
+    // transient, on their own clocks.
+    config.default_retry = false;
     let ua = format!("{agent}/{}", env!("CARGO_PKG_VERSION"));
     if let Ok(v) = ua.parse() {
         config.headers.push((http::header::USER_AGENT, v));

@@ -4,7 +4,7 @@
 //! `operation abort|resume`. Outputs are goldens under `tests/golden/operations/` (timestamps
 //! and the API's port redacted), rewritten with `TRYCMD=overwrite`.
 
-use render::api::Phase;
+use render::api::{MachinePhase, Phase};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -133,6 +133,17 @@ impl Sim {
             .stderr(stderr)
             .spawn()
             .unwrap()
+    }
+
+    /// The first replica, once it holds the Lease (30 s at most).
+    fn replica_holding_the_lease(&self, identity: &str) -> Child {
+        let replica = self.replica(identity);
+        let start = std::time::Instant::now();
+        while self.lease_holder() != identity && start.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert_eq!(self.lease_holder(), identity, "the first replica never took the Lease");
+        replica
     }
 
     /// Who holds the controller's Lease, as `kubectl` reads it ("" when nobody).
@@ -652,12 +663,7 @@ fn an_upgrade_completes_with_the_controller_as_its_own_process_killed_and_restar
 #[test]
 fn the_other_replica_takes_the_lease_and_completes_an_upgrade_when_the_holder_is_killed() {
     let sim = Sim::start_args("replicas", "done", &["--no-controller"]);
-    let mut a = sim.replica("replica-a");
-    let start = std::time::Instant::now();
-    while sim.lease_holder() != "replica-a" && start.elapsed() < std::time::Duration::from_secs(30) {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert_eq!(sim.lease_holder(), "replica-a", "the first replica never took the Lease");
+    let mut a = sim.replica_holding_the_lease("replica-a");
     let mut b = sim.replica("replica-b");
     let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);
     assert_eq!(code, 0, "{err}");
@@ -1363,10 +1369,11 @@ fn under_api_faults(name: &str, with_upgrade: bool) {
     let faults = [
         "--api-fault",
         "for=ichor-controller",
+        // Issue 50's rates: a status write that meets them must still record every step.
         "--api-fault",
-        "409=0.1",
+        "409=0.15",
         "--api-fault",
-        "500=0.05",
+        "500=0.15",
         "--api-fault",
         "429=0.05",
         "--api-fault",
@@ -1396,12 +1403,42 @@ fn under_api_faults(name: &str, with_upgrade: bool) {
         while !matches!(sim.phase_of(name), Phase::Completed | Phase::Paused) && start.elapsed().as_secs() < 240 {
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        if sim.phase_of(name) != Phase::Completed {
+        let op = sim.kubectl(&["get", "talosoperation", name, "-n", "ichor-system", "-o", "json"]).unwrap().1;
+        // Issue 50, finding 10: the record is what a fault-free run writes: every machine Done
+        // at its kind's last stage (a write that failed used to lose a step already performed),
+        // a rollout's machines with the boot each started on.
+        let v: serde_json::Value = serde_json::from_str(&op).unwrap_or_default();
+        // Which machines get a step, as a fault-free run records them (the walk-through's
+        // goldens): a switch changes the control planes' kube-proxy documents only.
+        let (last_stage, stepped): (&str, &[&str]) = match name {
+            "config-rollout" => ("reboot", &["cp1", "cp2", "cp3", "w1"]),
+            n if n.starts_with("upgrade") => ("kubelets", &["cp1", "cp2", "cp3", "w1"]),
+            _ => ("switch", &["cp1", "cp2", "cp3"]),
+        };
+        let listed: Vec<String> = v
+            .pointer("/status/machines")
+            .and_then(|m| m.as_object())
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        let recorded: Vec<String> = listed
+            .iter()
+            .map(|m| {
+                let p =
+                    |f: &str| v.pointer(&format!("/status/machines/{m}/{f}")).and_then(|x| x.as_str()).unwrap_or("-");
+                let boot = if name == "config-rollout" && p("bootId") == "-" { " (no boot)" } else { "" };
+                format!("{m}={}/{}{boot}", p("phase"), p("stage"))
+            })
+            .collect();
+        let want: Vec<String> =
+            stepped.iter().map(|m| format!("{m}={}/{last_stage}", MachinePhase::Done.name())).collect();
+        if sim.phase_of(name) != Phase::Completed || recorded != want {
             let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
-            let op = sim.kubectl(&["get", "talosoperation", name, "-n", "ichor-system", "-o", "yaml"]).unwrap().1;
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
-            panic!("{name} under API faults: {status}\n{op}\nthe controller's last lines:\n{}", tail.join("\n"));
+            panic!(
+                "{name} under API faults: recorded {recorded:?}, a fault-free run records {want:?}\n{status}\n{op}\nthe controller's last lines:\n{}",
+                tail.join("\n")
+            );
         }
     }
     sim.wait_quiet();
@@ -2092,11 +2129,13 @@ fn a_rollout_blocked_by_a_budget_resumes_drains_reboots_and_completes_once_the_b
         let boot = |n: &str| {
             sim.kubectl(&["get", "node", n, "-o", "jsonpath={.status.nodeInfo.bootID}"]).unwrap().1.trim().to_string()
         };
-        let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--yes"]);
+        // The rollout of w1 alone (the control planes' reboots are other tests').
+        let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--machines", "w1", "--yes"]);
         assert_eq!(code, 0, "{err}");
         let w1_before = boot("w1");
-        assert_eq!(sim.wait_phase(&|p| matches!(p, Phase::Paused | Phase::Completed)), Phase::Paused);
+        let p = sim.wait_phase(&|p| matches!(p, Phase::Paused | Phase::Completed));
         let (_, reason, _) = sim.ichor(&["status", "--cluster", "lab"]);
+        assert_eq!(p, Phase::Paused, "the drain of w1 meets the budget: {reason}");
         assert!(reason.contains("w1"), "the pause names w1: {reason}");
         let start = std::time::Instant::now();
         let unschedulable = || {
@@ -2120,7 +2159,8 @@ fn a_rollout_blocked_by_a_budget_resumes_drains_reboots_and_completes_once_the_b
         assert_eq!(p, Phase::Completed, "{status}");
         assert_ne!(boot("w1"), w1_before, "w1 was not rebooted after the resume: {status}");
         sim.wait_quiet();
-        assert_eq!(sim.machine_reasons(), "Converged Converged Converged Converged");
+        let reasons = sim.machine_reasons();
+        assert_eq!(reasons.split_whitespace().last(), Some("Converged"), "w1 after its rollout: {reasons}");
     });
 }
 
@@ -2130,12 +2170,7 @@ fn a_rollout_blocked_by_a_budget_resumes_drains_reboots_and_completes_once_the_b
 #[test]
 fn sigterm_to_the_lease_holder_hands_over_at_once_and_no_machine_reads_reboot_required_during_an_upgrade() {
     let sim = Sim::start_args("sigterm", "done", &["--no-controller"]);
-    let mut a = sim.replica("replica-a");
-    let start = std::time::Instant::now();
-    while sim.lease_holder() != "replica-a" && start.elapsed() < std::time::Duration::from_secs(30) {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    assert_eq!(sim.lease_holder(), "replica-a", "the first replica never took the Lease");
+    let mut a = sim.replica_holding_the_lease("replica-a");
     let mut b = sim.replica("replica-b");
     sim.wait_quiet();
     let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);

@@ -208,26 +208,11 @@ impl Metrics {
 
     /// Sets the state gauges to `rows`: what the caches hold now, and nothing older.
     pub fn set_state(&self, rows: &StateRows) {
-        self.operations.clear();
-        for (l, n) in &rows.operations {
-            self.operations.get_or_create(l).set(*n);
-        }
-        self.operation_info.clear();
-        for l in &rows.operation_info {
-            self.operation_info.get_or_create(l).set(1);
-        }
-        self.machines.clear();
-        for (l, n) in &rows.machines {
-            self.machines.get_or_create(l).set(*n);
-        }
-        self.reboot_paths.clear();
-        for (l, n) in &rows.reboot_paths {
-            self.reboot_paths.get_or_create(l).set(*n);
-        }
-        self.awaiting_reboot.clear();
-        for (l, n) in &rows.awaiting_reboot {
-            self.awaiting_reboot.get_or_create(l).set(*n);
-        }
+        set_family(&self.operations, rows.operations.iter().map(|(l, n)| (l, *n)));
+        set_family(&self.operation_info, rows.operation_info.iter().map(|l| (l, 1)));
+        set_family(&self.machines, rows.machines.iter().map(|(l, n)| (l, *n)));
+        set_family(&self.reboot_paths, rows.reboot_paths.iter().map(|(l, n)| (l, *n)));
+        set_family(&self.awaiting_reboot, rows.awaiting_reboot.iter().map(|(l, n)| (l, *n)));
     }
 
     /// The text exposition, with the state gauges recomputed from `stores` first (when the
@@ -245,6 +230,17 @@ impl Metrics {
         let mut s = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut s, &self.registry);
         s
+    }
+}
+
+/// A gauge family holding exactly these series (the others are dropped).
+fn set_family<'a, L>(family: &Family<L, Gauge>, rows: impl Iterator<Item = (&'a L, i64)>)
+where
+    L: Clone + std::hash::Hash + Eq + prometheus_client::encoding::EncodeLabelSet + std::fmt::Debug + 'a,
+{
+    family.clear();
+    for (l, n) in rows {
+        family.get_or_create(l).set(n);
     }
 }
 

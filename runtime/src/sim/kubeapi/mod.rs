@@ -1559,7 +1559,11 @@ mod disruption_tests {
         assert_eq!(check(json!({"maxUnavailable": 1}), &[&r1, &nr]), 0, "one already unavailable");
         assert_eq!(check(json!({"minAvailable": 1}), &[&r1, &r2]), 1);
         assert_eq!(check(json!({"minAvailable": "50%"}), &[&r1, &r2]), 1);
-        assert_eq!(check(json!({"maxUnavailable": "50%"}), &[&r1, &r2, &nr]), 1, "50% of 3 rounds up to 2 unavailable: 1 is already");
+        assert_eq!(
+            check(json!({"maxUnavailable": "50%"}), &[&r1, &r2, &nr]),
+            1,
+            "50% of 3 rounds up to 2 unavailable: 1 is already"
+        );
         assert_eq!(check(json!({"minAvailable": 3}), &[&r1, &r2]), 0, "never below 0");
     }
 }
