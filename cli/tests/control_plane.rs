@@ -201,6 +201,20 @@ fn kube_apiserver_calls_the_webhook_which_admits_the_lab_and_refuses_a_switch_wi
     );
     let (_, mode, _) = cp.kubectl(&["get", "tc", "lab", "-n", "ichor-system", "-o", "jsonpath={.spec.cni.kubeProxy}"]);
     assert_eq!(mode.trim(), "enabled", "nothing was written");
+    // Issue 50, finding 9: a typo inside a patch's text is refused at admission, naming the
+    // patch, the field and the contract; the same patch spelled right is admitted.
+    let typo = "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: team-label\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 50\n  patch: |\n    apiVersion: v1alpha1\n    kind: KubeNodeConfig\n    labelz:\n      team: storage\n";
+    let (code, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "-f", "-"], Some(typo));
+    assert_ne!(code, 0, "a patch with an unknown field was admitted");
+    assert!(
+        err.contains("TalosConfigPatch ichor-system/team-label")
+            && err.contains("KubeNodeConfig.labelz")
+            && err.contains("v1.14"),
+        "{err}"
+    );
+    let (code, _, err) =
+        cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "-f", "-"], Some(&typo.replace("labelz", "labels")));
+    assert_eq!(code, 0, "the patch spelled right: {err}");
 }
 
 /// `ichor controller`, the product binary, runs as its own process with its ServiceAccount's

@@ -177,3 +177,37 @@ pub fn rejected_context(m: &Manifests, mch: &TalosMachine, problem: String) -> M
         policy: cluster.spec.config_policy.clone(),
     }
 }
+
+/// What rendering the machines of `cluster` refuses because of the object named `object`
+/// (`TalosConfigPatch ns/name`, as problems name their object): the webhook's check of a write
+/// of that object (issue 50, finding 9: a typo inside a patch's text was admitted and showed
+/// only as each machine's ConfigRejected). Every machine of the cluster is rendered and checked
+/// against its contract; the problems that name the object are kept, each once, in machine
+/// order. Problems of other objects are not this write's to answer for.
+pub fn problems_of(m: &Manifests, cluster: &str, object: &str, c: &Classifier) -> Vec<String> {
+    let mut out: Vec<String> = vec![];
+    let names: Vec<String> = m
+        .machines
+        .iter()
+        .filter(|x| x.spec.cluster_ref.name == cluster)
+        .filter_map(|x| x.metadata.name.clone())
+        .collect();
+    for name in names {
+        let found: Vec<String> = match render_checked(m, &name, None, c) {
+            Ok(_) => continue,
+            Err(MachineError::Render { problems, .. }) => {
+                problems.iter().filter(|p| p.object == object).map(|p| p.to_string()).collect()
+            }
+            Err(MachineError::Refused { problems, .. }) => {
+                problems.into_iter().filter(|p| p.starts_with(&format!("{object}:"))).collect()
+            }
+            Err(_) => continue,
+        };
+        for p in found {
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}

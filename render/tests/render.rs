@@ -762,3 +762,26 @@ fn a_config_grown_past_the_limit_names_the_patch_that_grew_it() {
     assert_eq!(errors[0].object, "TalosConfigPatch ichor-system/big-b");
     assert!(errors[0].message.contains("over the 10485760-byte limit"), "{}", errors[0].message);
 }
+
+/// Issue 50, finding 9: a typo inside a TalosConfigPatch's text (`labelz:` in a KubeNodeConfig)
+/// is what the render refuses for every machine the patch selects, naming the patch, the field
+/// and the contract; what the admission check keeps is only what names that patch.
+#[test]
+fn a_typo_in_a_patch_is_a_problem_of_that_patch_naming_the_field_and_the_contract() {
+    let mut m = example("v1.14");
+    let typo: render::api::TalosConfigPatch = serde_yaml::from_str(
+        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: team-label\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 50\n  patch: |\n    apiVersion: v1alpha1\n    kind: KubeNodeConfig\n    labelz:\n      team: storage\n",
+    )
+    .unwrap();
+    m.patches.push(typo);
+    let c = render::classify::Classifier::new(&render::classify::RuleSet::embedded()).unwrap();
+    let problems = render::machine::problems_of(&m, "lab", "TalosConfigPatch ichor-system/team-label", &c);
+    assert!(!problems.is_empty(), "the typo is not found");
+    assert!(problems.iter().all(|p| p.starts_with("TalosConfigPatch ichor-system/team-label")), "{problems:?}");
+    let text = problems.join("\n");
+    eprintln!("{text}");
+    assert!(text.contains("labelz") && text.contains("v1.14"), "{text}");
+    // The same cluster without the typo has no problem of that name.
+    m.patches.pop();
+    assert!(render::machine::problems_of(&m, "lab", "TalosConfigPatch ichor-system/team-label", &c).is_empty());
+}

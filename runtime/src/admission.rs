@@ -74,6 +74,9 @@ pub struct Needs {
     pub values_right: bool,
     /// The operations of this cluster (name), for the lock.
     pub operations_of: Option<String>,
+    /// A TalosConfigPatch write of this cluster (name): the cluster's machines are rendered
+    /// with it (`render::machine::problems_of`).
+    pub renders_of: Option<String>,
 }
 
 /// What was looked up.
@@ -82,6 +85,8 @@ pub struct Facts {
     pub may_write_values: bool,
     /// The cluster's other operations: name and phase.
     pub operations: Vec<(String, render::api::Phase)>,
+    /// What rendering the cluster's machines with the written patch refuses because of it.
+    pub patch_problems: Vec<String>,
 }
 
 /// The verdict: allowed, or refused with a message that names the field and what to do.
@@ -129,11 +134,17 @@ pub fn needs(r: &Request) -> Needs {
             Needs {
                 values_right: values(&new) != values(&old),
                 operations_of: retarget.then(|| new.as_ref().and_then(|c| c.metadata.name.clone())).flatten(),
+                renders_of: None,
             }
         }
         "TalosOperation" if r.operation == "CREATE" => Needs {
             values_right: false,
             operations_of: r.object.pointer("/spec/clusterRef/name").and_then(Json::as_str).map(str::to_string),
+            renders_of: None,
+        },
+        "TalosConfigPatch" if matches!(r.operation.as_str(), "CREATE" | "UPDATE") => Needs {
+            renders_of: r.object.pointer("/spec/clusterRef/name").and_then(Json::as_str).map(str::to_string),
+            ..Needs::default()
         },
         _ => Needs::default(),
     }
@@ -168,6 +179,7 @@ struct Rels {
     consent: engine::Input<1>,
     values_problem: engine::Input<1>,
     policy_problem: engine::Input<1>,
+    patch_problem: engine::Input<1>,
     values_changed: engine::Input<0>,
     may_write_values: engine::Input<0>,
     other_operation: engine::Input<2>,
@@ -269,6 +281,12 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
                     .collect();
             }
         }
+        ("TalosConfigPatch", "CREATE" | "UPDATE") => {
+            match serde_json::from_value::<render::api::TalosConfigPatch>(r.object.clone()) {
+                Ok(p) => d.cluster = p.spec.cluster_ref.name,
+                Err(_) => d.undecodable = true,
+            }
+        }
         ("TalosOperation", "CREATE") => match serde_json::from_value::<TalosOperation>(r.object.clone()) {
             Ok(op) => d.cluster = op.spec.cluster_ref.name,
             Err(_) => d.undecodable = true,
@@ -296,6 +314,7 @@ impl Rules {
             consent: b.input("ad_consent", [("mode", S)]),
             values_problem: b.input("ad_values_problem", [("problem", S)]),
             policy_problem: b.input("ad_policy_problem", [("problem", S)]),
+            patch_problem: b.input("ad_patch_problem", [("problem", S)]),
             values_changed: b.input("ad_values_changed", []),
             may_write_values: b.input("ad_may_write_values", []),
             other_operation: b.input("ad_other_operation", [("name", S), ("phase", S)]),
@@ -348,6 +367,10 @@ impl Rules {
             let row = [b.sym(p)];
             rels.policy_problem.push(&mut b, row);
         }
+        for p in &facts.patch_problems {
+            let row = [b.sym(p)];
+            rels.patch_problem.push(&mut b, row);
+        }
         let own = r.object.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default();
         for (name, phase) in facts.operations.iter().filter(|(n, _)| n != own) {
             let row = [b.sym(name), b.sym(phase.name())];
@@ -376,7 +399,7 @@ impl Rules {
 }
 
 /// The shipped field metadata and classification rules, for the path policies' check.
-fn classifier() -> Result<&'static render::classify::Classifier, &'static render::classify::LoadError> {
+pub(crate) fn classifier() -> Result<&'static render::classify::Classifier, &'static render::classify::LoadError> {
     static C: std::sync::OnceLock<Result<render::classify::Classifier, render::classify::LoadError>> =
         std::sync::OnceLock::new();
     C.get_or_init(|| render::classify::Classifier::new(&render::classify::RuleSet::embedded())).as_ref()

@@ -341,7 +341,7 @@ fn webhook_configuration(o: &Install) -> String {
                 "clientConfig": client,
                 "rules": [{
                     "apiGroups": ["ichor.maesh.dev"], "apiVersions": ["v1alpha1"],
-                    "resources": ["talosclusters", "talosoperations"],
+                    "resources": ["talosclusters", "talosoperations", "talosconfigpatches"],
                     "operations": ["CREATE", "UPDATE"],
                 }],
             }],
@@ -561,6 +561,14 @@ rules:
   - apiGroups: [\"ichor.maesh.dev\"]
     resources: [\"talosoperations\"]
     verbs: [\"list\"]
+  # A patch write is rendered for the machines of its cluster before it is admitted: the
+  # cluster, its machines and patches, and its secrets bundle (read, never written or logged).
+  - apiGroups: [\"ichor.maesh.dev\"]
+    resources: [\"talosclusters\", \"talosmachines\", \"talosconfigpatches\"]
+    verbs: [\"get\", \"list\"]
+  - apiGroups: [\"\"]
+    resources: [\"secrets\"]
+    verbs: [\"get\"]
 "
         .to_string(),
     );

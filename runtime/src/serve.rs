@@ -283,7 +283,7 @@ async fn publish_on(
         secondary: related,
     };
     if let Err(e) = ctx.recorder.publish(&ev, reference).await {
-        tracing::warn!(error = %e, "publishing an event");
+        tracing::warn!(error = %crate::error_chain(&e), "publishing an event");
     }
 }
 

@@ -4,7 +4,9 @@
 //! Start at `Webhook::handle` (one request body to one response body: parse, look up what the
 //! verdict needs, review) and `serve_tls` (the listener: handshakes concurrent, each with a
 //! timeout, connections capped, bodies over `BODY_LIMIT` answered 413). The lookups are a SubjectAccessReview
-//! for the Cilium values' right and the cluster's TalosOperations for the lock.
+//! for the Cilium values' right, the cluster's TalosOperations for the lock, and for a
+//! TalosConfigPatch write the cluster's objects, rendered with the written patch
+//! (`patch_problems`).
 
 use crate::admission::{Facts, Request, VALUES_RESOURCE, VALUES_SUBRESOURCE, VALUES_VERB, needs, review};
 use bytes::Bytes;
@@ -69,7 +71,51 @@ impl Webhook {
                 })
                 .collect();
         }
+        if let Some(cluster) = n.renders_of {
+            facts.patch_problems = self.patch_problems(r, &cluster).await?;
+        }
         Ok(facts)
+    }
+
+    /// What rendering `cluster`'s machines with the written patch (in place of the stored one)
+    /// refuses because of that patch. A cluster not there yet, or objects that do not load,
+    /// are not this write's to answer for: nothing is found then.
+    async fn patch_problems(&self, r: &Request, cluster: &str) -> Result<Vec<String>, kube_client::Error> {
+        use render::api::{TalosCluster, TalosConfigPatch, TalosMachine};
+        let Ok(patch) = serde_json::from_value::<TalosConfigPatch>(r.object.clone()) else { return Ok(vec![]) };
+        let ns = &r.namespace;
+        let Some(tc) = Api::<TalosCluster>::namespaced(self.kube.clone(), ns).get_opt(cluster).await? else {
+            return Ok(vec![]);
+        };
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.kube.clone(), ns);
+        let Some(secret) = secrets.get_opt(&tc.spec.secrets_ref.name).await? else { return Ok(vec![]) };
+        let lp = ListParams::default();
+        let machines = Api::<TalosMachine>::namespaced(self.kube.clone(), ns).list(&lp).await?.items;
+        let name = patch.metadata.name.clone();
+        let mut patches: Vec<TalosConfigPatch> = Api::<TalosConfigPatch>::namespaced(self.kube.clone(), ns)
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.name != name)
+            .collect();
+        let object = render::render::object_name("TalosConfigPatch", &patch.metadata);
+        patches.push(patch);
+        // The shipped rules, compiled once per process (the path policies' check shares them);
+        // without them nothing is admitted (fail closed).
+        let c = match crate::admission::classifier() {
+            Ok(c) => c,
+            Err(e) => return Ok(vec![format!("{object}: the webhook cannot check the render ({e})")]),
+        };
+        let contracts: Vec<String> = c.known().iter().map(|k| k.to_string()).collect();
+        let m = match render::manifests::Manifests::from_objects(vec![tc], machines, patches, &[secret], &contracts) {
+            Ok(m) => m,
+            // A load problem that names the written patch is its own (a selector, a field).
+            Err(problems) => {
+                return Ok(problems.into_iter().map(|p| p.message).filter(|t| t.contains(&object)).collect());
+            }
+        };
+        Ok(render::machine::problems_of(&m, cluster, &object, c))
     }
 
     /// One AdmissionReview body to its response. A lookup that fails refuses the request
@@ -79,11 +125,26 @@ impl Webhook {
             Ok(r) => r,
             Err(e) => return (StatusCode::BAD_REQUEST, json!({"error": e.to_string()})),
         };
-        let verdict = match self.facts(&r).await {
+        // A lookup that meets a transient answer (a 429 while the API server's cache of a kind
+        // initializes, a 5xx) is tried again, within the API server's 10 s timeout.
+        let mut attempt = 0;
+        let facts = loop {
+            match self.facts(&r).await {
+                Err(kube_client::Error::Api(s)) if attempt < 4 && matches!(s.code, 429 | 500 | 502 | 503 | 504) => {
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(250 << attempt)).await;
+                }
+                other => break other,
+            }
+        };
+        let verdict = match facts {
             Ok(f) => review(&r, &f, &self.keys),
             Err(e) => crate::admission::Verdict {
                 allowed: false,
-                messages: vec![format!("the webhook could not check the request ({e}); try again")],
+                messages: vec![format!(
+                    "the webhook could not check the request ({}); try again",
+                    crate::error_chain(&e)
+                )],
                 warnings: vec![],
             },
         };
@@ -234,7 +295,9 @@ pub async fn follow_tls_secret(
                 }
             },
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "reading the TLS Secret; serving the certificate read before"),
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "reading the TLS Secret; serving the certificate read before")
+            }
         }
     }
 }

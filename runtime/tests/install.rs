@@ -106,7 +106,7 @@ fn every_document_is_its_kubernetes_type_without_a_dropped_field() {
     );
     let hook = &all.last().unwrap()["webhooks"][0];
     assert_eq!(hook["clientConfig"]["service"]["path"], "/validate");
-    assert_eq!(hook["rules"][0]["resources"], json!(["talosclusters", "talosoperations"]));
+    assert_eq!(hook["rules"][0]["resources"], json!(["talosclusters", "talosoperations", "talosconfigpatches"]));
     assert_eq!(hook["failurePolicy"], "Fail");
 }
 
