@@ -513,6 +513,20 @@ fn walk_through_an_operators_day_ends_with_every_operation_completed() {
     );
     assert_eq!(spec(), "v1.37.0 enabled");
     let (_, out, _) = sim.ichor(&["status", "--cluster", "lab"]);
+    // The abort races the controller's first reconcile of the upgrade (found in a clean-clone
+    // run on a busy machine): aborted Pending, or Running with its first control plane's step
+    // recorded. Either is right; the golden keeps what does not depend on it.
+    let mut aborted = false;
+    let out: String = out
+        .lines()
+        .filter(|l| {
+            if !l.starts_with(' ') {
+                aborted = l.starts_with("upgrade-kubernetes-1-37-0 ");
+            }
+            !(aborted && l.starts_with("  ") && !l.starts_with("  reason:"))
+        })
+        .map(|l| l.replace("(was Pending)", "(was <phase>)").replace("(was Running)", "(was <phase>)") + "\n")
+        .collect();
     golden("walk-through-status.stdout", &out);
     // One operation, kubectl-describe style, with its Events.
     let (code, out, _) = sim.ichor(&["status", "kube-proxy-replaced-2"]);
