@@ -5,7 +5,7 @@
 # is downloaded but Go modules through the Go module proxy.
 #
 # Reuses the binaries while go.mod, go.sum and the mains are unchanged (a stamp of their hash);
-# a cold build takes about 10 minutes on 2 cores (most of it kube-apiserver and the controller
+# a cold build takes about 11 minutes on 2 cores (16 beside other builds; most of it kube-apiserver and the controller
 # manager), a warm Go cache about one. Prints a progress line per program; exits 3 when Go is
 # not installed (the caller says so and skips), non-zero with Go's output on a failure.
 set -euo pipefail
@@ -37,7 +37,7 @@ done
 cd "$here"
 start=$SECONDS
 for p in "${programs[@]}"; do
-  echo "kube control plane: building $p ($((SECONDS - start)) s so far; a cold build takes about 10 minutes)"
+  echo "kube control plane: building $p ($((SECONDS - start)) s so far; a cold build takes about 11 minutes)"
   go build -trimpath -ldflags "$ldflags" -o "$out/$p.tmp" "./cmd/$p"
   mv "$out/$p.tmp" "$out/$p"
 done
