@@ -257,7 +257,8 @@ async fn two_replicas_only_the_lease_holder_acts() {
     assert_eq!(reporters.len(), 1, "events from {reporters:?}");
     let text = metrics.encode();
     assert!(
-        text.contains("ichor_reconciles_total") && text.contains("ichor_actions_total{kind=\"applyNoReboot\"}"),
+        text.contains("ichor_reconciles_total")
+            && text.contains("ichor_actions_total{kind=\"applyNoReboot\",outcome=\"done\"}"),
         "{text}"
     );
 }
@@ -871,8 +872,13 @@ async fn a_node_that_does_not_come_back_pauses_the_rollout_naming_it_and_nothing
     for (name, address) in ALL_MACHINES {
         assert_eq!(w.demo.fleet.reboots(address), u32::from(name == "cp1"), "{name}");
     }
-    // Later reconciles keep it paused and reboot nothing.
+    // Later reconciles keep it paused and reboot nothing; the first uncordons the Node Ichor
+    // cordoned for the failed step (issue 50: a paused operation leaves no node cordoned), and
+    // the next does nothing at all.
     let r = w.controller.reconcile(NS, "config-rollout", &runtime::plan::rfc3339(t0 + 3600)).await.unwrap();
+    assert_eq!(r.plan.phase, Phase::Paused);
+    assert_eq!(r.outcome.done(), ["uncordon cp1"]);
+    let r = w.controller.reconcile(NS, "config-rollout", &runtime::plan::rfc3339(t0 + 3700)).await.unwrap();
     assert_eq!(r.plan.phase, Phase::Paused);
     assert!(r.outcome.done().is_empty(), "{:?}", r.outcome.done());
 }
