@@ -1449,6 +1449,8 @@ fn under_api_faults(name: &str, with_upgrade: bool) {
             let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
+            // The controller is not left running after the test fails (it was, as an orphan).
+            let _ = Command::new("kill").arg(controller.id().to_string()).status();
             panic!(
                 "{name} under API faults: recorded {recorded:?}, a fault-free run records {want:?}\n{status}\n{op}\nthe controller's last lines:\n{}",
                 tail.join("\n")
