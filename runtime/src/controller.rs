@@ -746,13 +746,13 @@ impl Controller {
         let mut attempt = 1;
         loop {
             match self.write_status(namespace, operation, &read.snapshot, resource_version.as_deref(), after).await {
-                Err(ControllerError::Kube { source: kube_client::Error::Api(s), .. })
-                    if attempt < STATUS_ATTEMPTS && matches!(s.code, 409 | 429 | 500 | 502 | 503 | 504) =>
+                Err(ControllerError::Kube { source, .. })
+                    if attempt < STATUS_ATTEMPTS && crate::kube::transient(&source) =>
                 {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(std::time::Duration::from_secs(1));
                     attempt += 1;
-                    if s.code == 409
+                    if matches!(&source, kube_client::Error::Api(s) if s.code == 409)
                         && let Ok(o) = ops.get(operation).await
                     {
                         resource_version = o.metadata.resource_version;

@@ -176,7 +176,7 @@ const APPLY_ATTEMPTS: u32 = 6;
 
 /// A status worth trying an idempotent write again on: a conflict, too many requests, or the
 /// server's own failure.
-fn transient(e: &kube_client::Error) -> bool {
+pub(crate) fn transient(e: &kube_client::Error) -> bool {
     matches!(e, kube_client::Error::Api(s) if matches!(s.code, 409 | 429 | 500 | 502 | 503 | 504))
 }
 

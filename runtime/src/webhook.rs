@@ -130,7 +130,7 @@ impl Webhook {
         let mut attempt = 0;
         let facts = loop {
             match self.facts(&r).await {
-                Err(kube_client::Error::Api(s)) if attempt < 4 && matches!(s.code, 429 | 500 | 502 | 503 | 504) => {
+                Err(e) if attempt < 4 && crate::kube::transient(&e) => {
                     attempt += 1;
                     tokio::time::sleep(std::time::Duration::from_millis(250 << attempt)).await;
                 }
