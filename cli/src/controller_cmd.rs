@@ -66,7 +66,7 @@ pub struct ControllerArgs {
     /// Where /healthz, /readyz and /metrics are served.
     #[arg(long = "metrics-addr", visible_alias = "listen", default_value = "0.0.0.0:8080")]
     pub listen: String,
-    #[arg(long, default_value = "ichor-controller")]
+    #[arg(long, default_value = runtime::serve::LEASE_NAME)]
     pub lease_name: String,
     /// This replica's identity in the Lease (default: $POD_NAME, else the host name).
     #[arg(long, env = "POD_NAME")]
@@ -389,7 +389,7 @@ pub fn sim_cluster(
         let controller = demo.controller(&sim.release_set_kubernetes, None)?;
         let config = RunConfig {
             namespace: namespace.clone(),
-            lease_name: "ichor-controller".into(),
+            lease_name: runtime::serve::LEASE_NAME.into(),
             identity: "ichor-sim".into(),
             listen: None,
             requeue: Duration::from_millis(300) + step,
@@ -410,6 +410,7 @@ pub fn sim_cluster(
                 runtime::sim::demo::run_cilium_jobs(&api);
                 runtime::sim::demo::sync_argo_cd(&api);
                 runtime::sim::demo::roll_out_daemonsets(&api, nodes);
+                api.observe_disruption_budgets();
                 tokio::time::sleep(Duration::from_millis(200) + step).await;
             }
         });
@@ -465,7 +466,7 @@ pub fn run_demo(manifests: &Path, to: &str, dump: Option<PathBuf>) -> Result<Rep
         let controller = demo.controller(to, None)?;
         let config = RunConfig {
             namespace: ns.clone(),
-            lease_name: "ichor-controller".into(),
+            lease_name: runtime::serve::LEASE_NAME.into(),
             identity: "ichor-sim".into(),
             listen: None,
             requeue: Duration::from_millis(300),

@@ -267,11 +267,26 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         talos_client(&crate::talos_cmd::find_talosconfig(a.talosconfig.as_deref())?)?,
         planner,
         disk::classifier(None)?,
+    )
+    // The acting controller's node goes last, as it will (the Lease names it).
+    .with_controller_node(
+        runtime::kube::controller_node(&client, &ns, runtime::serve::LEASE_NAME, crate::io::now()).await,
     );
-    let read = controller
+    let mut read = controller
         .read_operation(&ns, &op, &target, &runtime::plan::rfc3339(crate::io::now()))
         .await
         .context("reading what the operation's rules need (the preview)")?;
+    // The drains the steps will run, checked now: the budgets that would refuse them (the rules
+    // name those of the machines the operation drains). Unreadable, it is said, not guessed.
+    let mut unchecked = None;
+    match runtime::kube::read_drain_refusals(&client).await {
+        Ok(mut by_node) => {
+            for m in &mut read.snapshot.machines {
+                m.drain_refusals = by_node.remove(&m.name).unwrap_or_default();
+            }
+        }
+        Err(e) => unchecked = Some(runtime::error_chain(&e)),
+    }
     // A machine named that the cluster does not have: an error naming it, nothing written.
     if let Start::Rollout { machines, .. } = &what {
         let known: Vec<&str> = read.snapshot.machines.iter().map(|m| m.name.as_str()).collect();
@@ -313,8 +328,16 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     if let Some(k) = &adoption {
         text += &k.describe();
     }
-    if blocking.is_empty() {
+    if !plan.drain_refusals.is_empty() {
+        text += "Its drains, checked now:\n";
+        for d in &plan.drain_refusals {
+            text += &format!("  - {d}\n");
+        }
+    }
+    if blocking.is_empty() && plan.drain_refusals.is_empty() {
         text += "Nothing blocks it now.\n";
+    } else if blocking.is_empty() {
+        text += "Nothing blocks its start now.\n";
     } else {
         text += "It would not start now:\n";
         for b in &blocking {
@@ -327,6 +350,11 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             text += &format!("  - {w}\n");
         }
     }
+    if let Some(why) = unchecked {
+        riding.push(format!(
+            "the drains were not checked against PodDisruptionBudgets ({why}): a budget that allows no disruption pauses the operation at that machine's drain"
+        ));
+    }
     for r in &riding {
         text += &format!("Note: {r}\n");
     }
@@ -338,6 +366,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             "waits": waits,
             "notes": riding,
             "rebootPaths": plan.reboot_paths,
+            "drainsRefusedNow": plan.drain_refusals,
             "created": created,
         });
         // An adoption's preview also says its checks and what it keeps.
@@ -395,7 +424,11 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             o @ (Output::Json | Output::Yaml) => o.data(&json_out(false))?,
             Output::Text | Output::Wide => format!("{text}\nThe TalosOperation (not created, --dry-run):\n{op_yaml}"),
         };
-        return Ok(Report { stdout, findings: !blocking.is_empty(), ..Report::default() });
+        return Ok(Report {
+            stdout,
+            findings: !blocking.is_empty() || !plan.drain_refusals.is_empty(),
+            ..Report::default()
+        });
     }
     // A blocked start writes nothing (ADR 0113: other targets are refused before anything is
     // written), with or without --yes.

@@ -2145,6 +2145,15 @@ fn a_rollout_blocked_by_a_budget_resumes_drains_reboots_and_completes_once_the_b
         let boot = |n: &str| {
             sim.kubectl(&["get", "node", n, "-o", "jsonpath={.status.nodeInfo.bootID}"]).unwrap().1.trim().to_string()
         };
+        // The preview checks the drain as the step will (issue 50, finding 7): it names the
+        // budget and its pod, and a dry run with a refused drain exits 1.
+        let (code, out, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--machines", "w1", "--dry-run"]);
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(
+            out.contains("draining w1 would be refused now: PodDisruptionBudget default/web allows no disruption and selects default/web on it"),
+            "{out}"
+        );
+        assert!(!out.contains("Nothing blocks it now"), "{out}");
         // The rollout of w1 alone (the control planes' reboots are other tests').
         let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--machines", "w1", "--yes"]);
         assert_eq!(code, 0, "{err}");

@@ -116,6 +116,7 @@ fn entry(m: &MachineRead, contract: Contract, pending: Option<Vec<PendingPath>>)
         awaiting_reboot: m.awaiting_reboot.clone(),
         unhealthy_services: m.unhealthy_services.clone(),
         cordoned: m.cordoned,
+        drain_refusals: vec![],
     }
 }
 

@@ -38,6 +38,7 @@ pub struct Rels {
     pub awaiting_reboot: Input<2>,
     pub service_unhealthy: Input<2>,
     pub ichor_cordoned: Input<1>,
+    pub drain_refused: Input<3>,
     pub pending_restart: Input<3>,
     pub cilium_values_refused: Input<2>,
     pub target_kubernetes: Input<1>,
@@ -98,6 +99,7 @@ pub struct Rels {
     pub cilium_job_takes_ownership: Output<0>,
     pub act_record_adoption: Output<1>,
     pub plan_check: Output<2>,
+    pub drain_refused_now: Output<3>,
     pub act_step_done: Output<1>,
     pub act_wait: Output<5>,
     pub act_clear_clock: Output<1>,
@@ -145,6 +147,7 @@ impl Rels {
             awaiting_reboot: b.input("awaiting_reboot", [("machine", S), ("path", S)]),
             service_unhealthy: b.input("service_unhealthy", [("machine", S), ("service", S)]),
             ichor_cordoned: b.input("ichor_cordoned", [("machine", S)]),
+            drain_refused: b.input("drain_refused", [("machine", S), ("budget", S), ("pods", S)]),
             pending_restart: b.input("pending_restart", [("machine", S), ("path", S), ("service", S)]),
             cilium_values_refused: b.input("cilium_values_refused", [("mode", S), ("refusal", S)]),
             target_kubernetes: b.input("target_kubernetes", [("version", S)]),
@@ -207,6 +210,7 @@ impl Rels {
             cilium_job_takes_ownership: b.output("cilium_job_takes_ownership", []),
             act_record_adoption: b.output("act_record_adoption", [("chart", S)]),
             plan_check: b.output("plan_check", [("template", S), ("detail", S)]),
+            drain_refused_now: b.output("drain_refused_now", [("machine", S), ("budget", S), ("pods", S)]),
             act_step_done: b.output("act_step_done", [("step", S)]),
             act_wait: b.output("act_wait", [("template", S), ("detail", S), ("clock", S), ("since", N), ("limit", N)]),
             act_clear_clock: b.output("act_clear_clock", [("clock", S)]),
@@ -387,6 +391,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
         }
         if m.cordoned {
             r.ichor_cordoned.push(&mut b, [name]);
+        }
+        for d in &m.drain_refusals {
+            let row = [name, b.sym(&d.budget), b.sym(&d.pods.join(", "))];
+            r.drain_refused.push(&mut b, row);
         }
         for svc in &m.unhealthy_services {
             let row = [name, b.sym(svc)];

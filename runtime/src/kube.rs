@@ -42,6 +42,45 @@ pub const JOB_VALUES_ENV: &str = "ICHOR_CILIUM_VALUES";
 /// The image of the Cilium Job (Ichor's own, carrying the embedded chart).
 pub const JOB_IMAGE: &str = "ghcr.io/maesh/ichor:v0.1.0";
 
+/// The annotation on the controller's Lease that names the node its holder runs on.
+pub const LEASE_NODE_ANNOTATION: &str = "ichor.maesh.dev/node";
+
+/// The node of the replica that acts now, from its Lease: the node the holder wrote
+/// (`LEASE_NODE_ANNOTATION`), else the node of the holder's Pod (its identity is its pod name,
+/// `pod_node` looks it up). None when nobody holds the Lease (never held, released, or not
+/// renewed within its duration at `now`, unix seconds): no node goes last.
+pub fn lease_holder_node(
+    lease: &k8s_openapi::api::coordination::v1::Lease,
+    now: i64,
+    pod_node: impl FnOnce(&str) -> Option<String>,
+) -> Option<String> {
+    let spec = lease.spec.as_ref()?;
+    let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
+    let renewed = spec.renew_time.as_ref()?.0.as_second();
+    if now > renewed + i64::from(spec.lease_duration_seconds.unwrap_or(0)) {
+        return None;
+    }
+    let written = lease.metadata.annotations.as_ref().and_then(|a| a.get(LEASE_NODE_ANNOTATION)).filter(|n| !n.is_empty());
+    written.cloned().or_else(|| pod_node(holder))
+}
+
+/// The node the acting controller runs on, read from its Lease `namespace/lease` (and its Pod):
+/// what a preview needs to state the order the controller will take. None when it cannot be
+/// read (nobody holds the Lease, or it is not readable).
+pub async fn controller_node(client: &kube_client::Client, namespace: &str, lease: &str, now: i64) -> Option<String> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::Pod;
+    let l = Api::<Lease>::namespaced(client.clone(), namespace).get_opt(lease).await.ok().flatten()?;
+    let holder = l.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap_or_default();
+    // The holder's Pod, read only when the Lease names no node.
+    let pod = match l.metadata.annotations.as_ref().and_then(|a| a.get(LEASE_NODE_ANNOTATION)) {
+        Some(_) => None,
+        None if holder.is_empty() => None,
+        None => Api::<Pod>::namespaced(client.clone(), namespace).get_opt(&holder).await.ok().flatten(),
+    };
+    lease_holder_node(&l, now, |_| pod.and_then(|p| p.spec?.node_name))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
     #[error("{what}")]
@@ -230,28 +269,109 @@ impl KubeCluster {
         let Ok(list) = api.list(&ListParams::default()).await else { return vec![] };
         list.items
             .iter()
-            .filter(|b| {
-                let Some(sel) = b.spec.as_ref().and_then(|s| s.selector.as_ref()) else { return false };
-                let by_label =
-                    sel.match_labels.as_ref().is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
-                let by_expr = sel.match_expressions.as_ref().is_none_or(|es| {
-                    es.iter().all(|e| {
-                        let have = labels.get(&e.key);
-                        let values = e.values.clone().unwrap_or_default();
-                        match e.operator.as_str() {
-                            "In" => have.is_some_and(|v| values.contains(v)),
-                            "NotIn" => have.is_none_or(|v| !values.contains(v)),
-                            "Exists" => have.is_some(),
-                            "DoesNotExist" => have.is_none(),
-                            _ => false,
-                        }
-                    })
-                });
-                by_label && by_expr
-            })
+            .filter(|b| budget_selects(b, &labels))
             .map(|b| format!("{ns}/{}", b.metadata.name.clone().unwrap_or_default()))
             .collect()
     }
+}
+
+/// A PodDisruptionBudget selects a pod of its namespace with these labels (policy/v1: a null
+/// selector selects nothing, an empty one every pod).
+pub fn budget_selects(
+    b: &k8s_openapi::api::policy::v1::PodDisruptionBudget,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let Some(sel) = b.spec.as_ref().and_then(|s| s.selector.as_ref()) else { return false };
+    let by_label = sel.match_labels.as_ref().is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
+    let by_expr = sel.match_expressions.as_ref().is_none_or(|es| {
+        es.iter().all(|e| {
+            let have = labels.get(&e.key);
+            let values = e.values.clone().unwrap_or_default();
+            match e.operator.as_str() {
+                "In" => have.is_some_and(|v| values.contains(v)),
+                "NotIn" => have.is_none_or(|v| !values.contains(v)),
+                "Exists" => have.is_some(),
+                "DoesNotExist" => have.is_none(),
+                _ => false,
+            }
+        })
+    });
+    by_label && by_expr
+}
+
+/// A pod a drain evicts: not a mirror pod, not a DaemonSet's (what `drain` leaves).
+pub fn drain_evicts(p: &k8s_openapi::api::core::v1::Pod) -> bool {
+    let meta = &p.metadata;
+    let mirror = meta.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let daemon = meta.owner_references.as_ref().is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet"));
+    !mirror && !daemon
+}
+
+/// What would refuse a drain of each Node now, as the Eviction API decides: a budget selecting
+/// a pod the drain evicts (one not finished) whose `status.disruptionsAllowed` is 0, or that the
+/// disruption controller has not observed at its generation (kube-apiserver refuses those too).
+/// By node name; each node's refusals sorted, each with its pods on that node.
+pub fn drain_refusals(
+    pods: &[k8s_openapi::api::core::v1::Pod],
+    budgets: &[k8s_openapi::api::policy::v1::PodDisruptionBudget],
+) -> std::collections::BTreeMap<String, Vec<crate::state::DrainRefusal>> {
+    use std::collections::BTreeMap;
+    let refusing: Vec<_> = budgets
+        .iter()
+        .filter(|b| {
+            let status = b.status.as_ref();
+            let observed = status
+                .and_then(|s| s.observed_generation)
+                .is_some_and(|g| g >= b.metadata.generation.unwrap_or(0));
+            !observed || status.is_some_and(|s| s.disruptions_allowed.unwrap_or(0) < 1)
+        })
+        .collect();
+    let mut by_node: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
+    for p in pods {
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        let finished = matches!(phase, Some("Succeeded" | "Failed")); // a Pod's phase: Kubernetes' word
+        if node.is_empty() || finished || !drain_evicts(p) {
+            continue;
+        }
+        let ns = p.metadata.namespace.clone().unwrap_or_default();
+        let labels = p.metadata.labels.clone().unwrap_or_default();
+        for b in refusing.iter().filter(|b| b.metadata.namespace.as_deref() == Some(ns.as_str())) {
+            if budget_selects(b, &labels) {
+                let budget = format!("{ns}/{}", b.metadata.name.clone().unwrap_or_default());
+                let pod = format!("{ns}/{}", p.metadata.name.clone().unwrap_or_default());
+                by_node.entry(node.clone()).or_default().entry(budget).or_default().push(pod);
+            }
+        }
+    }
+    by_node
+        .into_iter()
+        .map(|(node, budgets)| {
+            let refusals = budgets
+                .into_iter()
+                .map(|(budget, mut pods)| {
+                    pods.sort();
+                    crate::state::DrainRefusal { budget, pods }
+                })
+                .collect();
+            (node, refusals)
+        })
+        .collect()
+}
+
+/// The drain refusals of a cluster now: every pod and every PodDisruptionBudget read, then
+/// `drain_refusals`.
+pub async fn read_drain_refusals(
+    client: &kube_client::Client,
+) -> Result<std::collections::BTreeMap<String, Vec<crate::state::DrainRefusal>>, KubeError> {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let pods = Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.map_err(api_err("listing every pod"))?;
+    let budgets = Api::<PodDisruptionBudget>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(api_err("listing every PodDisruptionBudget"))?;
+    Ok(drain_refusals(&pods.items, &budgets.items))
 }
 
 impl KubePort for KubeCluster {
@@ -296,12 +416,10 @@ impl KubePort for KubeCluster {
             .map_err(api_err(format!("listing the pods of {node}")))?;
         let deadline = tokio::time::Instant::now() + self.drain_timeout;
         for p in pods.items {
-            let meta = &p.metadata;
-            let mirror = meta.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
-            let daemon = meta.owner_references.as_ref().is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet"));
-            if mirror || daemon {
+            if !drain_evicts(&p) {
                 continue;
             }
+            let meta = &p.metadata;
             let (ns, name) = (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default());
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
             loop {
@@ -744,5 +862,46 @@ pub fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
             }
         }
         v => *target = v.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    fn lease(holder: &str, renewed: i64, node: Option<&str>) -> Lease {
+        let mut l = Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::from_second(renewed).unwrap())),
+                lease_duration_seconds: Some(15),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        if let Some(n) = node {
+            l.metadata.annotations = Some([(LEASE_NODE_ANNOTATION.to_string(), n.to_string())].into());
+        }
+        l
+    }
+
+    #[test]
+    fn the_holders_node_is_the_one_it_wrote_else_its_pods() {
+        let pod = |p: &str| (p == "ichor-controller-abc").then(|| "w2".to_string());
+        assert_eq!(lease_holder_node(&lease("ichor-controller-abc", 100, Some("w1")), 110, pod), Some("w1".into()));
+        assert_eq!(lease_holder_node(&lease("ichor-controller-abc", 100, None), 110, pod), Some("w2".into()));
+        assert_eq!(lease_holder_node(&lease("elsewhere", 100, None), 110, pod), None);
+    }
+
+    #[test]
+    fn a_lease_nobody_holds_names_no_node() {
+        let pod = |_: &str| Some("w2".to_string());
+        // Expired: not renewed within its 15 s.
+        assert_eq!(lease_holder_node(&lease("a", 100, Some("w1")), 116, pod), None);
+        // Released: no holder.
+        assert_eq!(lease_holder_node(&lease("", 100, Some("w1")), 101, pod), None);
+        assert_eq!(lease_holder_node(&Lease::default(), 101, pod), None);
     }
 }

@@ -390,6 +390,9 @@ pub struct Plan {
     /// The checks that passed, as the preview lists them (`plan_check` in
     /// rules/backbone.rules; the ones that fail are pauses), sorted.
     pub checks: Vec<String>,
+    /// The drains a preview finds refused now (`drain_refused_now` in rules/backbone.rules),
+    /// each a sentence naming the machine, the budget and its pods, sorted.
+    pub drain_refusals: Vec<String>,
 }
 
 impl Plan {
@@ -777,7 +780,19 @@ impl Planner {
                 r.operation_order.rows(&db).map(|[m, rank, i]| (num(rank), num(i), db.sym(m))).collect();
             order.sort_unstable();
             let names: Vec<&str> = order.iter().map(|o| o.2).collect();
-            self.message(t, &data(json!({"order": names.join(", "), "count": names.len()})))
+            // The counts are of the machines that get a step (issue 50: a switch on a v1.14
+            // cluster counted a worker it never touches).
+            let cps = order.iter().filter(|o| o.0 == 0).count();
+            self.message(
+                t,
+                &data(json!({
+                    "order": names.join(", "),
+                    "count": names.len(),
+                    "machines": names.len(),
+                    "controlplanes": cps,
+                    "workers": names.len() - cps,
+                })),
+            )
         });
         let cilium_job_mode = match r.cilium_job_mode.rows(&db).next() {
             Some([m]) => Some(mode(&db, "cilium_job_mode", m)?),
@@ -793,6 +808,14 @@ impl Planner {
         let mut checks: Vec<String> =
             r.plan_check.rows(&db).map(|[t, d]| self.message(&text(t), &data(json!({"detail": text(d)})))).collect();
         checks.sort_unstable();
+        let mut drain_refusals: Vec<String> = r
+            .drain_refused_now
+            .rows(&db)
+            .map(|[m, b, p]| {
+                self.message("DrainRefusedNow", &data(json!({"machine": text(m), "a": text(b), "b": text(p)})))
+            })
+            .collect();
+        drain_refusals.sort_unstable();
         Ok(Plan {
             operation: s.operation.name.clone(),
             kind: s.operation.kind,
@@ -804,6 +827,7 @@ impl Planner {
             work_left,
             reboot_paths,
             checks,
+            drain_refusals,
         })
     }
 

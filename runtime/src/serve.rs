@@ -426,10 +426,15 @@ fn error_policy(op: Arc<TalosOperation>, e: &ReconcileError, ctx: Arc<Ctx>) -> A
 /// The task holds a receiver of the Lease's channel: it is aborted on shutdown, as the Lease is
 /// released only once every receiver is gone (issue 50: it held one forever, so a SIGTERM left
 /// the Lease renewed and no standby took over).
+///
+/// Holding it, the replica writes its node on the Lease (`LEASE_NODE_ANNOTATION`; removed when
+/// it does not know it): a preview run from anywhere states the true order of an operation,
+/// the controller's own node last (issue 50).
 fn log_lease_changes(
     mut leader: tokio::sync::watch::Receiver<bool>,
     client: kube_client::Client,
     config: &RunConfig,
+    node: Option<String>,
 ) -> tokio::task::JoinHandle<()> {
     let (ns, name, me) = (config.namespace.clone(), config.lease_name.clone(), config.identity.clone());
     tokio::spawn(async move {
@@ -440,6 +445,10 @@ fn log_lease_changes(
             if was != Some(now) {
                 if now {
                     tracing::info!(lease = %format!("{ns}/{name}"), identity = %me, "holding the Lease: this replica acts");
+                    let patch = serde_json::json!({"metadata": {"annotations": {crate::kube::LEASE_NODE_ANNOTATION: node}}});
+                    if let Err(e) = leases.patch(&name, &Default::default(), &kube_client::api::Patch::Merge(patch)).await {
+                        tracing::warn!(lease = %format!("{ns}/{name}"), error = %crate::error_chain(&e), "writing this replica's node on the Lease failed: a preview states the order without it");
+                    }
                 } else {
                     let holder = leases
                         .get_opt(&name)
@@ -459,6 +468,10 @@ fn log_lease_changes(
         }
     })
 }
+
+/// The Lease the replicas elect their leader with, unless `ichor controller --lease-name` says
+/// another.
+pub const LEASE_NAME: &str = "ichor-controller";
 
 /// How long the reconciles in flight at a SIGTERM may take to end before the process stops
 /// them: a step is idempotent and resumes from status, so cutting one is safe; waiting longer
@@ -485,7 +498,7 @@ pub async fn run(
         .build()
         .await?;
     let (leader, lease_task) = lease.watch().await;
-    let lease_log = log_lease_changes(leader.clone(), client.clone(), &config);
+    let lease_log = log_lease_changes(leader.clone(), client.clone(), &config, controller.controller_node.clone());
     // The lists every reconcile reads come from watches from here on (see `stores`).
     let _ = controller.stores.set(crate::stores::Stores::start(&client, &config.namespace).await);
     let stores = controller.stores.get().expect("set just now");

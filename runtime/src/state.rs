@@ -131,6 +131,21 @@ pub struct Machine {
     /// it, and nobody uncordoned it since.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordoned: bool,
+    /// The PodDisruptionBudgets that would refuse a drain of its Node now (a preview reads
+    /// them; a reconcile does not, its step's drain finds them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drain_refusals: Vec<DrainRefusal>,
+}
+
+/// A PodDisruptionBudget that allows no disruption now and selects pods on a Node a drain
+/// would evict.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DrainRefusal {
+    /// `namespace/name`.
+    pub budget: String,
+    /// The pods it selects on the Node (`namespace/name`), sorted.
+    pub pods: Vec<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -1427,17 +1427,12 @@ impl Api {
                 None => return not_found("pods", &key.3),
             }
         };
+        let labels = pod.pointer("/metadata/labels").and_then(|l| l.as_object()).cloned().unwrap_or_default();
         let blocked = {
             let s = self.store.lock().expect("kubeapi store");
-            let labels = pod.pointer("/metadata/labels").and_then(|l| l.as_object()).cloned().unwrap_or_default();
-            let selects = |pdb: &Json, labels: &serde_json::Map<String, Json>| {
-                pdb.pointer("/spec/selector/matchLabels")
-                    .and_then(|m| m.as_object())
-                    .is_some_and(|sel| sel.iter().all(|(lk, lv)| labels.get(lk) == Some(lv)))
-            };
             s.objects.iter().filter(|(k, _)| k.0 == "policy" && k.1 == "poddisruptionbudgets" && k.2 == key.2).find_map(
                 |(k, pdb)| {
-                    if !selects(pdb, &labels) {
+                    if !budget_selects(pdb, &labels) {
                         return None;
                     }
                     let observed = pdb.pointer("/status/observedGeneration").is_some();
@@ -1453,7 +1448,7 @@ impl Api {
                                         && pk.2 == key.2
                                         && p.pointer("/metadata/labels")
                                             .and_then(|l| l.as_object())
-                                            .is_some_and(|l| selects(pdb, l))
+                                            .is_some_and(|l| budget_selects(pdb, l))
                                 })
                                 .map(|(_, p)| p)
                                 .collect();
@@ -1471,12 +1466,68 @@ impl Api {
                 format!("Cannot evict pod as it would violate the pod's disruption budget {pdb}"),
             );
         }
+        // As kube-apiserver does with an eviction it allows: the budgets that select the pod
+        // count it as disrupted at once (their disruptionsAllowed one less), so two evictions
+        // never both spend the same allowance before the disruption controller looks again.
+        for (bk, mut pdb) in self.objects() {
+            if bk.0 == "policy" && bk.1 == "poddisruptionbudgets" && bk.2 == key.2 && budget_selects(&pdb, &labels) {
+                if let Some(n) = pdb.pointer("/status/disruptionsAllowed").and_then(|v| v.as_i64()) {
+                    pdb["status"]["disruptionsAllowed"] = json!((n - 1).max(0));
+                    self.put(&bk.0, &bk.1, pdb);
+                }
+            }
+        }
         let pod_key = (String::new(), "pods".to_string(), key.2.clone(), key.3.clone());
         self.delete(&pod_key, &Json::Null);
         full(
             &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
             StatusCode::CREATED,
         )
+    }
+}
+
+/// A budget selects a pod with these labels (the sim reads `matchLabels` only).
+fn budget_selects(pdb: &Json, labels: &serde_json::Map<String, Json>) -> bool {
+    pdb.pointer("/spec/selector/matchLabels")
+        .and_then(|m| m.as_object())
+        .is_some_and(|sel| sel.iter().all(|(lk, lv)| labels.get(lk) == Some(lv)))
+}
+
+impl Api {
+    /// The disruption controller's work, done once: every budget's status from the pods it
+    /// selects now (`observedGeneration`, `expectedPods`, `disruptionsAllowed`), written when it
+    /// changed. `ichor sim cluster` runs it with its other stand-ins, so a budget reads as on a
+    /// real cluster (`kubectl get pdb` shows ALLOWED DISRUPTIONS) and a preview can read it.
+    pub fn observe_disruption_budgets(&self) {
+        let objects = self.objects();
+        for (key, pdb) in objects.iter().filter(|(k, _)| k.0 == "policy" && k.1 == "poddisruptionbudgets") {
+            let pods: Vec<&Json> = objects
+                .iter()
+                .filter(|(pk, p)| {
+                    pk.0.is_empty()
+                        && pk.1 == "pods"
+                        && pk.2 == key.2
+                        && p.pointer("/metadata/labels").and_then(|l| l.as_object()).is_some_and(|l| budget_selects(pdb, l))
+                })
+                .map(|(_, p)| p)
+                .collect();
+            let expected = pods.iter().filter(|p| p.pointer("/metadata/deletionTimestamp").is_none()).count();
+            let want = json!({
+                "observedGeneration": pdb.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
+                "disruptionsAllowed": disruptions_allowed(pdb, &pods),
+                "expectedPods": expected,
+            });
+            let mut have = pdb.get("status").cloned().unwrap_or(json!({}));
+            let changed = ["observedGeneration", "disruptionsAllowed", "expectedPods"].iter().any(|f| have.get(f) != want.get(f));
+            if changed {
+                if let (Some(h), Some(w)) = (have.as_object_mut(), want.as_object()) {
+                    h.extend(w.clone());
+                }
+                let mut pdb = pdb.clone();
+                pdb["status"] = have;
+                self.put(&key.0, &key.1, pdb);
+            }
+        }
     }
 }
 
