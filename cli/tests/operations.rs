@@ -137,7 +137,13 @@ impl Sim {
 
     /// The first replica, once it holds the Lease (30 s at most).
     fn replica_holding_the_lease(&self, identity: &str) -> Child {
-        let replica = self.replica(identity);
+        self.replica_holding_the_lease_on(identity, &[])
+    }
+
+    /// The first replica, run with `env` (`NODE_NAME`: the node it says it runs on), once it
+    /// holds the Lease.
+    fn replica_holding_the_lease_on(&self, identity: &str, env: &[(&str, &str)]) -> Child {
+        let replica = self.replica_with(identity, env, Stdio::null());
         let start = std::time::Instant::now();
         while self.lease_holder() != identity && start.elapsed() < std::time::Duration::from_secs(30) {
             std::thread::sleep(std::time::Duration::from_millis(100));
@@ -2195,9 +2201,26 @@ fn a_rollout_blocked_by_a_budget_resumes_drains_reboots_and_completes_once_the_b
 #[test]
 fn sigterm_to_the_lease_holder_hands_over_at_once_and_no_machine_reads_reboot_required_during_an_upgrade() {
     let sim = Sim::start_args("sigterm", "done", &["--no-controller"]);
-    let mut a = sim.replica_holding_the_lease("replica-a");
+    let mut a = sim.replica_holding_the_lease_on("replica-a", &[("NODE_NAME", "cp1")]);
     let mut b = sim.replica("replica-b");
     sim.wait_quiet();
+    // The preview states the order the acting replica will take: its own node last (issue 50,
+    // finding 7), read from the node it wrote on the Lease.
+    let (_, node, _) = sim
+        .kubectl(&[
+            "get",
+            "lease",
+            "ichor-controller",
+            "-n",
+            "ichor-system",
+            "-o",
+            "jsonpath={.metadata.annotations.ichor\\.maesh\\.dev/node}",
+        ])
+        .unwrap();
+    assert_eq!(node.trim(), "cp1");
+    let (code, out, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("in this order: cp2, cp3, cp1, w1."), "{out}");
     let (code, _, err) = sim.ichor(&["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(sim.wait_phase(&|p| p != Phase::Pending), Phase::Running);
@@ -2231,8 +2254,9 @@ fn sigterm_to_the_lease_holder_hands_over_at_once_and_no_machine_reads_reboot_re
     assert!(exited.success(), "the holder exited with {exited} after SIGTERM");
     assert!(took < std::time::Duration::from_secs(10), "the standby took the Lease {took:?} after SIGTERM");
     let p = sim.wait_phase(&|p| matches!(p, Phase::Completed | Phase::Paused));
+    let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
     b.kill().unwrap();
     b.wait().unwrap();
-    assert_eq!(p, Phase::Completed);
+    assert_eq!(p, Phase::Completed, "{status}");
     eprintln!("the standby took the Lease {took:?} after the holder's SIGTERM");
 }

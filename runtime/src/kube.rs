@@ -60,7 +60,8 @@ pub fn lease_holder_node(
     if now > renewed + i64::from(spec.lease_duration_seconds.unwrap_or(0)) {
         return None;
     }
-    let written = lease.metadata.annotations.as_ref().and_then(|a| a.get(LEASE_NODE_ANNOTATION)).filter(|n| !n.is_empty());
+    let written =
+        lease.metadata.annotations.as_ref().and_then(|a| a.get(LEASE_NODE_ANNOTATION)).filter(|n| !n.is_empty());
     written.cloned().or_else(|| pod_node(holder))
 }
 
@@ -320,9 +321,8 @@ pub fn drain_refusals(
         .iter()
         .filter(|b| {
             let status = b.status.as_ref();
-            let observed = status
-                .and_then(|s| s.observed_generation)
-                .is_some_and(|g| g >= b.metadata.generation.unwrap_or(0));
+            let observed =
+                status.and_then(|s| s.observed_generation).is_some_and(|g| g >= b.metadata.generation.unwrap_or(0));
             !observed || status.is_some_and(|s| s.disruptions_allowed.unwrap_or(0) < 1)
         })
         .collect();
@@ -366,7 +366,8 @@ pub async fn read_drain_refusals(
 ) -> Result<std::collections::BTreeMap<String, Vec<crate::state::DrainRefusal>>, KubeError> {
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-    let pods = Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.map_err(api_err("listing every pod"))?;
+    let pods =
+        Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.map_err(api_err("listing every pod"))?;
     let budgets = Api::<PodDisruptionBudget>::all(client.clone())
         .list(&ListParams::default())
         .await

@@ -445,8 +445,11 @@ fn log_lease_changes(
             if was != Some(now) {
                 if now {
                     tracing::info!(lease = %format!("{ns}/{name}"), identity = %me, "holding the Lease: this replica acts");
-                    let patch = serde_json::json!({"metadata": {"annotations": {crate::kube::LEASE_NODE_ANNOTATION: node}}});
-                    if let Err(e) = leases.patch(&name, &Default::default(), &kube_client::api::Patch::Merge(patch)).await {
+                    let patch =
+                        serde_json::json!({"metadata": {"annotations": {crate::kube::LEASE_NODE_ANNOTATION: node}}});
+                    if let Err(e) =
+                        leases.patch(&name, &Default::default(), &kube_client::api::Patch::Merge(patch)).await
+                    {
                         tracing::warn!(lease = %format!("{ns}/{name}"), error = %crate::error_chain(&e), "writing this replica's node on the Lease failed: a preview states the order without it");
                     }
                 } else {

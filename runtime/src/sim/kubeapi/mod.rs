@@ -1507,7 +1507,9 @@ impl Api {
                     pk.0.is_empty()
                         && pk.1 == "pods"
                         && pk.2 == key.2
-                        && p.pointer("/metadata/labels").and_then(|l| l.as_object()).is_some_and(|l| budget_selects(pdb, l))
+                        && p.pointer("/metadata/labels")
+                            .and_then(|l| l.as_object())
+                            .is_some_and(|l| budget_selects(pdb, l))
                 })
                 .map(|(_, p)| p)
                 .collect();
@@ -1518,7 +1520,8 @@ impl Api {
                 "expectedPods": expected,
             });
             let mut have = pdb.get("status").cloned().unwrap_or(json!({}));
-            let changed = ["observedGeneration", "disruptionsAllowed", "expectedPods"].iter().any(|f| have.get(f) != want.get(f));
+            let changed =
+                ["observedGeneration", "disruptionsAllowed", "expectedPods"].iter().any(|f| have.get(f) != want.get(f));
             if changed {
                 if let (Some(h), Some(w)) = (have.as_object_mut(), want.as_object()) {
                     h.extend(w.clone());
