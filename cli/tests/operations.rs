@@ -1401,6 +1401,82 @@ fn under_api_faults(name: &str, with_upgrade: bool) {
         "--api-fault",
         "latency=30ms",
     ];
+    let started = std::time::Instant::now();
+    // The same operations on a twin without faults: what the record must be.
+    let clean = run_ops(&format!("{name}-clean"), &[], with_upgrade);
+    let faulty = run_ops(name, &faults, with_upgrade);
+    for ((op, want), (_, got)) in clean.iter().zip(&faulty) {
+        let diff = similar::TextDiff::from_lines(want, got);
+        assert_eq!(
+            want,
+            got,
+            "{op} under API faults records what a fault-free run does not (issue 50, finding 10):\n{}",
+            diff.unified_diff().header("fault-free", "under API faults")
+        );
+    }
+    for (_, r) in &clean {
+        eprint!("{r}");
+    }
+    eprintln!(
+        "the switches, {}and a rollout recorded the same under API faults as without ({:?} for both runs)",
+        if with_upgrade { "an upgrade " } else { "" },
+        started.elapsed()
+    );
+}
+
+/// What an ended operation recorded, as text to compare between runs: its phase, each
+/// machine's phase, stage and the boot its step started on, its done list, and each
+/// TalosMachine's boot record (boot and config hash) and paths awaiting a reboot. The sim's
+/// boot IDs count a node's boots, so two runs that rebooted alike record alike.
+fn record_of(sim: &Sim, op: &str) -> String {
+    let get = |what: &[&str]| -> serde_json::Value {
+        let mut args = vec!["get"];
+        args.extend(what);
+        args.extend(["-n", "ichor-system", "-o", "json"]);
+        serde_json::from_str(&sim.kubectl(&args).unwrap().1).unwrap_or_default()
+    };
+    let v = get(&["talosoperation", op]);
+    let s = |v: &serde_json::Value, p: &str| v.pointer(p).and_then(|x| x.as_str()).unwrap_or("-").to_string();
+    let mut out = format!("{op}: {}\n", s(&v, "/status/phase"));
+    for (m, _) in v.pointer("/status/machines").and_then(|m| m.as_object()).into_iter().flatten() {
+        let at = |f: &str| s(&v, &format!("/status/machines/{m}/{f}"));
+        out += &format!("  machine {m}: {}/{} on boot {}\n", at("phase"), at("stage"), at("bootId"));
+    }
+    let mut done: Vec<String> = v
+        .pointer("/status/done")
+        .and_then(|d| d.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.as_str().map(str::to_string))
+        .collect();
+    done.sort();
+    out += &format!("  done: {}\n", done.join(", "));
+    let machines = get(&["talosmachines"]);
+    for tm in machines["items"].as_array().into_iter().flatten() {
+        let awaiting: Vec<&str> = tm
+            .pointer("/status/appliedAwaitingReboot")
+            .and_then(|a| a.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_str())
+            .collect();
+        out += &format!(
+            "  talosmachine {}: boot {} config {} reboot values {}, awaiting [{}]\n",
+            s(tm, "/metadata/name"),
+            s(tm, "/status/boot/id"),
+            s(tm, "/status/boot/configHash"),
+            tm.pointer("/status/boot/rebootValues").map(|r| r.to_string()).unwrap_or_default(),
+            awaiting.join(", ")
+        );
+    }
+    out
+}
+
+/// The switches (and the upgrade) then a config rollout, each to its end, on a sim of its own
+/// with `faults` on the controller's requests: what each recorded (`record_of`). A run that
+/// does not complete, or records a machine other than at its kind's last stage, fails naming
+/// the controller's last lines.
+fn run_ops(name: &str, faults: &[&str], with_upgrade: bool) -> Vec<(String, String)> {
     let mut extra = vec!["--no-controller"];
     extra.extend(faults);
     let sim = Sim::start_args(name, "disabled", &extra);
@@ -1408,9 +1484,9 @@ fn under_api_faults(name: &str, with_upgrade: bool) {
     let log_path = sim.dir.join("controller.log");
     let log = std::fs::File::create(&log_path).unwrap();
     let controller = sim.replica_with("ichor-test", &[("ICHOR_LOG", "info")], Stdio::from(log));
-    let started = std::time::Instant::now();
     let rollout = (&["config", "apply", "--cluster", "lab", "--yes"][..], "config-rollout");
     let ops = SWITCHES_AND_UPGRADE.into_iter().filter(|(_, n)| with_upgrade || !n.starts_with("upgrade"));
+    let mut records = vec![];
     for (args, name) in ops.chain([rollout]) {
         if name == "config-rollout" {
             apply_module_patch(&sim);
@@ -1423,11 +1499,9 @@ fn under_api_faults(name: &str, with_upgrade: bool) {
         while !matches!(sim.phase_of(name), Phase::Completed | Phase::Paused) && start.elapsed().as_secs() < 240 {
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
-        let op = sim.kubectl(&["get", "talosoperation", name, "-n", "ichor-system", "-o", "json"]).unwrap().1;
-        // Issue 50, finding 10: the record is what a fault-free run writes: every machine Done
-        // at its kind's last stage (a write that failed used to lose a step already performed),
-        // a rollout's machines with the boot each started on.
-        let v: serde_json::Value = serde_json::from_str(&op).unwrap_or_default();
+        // The machine controller's records settle after the operation ends.
+        sim.wait_quiet();
+        let record = record_of(&sim, name);
         // Which machines get a step, as a fault-free run records them (the walk-through's
         // goldens): a switch changes the control planes' kube-proxy documents only.
         let (last_stage, stepped): (&str, &[&str]) = match name {
@@ -1435,33 +1509,28 @@ fn under_api_faults(name: &str, with_upgrade: bool) {
             n if n.starts_with("upgrade") => ("kubelets", &["cp1", "cp2", "cp3", "w1"]),
             _ => ("switch", &["cp1", "cp2", "cp3"]),
         };
-        let listed: Vec<String> = v
-            .pointer("/status/machines")
-            .and_then(|m| m.as_object())
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default();
-        let recorded: Vec<String> = listed
+        let want: Vec<String> = stepped
             .iter()
-            .map(|m| {
-                let p =
-                    |f: &str| v.pointer(&format!("/status/machines/{m}/{f}")).and_then(|x| x.as_str()).unwrap_or("-");
-                let boot = if name == "config-rollout" && p("bootId") == "-" { " (no boot)" } else { "" };
-                format!("{m}={}/{}{boot}", p("phase"), p("stage"))
-            })
+            .map(|m| format!("  machine {m}: {}/{last_stage} on boot ", MachinePhase::Done.name()))
             .collect();
-        let want: Vec<String> =
-            stepped.iter().map(|m| format!("{m}={}/{last_stage}", MachinePhase::Done.name())).collect();
-        if sim.phase_of(name) != Phase::Completed || recorded != want {
+        let recorded: Vec<&str> = record.lines().filter(|l| l.starts_with("  machine ")).collect();
+        let complete = sim.phase_of(name) == Phase::Completed
+            && recorded.len() == want.len()
+            && recorded.iter().zip(&want).all(|(r, w)| r.starts_with(w.as_str()))
+            // A rollout's step records the boot it started on.
+            && (name != "config-rollout" || recorded.iter().all(|r| !r.ends_with(" -")));
+        if !complete {
             let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
             // The controller is not left running after the test fails (it was, as an orphan).
             let _ = Command::new("kill").arg(controller.id().to_string()).status();
             panic!(
-                "{name} under API faults: recorded {recorded:?}, a fault-free run records {want:?}\n{status}\n{op}\nthe controller's last lines:\n{}",
+                "{name} with faults {faults:?}: recorded\n{record}a fault-free run records every machine of {stepped:?} Done at {last_stage}, on a boot\n{status}\nthe controller's last lines:\n{}",
                 tail.join("\n")
             );
         }
+        records.push((name.to_string(), record));
     }
     sim.wait_quiet();
     sim.check_then_stop(controller, || sim.assert_rolled_out_once("under API faults"));
@@ -1471,11 +1540,7 @@ fn under_api_faults(name: &str, with_upgrade: bool) {
     } else {
         sim.assert_one_cilium_job_per_switch_and_per_hash();
     }
-    eprintln!(
-        "the switches, {}and a rollout completed under API faults in {:?}",
-        if with_upgrade { "an upgrade " } else { "" },
-        started.elapsed()
-    );
+    records
 }
 
 /// Talos faults that start mid-step (the sim's `--node-fault MACHINE=FAULT,on=apply|reboot,for=`):
