@@ -372,6 +372,20 @@ pub fn sim_cluster(
             fault.inject(&demo.fleet, address);
         }
         demo.api.set_faults(api_faults);
+        // The webhook `ichor install` configures, called on the same writes as kube-apiserver
+        // calls it (issue 50: a typo inside a TalosConfigPatch showed only on the machines).
+        let keys = render::inventory::Inventory::parse(render::embedded::CILIUM_KEYS.1)
+            .context(render::embedded::CILIUM_KEYS.0)?;
+        let hook = Arc::new(runtime::webhook::Webhook { kube: demo.api.client(), keys });
+        demo.api.set_admission(runtime::sim::kubeapi::Admission {
+            name: runtime::install::WEBHOOK_NAME.into(),
+            group: render::api::GROUP.into(),
+            plurals: runtime::install::WEBHOOK_RESOURCES.iter().map(|r| r.to_string()).collect(),
+            review: Box::new(move |review| {
+                let hook = hook.clone();
+                Box::pin(async move { hook.handle(review.to_string().as_bytes()).await.1 })
+            }),
+        });
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}"))?;
         let addr = listener.local_addr()?;
         let namespace = demo

@@ -2325,3 +2325,48 @@ fn sigterm_to_the_lease_holder_hands_over_at_once_and_no_machine_reads_reboot_re
     assert_eq!(p, Phase::Completed, "{status}");
     eprintln!("the standby took the Lease {took:?} after the holder's SIGTERM");
 }
+
+/// Issue 50, finding 9: `ichor sim cluster` calls Ichor's webhook on the writes kube-apiserver
+/// calls it on (the install's ValidatingWebhookConfiguration), so a rehearsal shows what a real
+/// cluster refuses: a typo inside a patch's text, naming the patch, the field and the contract
+/// (a server-side dry run too); a kube-proxy switch without its consent. The same patch
+/// spelled right is admitted.
+#[test]
+fn the_simulated_cluster_admits_writes_through_ichors_webhook() {
+    let sim = Sim::start_args("admission", "done", &["--no-controller"]);
+    let patch = |field: &str| {
+        format!(
+            "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: team-label\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 50\n  patch: |\n    apiVersion: v1alpha1\n    kind: KubeNodeConfig\n    {field}:\n      team: storage\n"
+        )
+    };
+    for args in [&["apply", "-f", "-"][..], &["apply", "--dry-run=server", "-f", "-"]] {
+        let out = kubectl_with_input(&sim, args, &patch("labelz"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: a patch with an unknown field was admitted");
+        assert!(
+            err.contains("admission webhook \"validate.ichor.maesh.dev\" denied the request")
+                && err.contains("TalosConfigPatch ichor-system/team-label")
+                && err.contains("KubeNodeConfig.labelz")
+                && err.contains("v1.14"),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(sim.kubectl(&["get", "talosconfigpatch", "team-label", "-n", "ichor-system"]).unwrap().0, 1, "stored");
+    let out = kubectl_with_input(&sim, &["apply", "-f", "-"], &patch("labels"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (code, _, err) = sim
+        .kubectl(&[
+            "patch",
+            "taloscluster",
+            "lab",
+            "-n",
+            "ichor-system",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"cni":{"kubeProxy":"replaced"}}}"#,
+        ])
+        .unwrap();
+    assert_ne!(code, 0, "a switch without consent was admitted");
+    assert!(err.contains("ichor.maesh.dev/confirm-kube-proxy-switch"), "{err}");
+}

@@ -333,7 +333,7 @@ fn webhook_configuration(o: &Install) -> String {
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
             "metadata": meta,
             "webhooks": [{
-                "name": "validate.ichor.maesh.dev",
+                "name": WEBHOOK_NAME,
                 "admissionReviewVersions": ["v1"],
                 "sideEffects": "None",
                 "failurePolicy": "Fail",
@@ -341,13 +341,18 @@ fn webhook_configuration(o: &Install) -> String {
                 "clientConfig": client,
                 "rules": [{
                     "apiGroups": ["ichor.maesh.dev"], "apiVersions": ["v1alpha1"],
-                    "resources": ["talosclusters", "talosoperations", "talosconfigpatches"],
+                    "resources": WEBHOOK_RESOURCES,
                     "operations": ["CREATE", "UPDATE"],
                 }],
             }],
         }))
     )
 }
+
+/// The validating webhook's name in its configuration (kube-apiserver's refusals quote it).
+pub const WEBHOOK_NAME: &str = "validate.ichor.maesh.dev";
+/// The resources whose CREATE and UPDATE go through the webhook.
+pub const WEBHOOK_RESOURCES: [&str; 3] = ["talosclusters", "talosoperations", "talosconfigpatches"];
 
 /// The talosconfig Secret, or `None` (the header then says how to create it).
 fn talosconfig_secret(o: &Install) -> Option<String> {

@@ -306,6 +306,7 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
         work_left: vec![],
         reboot_paths: Default::default(),
         checks: vec![],
+        drain_refusals: vec![],
     };
     let talos = k.talos.clone();
     let before = talos.running_config("w1").await.unwrap();

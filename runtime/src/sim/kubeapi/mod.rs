@@ -218,6 +218,23 @@ impl Store {
 pub struct Api {
     store: Arc<Mutex<Store>>,
     events: Arc<Mutex<Vec<tokio::sync::mpsc::UnboundedSender<WatchEvent>>>>,
+    admission: Arc<Mutex<Option<Arc<Admission>>>>,
+}
+
+/// The answer of a validating webhook to an AdmissionReview (the review's JSON, whole).
+pub type Review = std::pin::Pin<Box<dyn std::future::Future<Output = Json> + Send>>;
+
+/// A validating admission webhook the API calls, as kube-apiserver calls the one a
+/// ValidatingWebhookConfiguration names: for a CREATE or UPDATE of one of `plurals` of `group`
+/// (not their status), with the object as it would be stored (defaulted, validated) and the
+/// old one, before it is stored; dry runs included. A refusal is answered with the webhook's
+/// code and kube-apiserver's words (`admission webhook "NAME" denied the request: ...`); its
+/// warnings go out as `Warning` headers.
+pub struct Admission {
+    pub name: String,
+    pub group: String,
+    pub plurals: Vec<String>,
+    pub review: Box<dyn Fn(Json) -> Review + Send + Sync>,
 }
 
 impl std::fmt::Debug for Api {
@@ -227,6 +244,11 @@ impl std::fmt::Debug for Api {
 }
 
 type Body = BoxBody<Bytes, Infallible>;
+
+/// Who every request to the sim is (it has no authentication): its kubeconfig's admin, in the
+/// group kube-apiserver's authorizer allows everything.
+pub const SIM_USER: &str = "kubernetes-admin";
+pub const SIM_ADMIN_GROUP: &str = "system:masters";
 
 fn full(v: &Json, code: StatusCode) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(v.to_string())).boxed());
@@ -725,7 +747,12 @@ impl Api {
                 resource,
                 a("/spec/resourceAttributes/verb"),
             );
-            let allowed = self.store.lock().is_ok_and(|s| s.grants.contains(&grant));
+            // As kube-apiserver's authorizer: system:masters may do everything.
+            let admin = body
+                .pointer("/spec/groups")
+                .and_then(Json::as_array)
+                .is_some_and(|g| g.iter().any(|g| g.as_str() == Some(SIM_ADMIN_GROUP)));
+            let allowed = admin || self.store.lock().is_ok_and(|s| s.grants.contains(&grant));
             let mut out = body.clone();
             out["status"] = json!({"allowed": allowed});
             return full(&out, StatusCode::CREATED);
@@ -756,6 +783,26 @@ impl Api {
             return fault;
         }
         let api = if dry { self.shadow() } else { self.clone() };
+        // A validating webhook, for the writes it names.
+        let admission = self.admission.lock().ok().and_then(|a| a.clone()).filter(|a| {
+            a.group == group
+                && a.plurals.contains(&plural)
+                && sub.is_empty()
+                && matches!(parts.method, Method::POST | Method::PUT | Method::PATCH)
+        });
+        let mut warnings = vec![];
+        if let Some(adm) = admission {
+            let (b, ct) = (body.clone(), content_type.clone());
+            let verdict = match parts.method {
+                Method::POST => self.admit(&adm, &key, &api_version, |a| a.create(&key, b, &write), dry).await,
+                Method::PUT => self.admit(&adm, &key, &api_version, |a| a.replace(&key, b, &write), dry).await,
+                _ => self.admit(&adm, &key, &api_version, |a| a.patch(&key, b, &ct, &q, &write), dry).await,
+            };
+            match verdict {
+                Ok(w) => warnings = w,
+                Err(answer) => return answer,
+            }
+        }
         let table = table::wants_table(&header("accept")).then(|| {
             let printer = self.printer_columns(&group, &version, &plural);
             (
@@ -764,7 +811,7 @@ impl Api {
             )
         });
         let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
-        match (parts.method.clone(), name.is_empty(), sub.as_str()) {
+        let mut answer = match (parts.method.clone(), name.is_empty(), sub.as_str()) {
             (Method::GET, true, "") if watching => api.watch(&group, &plural, &ns, &api_version, &q, table, faulted),
             (Method::GET, true, "") => api.list(&group, &plural, &ns, &api_version, &q, table),
             (Method::GET, false, _) => match api.get_viewed(&key) {
@@ -788,13 +835,82 @@ impl Api {
                 "MethodNotAllowed",
                 format!("the server does not allow this method on the requested resource ({m} {})", parts.uri.path()),
             ),
+        };
+        for w in warnings {
+            if let Ok(v) = http::HeaderValue::from_str(&format!("299 - {:?}", w)) {
+                answer.headers_mut().append("warning", v);
+            }
         }
+        answer
     }
 
     /// A copy of the store no watcher listens to, for a dry run.
     fn shadow(&self) -> Api {
         let store = self.store.lock().map(|s| s.clone()).unwrap_or_default();
-        Api { store: Arc::new(Mutex::new(store)), events: Arc::default() }
+        Api { store: Arc::new(Mutex::new(store)), events: Arc::default(), admission: Arc::default() }
+    }
+
+    /// Calls `admission` on the writes it names from now on.
+    pub fn set_admission(&self, admission: Admission) {
+        if let Ok(mut a) = self.admission.lock() {
+            *a = Some(Arc::new(admission));
+        }
+    }
+
+    /// The webhook's verdict on a write: the write made on a copy first (what would be stored,
+    /// or the refusal validation gives before any webhook is called), then the review. `None`:
+    /// admitted, with the warnings to send; `Some`: the answer to give instead.
+    async fn admit(
+        &self,
+        adm: &Admission,
+        key: &Key,
+        api_version: &str,
+        write: impl FnOnce(&Api) -> Response<Body>,
+        dry: bool,
+    ) -> Result<Vec<String>, Response<Body>> {
+        let copy = self.shadow();
+        let answer = write(&copy);
+        if !answer.status().is_success() {
+            return Err(answer);
+        }
+        let object: Json = match answer.into_body().collect().await {
+            Ok(b) => serde_json::from_slice(&b.to_bytes()).unwrap_or(Json::Null),
+            Err(never) => match never {},
+        };
+        let name = object.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default().to_string();
+        let old = self.get(&key.0, &key.1, &key.2, &name).unwrap_or(Json::Null);
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let kind = object.get("kind").and_then(Json::as_str).unwrap_or_default();
+        let uid = format!("sim-admission-{}", self.store.lock().map(|s| s.rv).unwrap_or(0));
+        let review = json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": uid,
+                "kind": {"group": group, "version": version, "kind": kind},
+                "resource": {"group": group, "version": version, "resource": key.1},
+                "name": name,
+                "namespace": key.2,
+                "operation": if old.is_null() { "CREATE" } else { "UPDATE" },
+                // The sim has no authentication: every request is its kubeconfig's admin's.
+                "userInfo": {"username": SIM_USER, "groups": [SIM_ADMIN_GROUP, "system:authenticated"]},
+                "object": object,
+                "oldObject": old,
+                "dryRun": dry,
+            }
+        });
+        let verdict = (adm.review)(review).await;
+        let r = &verdict["response"];
+        let warnings =
+            r["warnings"].as_array().into_iter().flatten().filter_map(|w| w.as_str().map(str::to_string)).collect();
+        if r["allowed"] == json!(true) {
+            return Ok(warnings);
+        }
+        let code = r.pointer("/status/code").and_then(Json::as_u64).unwrap_or(403);
+        let message = r.pointer("/status/message").and_then(Json::as_str).unwrap_or("refused");
+        let code = StatusCode::from_u16(code as u16).unwrap_or(StatusCode::FORBIDDEN);
+        let reason = code.canonical_reason().unwrap_or("Forbidden").replace(' ', "");
+        Err(status(code, &reason, format!("admission webhook \"{}\" denied the request: {message}", adm.name)))
     }
 
     fn printer_columns(&self, group: &str, version: &str, plural: &str) -> Option<Vec<Json>> {
@@ -1470,11 +1586,14 @@ impl Api {
         // count it as disrupted at once (their disruptionsAllowed one less), so two evictions
         // never both spend the same allowance before the disruption controller looks again.
         for (bk, mut pdb) in self.objects() {
-            if bk.0 == "policy" && bk.1 == "poddisruptionbudgets" && bk.2 == key.2 && budget_selects(&pdb, &labels) {
-                if let Some(n) = pdb.pointer("/status/disruptionsAllowed").and_then(|v| v.as_i64()) {
-                    pdb["status"]["disruptionsAllowed"] = json!((n - 1).max(0));
-                    self.put(&bk.0, &bk.1, pdb);
-                }
+            if bk.0 == "policy"
+                && bk.1 == "poddisruptionbudgets"
+                && bk.2 == key.2
+                && budget_selects(&pdb, &labels)
+                && let Some(n) = pdb.pointer("/status/disruptionsAllowed").and_then(|v| v.as_i64())
+            {
+                pdb["status"]["disruptionsAllowed"] = json!((n - 1).max(0));
+                self.put(&bk.0, &bk.1, pdb);
             }
         }
         let pod_key = (String::new(), "pods".to_string(), key.2.clone(), key.3.clone());
