@@ -269,6 +269,14 @@ async fn write(
         return Ok(report);
     }
     let cluster = tc.metadata.name.clone().unwrap_or_default();
+    // What keeps any values from running on this cluster, whatever they are (the values
+    // reconciler's condition): said with the write, not after it (issue 50, finding 11).
+    let stuck = tc
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "CNIValuesApplied"))
+        .filter(|c| matches!(c.reason.as_str(), "NotAdopted" | "ChartOlder" | "OwnedElsewhere"))
+        .map(|c| c.message.clone());
     let spec = tc
         .spec
         .cni
@@ -278,6 +286,10 @@ async fn write(
     match api.replace(&cluster, &PostParams::default(), &tc).await {
         Ok(_) => {
             report.stdout += &format!("Written: {name} spec.cni.cilium.values.\n");
+            if let Some(why) = stuck {
+                report.stdout += &format!("They do not run now: {why}.\n");
+                report.findings = true;
+            }
             Ok(report)
         }
         Err(kube_client::Error::Api(e)) if e.code == 409 => {

@@ -425,6 +425,7 @@ pub fn sim_cluster(
                 runtime::sim::demo::sync_argo_cd(&api);
                 runtime::sim::demo::roll_out_daemonsets(&api, nodes);
                 api.observe_disruption_budgets();
+                runtime::sim::demo::ensure_namespaces(&api);
                 tokio::time::sleep(Duration::from_millis(200) + step).await;
             }
         });

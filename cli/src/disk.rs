@@ -239,7 +239,21 @@ pub fn read_config(path: &Path) -> Result<Config> {
 
 /// Every `*.yaml`/`*.yml` file under `dir`, sorted, with its text, loaded as manifests.
 /// Every `*.yaml`/`*.yml` file under `dir`, sorted, with its text.
+/// The example installation `--manifests` defaults to (`ichor sim cluster`, `sim controller`,
+/// `plan`): embedded, so the default works from any directory (issue 50: it worked only from
+/// the repository's root). A folder of that name on disk is read instead.
+pub const EXAMPLE_DIR: &str = "examples/clusters/lab-v1.14";
+const EXAMPLE: [(&str, &str); 4] = [
+    ("cluster.yaml", include_str!("../../examples/clusters/lab-v1.14/cluster.yaml")),
+    ("machines.yaml", include_str!("../../examples/clusters/lab-v1.14/machines.yaml")),
+    ("patches.yaml", include_str!("../../examples/clusters/lab-v1.14/patches.yaml")),
+    ("secrets.yaml", include_str!("../../examples/clusters/lab-v1.14/secrets.yaml")),
+];
+
 pub fn manifest_files(dir: &Path) -> Result<Vec<(String, String)>> {
+    if dir == Path::new(EXAMPLE_DIR) && !dir.exists() {
+        return Ok(EXAMPLE.iter().map(|(f, text)| (format!("{EXAMPLE_DIR}/{f}"), text.to_string())).collect());
+    }
     let mut texts = vec![];
     for f in files_under(dir, &["yaml", "yml"])? {
         let text = read_text(&f, caps::TEXT, "a manifest file")?;
@@ -295,4 +309,23 @@ fn render_result(
             Diagnosed { diagnostics, summary: e.to_string() }.into()
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The embedded example is the folder as it is: a file added there is embedded too.
+    #[test]
+    fn the_embedded_example_is_the_examples_folder() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let on_disk = manifest_files(&root.join(EXAMPLE_DIR)).unwrap();
+        let names: Vec<String> =
+            on_disk.iter().map(|(p, _)| Path::new(p).file_name().unwrap().to_string_lossy().into_owned()).collect();
+        let embedded: Vec<&str> = EXAMPLE.iter().map(|(f, _)| *f).collect();
+        assert_eq!(names, embedded, "list the example's files in disk::EXAMPLE");
+        for ((_, text), (_, e)) in on_disk.iter().zip(EXAMPLE) {
+            assert_eq!(text, e);
+        }
+    }
 }

@@ -283,7 +283,7 @@ enum SimCommand {
         after_help = "Example:\n  ichor sim cluster --manifests examples/clusters/lab-v1.14 --kubeconfig sim.kubeconfig --talosconfig sim.talosconfig"
     )]
     Cluster {
-        #[arg(long, default_value = "examples/clusters/lab-v1.14")]
+        #[arg(long, default_value = crate::disk::EXAMPLE_DIR)]
         manifests: std::path::PathBuf,
         #[arg(long)]
         kubeconfig: std::path::PathBuf,
@@ -374,7 +374,7 @@ enum SimCommand {
     /// its progress. A demo, not a cluster.
     #[command(after_help = "Example:\n  ichor sim controller --manifests examples/clusters/lab-v1.14 --to v1.37.0")]
     Controller {
-        #[arg(long, default_value = "examples/clusters/lab-v1.14")]
+        #[arg(long, default_value = crate::disk::EXAMPLE_DIR)]
         manifests: std::path::PathBuf,
         /// The Kubernetes version to upgrade to.
         #[arg(long, default_value = "v1.37.0")]

@@ -391,8 +391,8 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         Start::CiliumUpgrade => {
             read.snapshot.workload.cilium_chart_version.as_deref() == Some(render::embedded::CILIUM_CHART_VERSION)
         }
-        // Ichor's already is a refusal of the rules (CiliumAdoptAlreadyIchors), with its reason.
-        Start::Adopt => false,
+        // Ichor's already: the rules say so (`nothing_to_do`), with their reason.
+        Start::Adopt => plan.nothing_to_do.is_some(),
     };
     if runs_target {
         let stdout = match &what {
@@ -411,7 +411,10 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 "Nothing to do: no machine of cluster {ns}/{} has a change that needs a reboot (status.rebootPaths); nothing was written.\n",
                 a.cluster
             ),
-            Start::CiliumUpgrade | Start::Adopt => format!(
+            Start::Adopt => {
+                format!("Nothing to do: {}; nothing was written.\n", plan.nothing_to_do.as_deref().unwrap_or_default())
+            }
+            Start::CiliumUpgrade => format!(
                 "Nothing to do: cluster {ns}/{} already runs Cilium {}, the chart this Ichor embeds; nothing was written.\n",
                 a.cluster,
                 render::embedded::CILIUM_CHART_VERSION

@@ -393,6 +393,9 @@ pub struct Plan {
     /// The drains a preview finds refused now (`drain_refused_now` in rules/backbone.rules),
     /// each a sentence naming the machine, the budget and its pods, sorted.
     pub drain_refusals: Vec<String>,
+    /// What the operation asks for holds already (`nothing_to_do` in rules/backbone.rules), in
+    /// the rules' words: a start writes nothing and exits 0.
+    pub nothing_to_do: Option<String>,
 }
 
 impl Plan {
@@ -816,6 +819,8 @@ impl Planner {
             })
             .collect();
         drain_refusals.sort_unstable();
+        let nothing_to_do =
+            r.nothing_to_do.rows(&db).map(|[t, d]| self.message(&text(t), &data(json!({"detail": text(d)})))).min();
         Ok(Plan {
             operation: s.operation.name.clone(),
             kind: s.operation.kind,
@@ -828,6 +833,7 @@ impl Planner {
             reboot_paths,
             checks,
             drain_refusals,
+            nothing_to_do,
         })
     }
 

@@ -307,6 +307,7 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
         reboot_paths: Default::default(),
         checks: vec![],
         drain_refusals: vec![],
+        nothing_to_do: None,
     };
     let talos = k.talos.clone();
     let before = talos.running_config("w1").await.unwrap();

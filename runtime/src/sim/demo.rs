@@ -151,6 +151,7 @@ impl Demo {
             k.sync_manifests(address, "talos").await.map_err(|e| DemoError::Seed(e.to_string()))?;
         }
         demo.kubelets().await;
+        ensure_namespaces(&demo.api);
         Ok(demo)
     }
 
@@ -203,9 +204,9 @@ impl Demo {
                     let Some(mut pod) = self.api.get("", "pods", "kube-system", &format!("{component}-{name}")) else {
                         continue;
                     };
-                    let not_ready = json!([{"type": "Ready", "status": "False"}]);
-                    if pod.pointer("/status/conditions") != Some(&not_ready) {
-                        pod["status"]["conditions"] = not_ready;
+                    let not_ready = mirror_pod_status(component, false);
+                    if pod.get("status") != Some(&not_ready) {
+                        pod["status"] = not_ready;
                         self.api.put("", "pods", pod);
                     }
                 }
@@ -235,7 +236,9 @@ impl Demo {
                 if relabelled {
                     self.api.put("", "nodes", node.clone());
                 }
-                let status = json!({"conditions": [{"type": "Ready", "status": "True"}], "nodeInfo": {"kubeletVersion": version, "architecture": "amd64", "bootID": boot_id, "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "Talos", "systemUUID": ""}});
+                let status = json!({"conditions": [{"type": "Ready", "status": "True"}],
+                    "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
+                    "nodeInfo": {"kubeletVersion": version, "architecture": "amd64", "bootID": boot_id, "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "Talos", "systemUUID": ""}});
                 if node.get("status") != Some(&status) {
                     node["status"] = status;
                     self.api.put("", "nodes", node);
@@ -245,7 +248,7 @@ impl Demo {
                 let pod = json!({"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": format!("{component}-{name}"), "namespace": "kube-system", "labels": {"k8s-app": component}, "annotations": {"kubernetes.io/config.mirror": "x"}},
                     "spec": {"nodeName": name, "containers": [{"name": component, "image": image}]},
-                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+                    "status": mirror_pod_status(component, true)});
                 let current = self.api.get("", "pods", "kube-system", &format!("{component}-{name}"));
                 let same = current
                     .as_ref()
@@ -263,6 +266,36 @@ impl Demo {
         loop {
             self.kubelets().await;
             tokio::time::sleep(every).await;
+        }
+    }
+}
+
+/// A control-plane mirror pod's status as its kubelet posts it: Running, its one container
+/// ready or not (what `kubectl get pods` counts as READY 1/1).
+fn mirror_pod_status(component: &str, ready: bool) -> serde_json::Value {
+    let word = if ready { "True" } else { "False" };
+    json!({
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": word}, {"type": "ContainersReady", "status": word}],
+        "containerStatuses": [{"name": component, "ready": ready, "started": ready, "restartCount": 0,
+            "state": {"running": {}}, "image": "", "imageID": ""}],
+    })
+}
+
+/// The namespaces the objects are in, and Kubernetes' own, exist as Namespaces (Active), as on
+/// a cluster: `kubectl get namespaces` lists them.
+pub fn ensure_namespaces(api: &kubeapi::Api) {
+    let objects = api.objects();
+    let mut names: std::collections::BTreeSet<String> =
+        ["default", "kube-system", "kube-public", "kube-node-lease"].iter().map(|n| n.to_string()).collect();
+    names.extend(objects.keys().map(|k| k.2.clone()).filter(|n| !n.is_empty()));
+    for n in names {
+        if !objects.contains_key(&(String::new(), "namespaces".into(), String::new(), n.clone())) {
+            api.put(
+                "",
+                "namespaces",
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}),
+            );
         }
     }
 }
@@ -306,7 +339,10 @@ pub fn roll_out_daemonsets(api: &kubeapi::Api, nodes: usize) {
                 .and_then(|n| n.parse::<usize>().ok())
                 .unwrap_or(0);
             let ready = nodes.saturating_sub(unready);
-            let want = json!({"desiredNumberScheduled": nodes, "updatedNumberScheduled": nodes, "numberReady": ready, "currentNumberScheduled": nodes, "numberMisscheduled": 0, "observedGeneration": generation});
+            let mut want = json!({"desiredNumberScheduled": nodes, "updatedNumberScheduled": nodes, "numberReady": ready, "numberAvailable": ready, "currentNumberScheduled": nodes, "numberMisscheduled": 0, "observedGeneration": generation});
+            if ready < nodes {
+                want["numberUnavailable"] = json!(nodes - ready);
+            }
             if d.get("status") != Some(&want) {
                 d["status"] = want;
                 api.put(&key.0, "daemonsets", d);

@@ -1232,6 +1232,7 @@ impl Api {
         }
         let mut warnings = vec![];
         let version = w.api_version.rsplit('/').next().unwrap_or_default();
+        let mut defaulted_old = None;
         if let Some((kind, v)) = s.crd_version(&key.0, version, &key.1)
             && let Some(schema) = v.pointer("/schema/openAPIV3Schema")
         {
@@ -1245,7 +1246,15 @@ impl Api {
                     return full(&body, StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST));
                 }
             }
+            // kube-apiserver defaults an object as it reads it from storage too: the old object
+            // carries the schema's defaults, so a write that only stores one changes nothing in
+            // its spec and leaves its generation (issue 50: an annotation's write moved it).
+            defaulted_old = old.map(|o| kube_cel::apply_defaults(schema, o)).filter(|d| Some(d) != old);
         }
+        if let Some(d) = &defaulted_old {
+            s.objects.insert(key.clone(), d.clone());
+        }
+        let old = defaulted_old.as_ref().or(old);
         let answer = |obj: &Json, code: StatusCode| {
             let mut r = full(obj, code);
             for warning in &warnings {
