@@ -476,6 +476,59 @@ fn log_lease_changes(
 /// another.
 pub const LEASE_NAME: &str = "ichor-controller";
 
+/// Drives the Lease by hand (kube-lease-manager's `changed`, as its own `watch` does), while a
+/// standby also looks at the Lease every second: a standby otherwise sleeps until the lock it
+/// last read expires (up to 15 s), so a holder that released it on SIGTERM left the cluster
+/// leaderless for up to 10 s (issue 50 asks for a hand-over within 5 s). Once the Lease is
+/// free the standby's sleep is cut short and it takes it. The Lease is released once every
+/// receiver of the channel is gone.
+fn drive_lease(
+    lease: kube_lease_manager::LeaseManager,
+    client: kube_client::Client,
+    namespace: &str,
+    name: &str,
+) -> (tokio::sync::watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client, namespace);
+    let name = name.to_string();
+    let task = tokio::spawn(async move {
+        loop {
+            let holding = *tx.borrow();
+            tokio::select! {
+                _ = tx.closed() => break,
+                changed = lease.changed() => match changed {
+                    Ok(state) => {
+                        tx.send_replace(state);
+                    }
+                    Err(e) => {
+                        tracing::warn!(lease = %name, error = %crate::error_chain(&e), "the Lease could not be read or written; trying again");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                },
+                _ = lease_freed(&leases, &name), if !holding => {}
+            }
+        }
+        if *tx.borrow()
+            && let Err(e) = lease.release().await
+        {
+            tracing::warn!(lease = %name, error = %crate::error_chain(&e), "releasing the Lease");
+        }
+    });
+    (rx, task)
+}
+
+/// Resolves once nobody holds the Lease (its holder released it), read every second.
+async fn lease_freed(leases: &Api<k8s_openapi::api::coordination::v1::Lease>, name: &str) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Ok(Some(l)) = leases.get_opt(name).await
+            && l.spec.and_then(|s| s.holder_identity).is_none_or(|h| h.is_empty())
+        {
+            return;
+        }
+    }
+}
+
 /// How long the reconciles in flight at a SIGTERM may take to end before the process stops
 /// them: a step is idempotent and resumes from status, so cutting one is safe; waiting longer
 /// would keep the Lease from a standby. 20 s fits in `ichor install`'s grace period (30 s) with
@@ -500,7 +553,7 @@ pub async fn run(
         .with_grace(5)
         .build()
         .await?;
-    let (leader, lease_task) = lease.watch().await;
+    let (leader, lease_task) = drive_lease(lease, client.clone(), &config.namespace, &config.lease_name);
     let lease_log = log_lease_changes(leader.clone(), client.clone(), &config, controller.controller_node.clone());
     // The lists every reconcile reads come from watches from here on (see `stores`).
     let _ = controller.stores.set(crate::stores::Stores::start(&client, &config.namespace).await);

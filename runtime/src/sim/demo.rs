@@ -275,7 +275,7 @@ impl Demo {
 fn mirror_pod_status(component: &str, ready: bool) -> serde_json::Value {
     let word = if ready { "True" } else { "False" };
     json!({
-        "phase": "Running",
+        "phase": "Running", // a Pod's phase: Kubernetes' word
         "conditions": [{"type": "Ready", "status": word}, {"type": "ContainersReady", "status": word}],
         "containerStatuses": [{"name": component, "ready": ready, "started": ready, "restartCount": 0,
             "state": {"running": {}}, "image": "", "imageID": ""}],
