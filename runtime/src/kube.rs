@@ -433,7 +433,7 @@ impl KubePort for KubeCluster {
                                 node: node.into(),
                                 pod: format!("{ns}/{name}"),
                                 secs: self.drain_timeout.as_secs(),
-                                why: e.to_string(),
+                                why: crate::error_chain(&e),
                                 budgets: self.budgets_of(&p).await,
                             });
                         }

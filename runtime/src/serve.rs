@@ -205,12 +205,18 @@ async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action
             publish_on(&ctx, m, Some(op_ref.clone()), ty, reason, &action, format!("{name}: {a}")).await;
         }
     }
-    for (machine, why) in &r.outcome.failed() {
-        publish(&ctx, &op, EventType::Warning, "StepFailed", "Apply", format!("{machine}: {why}")).await;
-    }
+    // A step that failed names the action that failed (a drain, an apply ...), not a fixed
+    // word: it read "Apply" for a drain refused by a budget.
     for (a, p) in &r.outcome.actions {
-        if let crate::exec::Performed::Refused { why } = p {
-            publish(&ctx, &op, EventType::Warning, "PreconditionFailed", a.kind(), why.clone()).await;
+        match p {
+            crate::exec::Performed::Failed { machine, message } => {
+                publish(&ctx, &op, EventType::Warning, "StepFailed", &event_action(a), format!("{machine}: {message}"))
+                    .await
+            }
+            crate::exec::Performed::Refused { why } => {
+                publish(&ctx, &op, EventType::Warning, "PreconditionFailed", a.kind(), why.clone()).await
+            }
+            _ => {}
         }
     }
     let phase = r.status.operation.phase;
