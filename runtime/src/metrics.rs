@@ -85,6 +85,11 @@ pub fn state_gauges<'a>(
     for o in operations {
         let st = o.status.clone().unwrap_or_default();
         let (kind, phase) = (o.spec.kind.name().to_string(), st.phase().name().to_string());
+        // Every phase of a kind the cluster has operations of is a series, 0 when none is in
+        // it: after an upgrade `phase="Running"` reads 0, not nothing.
+        for p in render::api::Phase::ALL {
+            rows.operations.entry(OperationLabel { kind: kind.clone(), phase: p.name().to_string() }).or_default();
+        }
         *rows.operations.entry(OperationLabel { kind: kind.clone(), phase: phase.clone() }).or_default() += 1;
         rows.operation_info.push(OperationInfoLabel {
             operation: o.metadata.name.clone().unwrap_or_default(),
@@ -280,7 +285,7 @@ mod tests {
             rows.operations.get(&OperationLabel { kind: k.into(), phase: p.name().into() }).copied()
         };
         assert_eq!(phase("kubernetes", Phase::Completed), Some(1));
-        assert_eq!(phase("kubernetes", Phase::Running), None);
+        assert_eq!(phase("kubernetes", Phase::Running), Some(0), "a phase nobody is in reads 0");
         assert_eq!(phase("config", Phase::Running), Some(1));
         let label = MachineLabel { cluster: "lab".into(), ready: "False".into(), reason: "RebootRequired".into() };
         assert_eq!(rows.machines.get(&label), Some(&2));

@@ -187,7 +187,18 @@ async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action
         // groups repeats by both, so it never merges different actions into one series.
         let kind_reason = capitalized(a.kind());
         let reason = if reason.is_empty() { kind_reason.as_str() } else { reason };
-        let action = event_action(a);
+        // A step's record names the stage it closes: four stages of one machine are four
+        // Events, not one series (`Done (x4)`).
+        let stage = match a {
+            PlanAction::Done { machine } => {
+                op.status.as_ref().and_then(|s| s.machines.get(machine)).and_then(|p| p.stage.clone())
+            }
+            _ => None,
+        };
+        let action = match stage {
+            Some(stage) => event_text(format!("{a} (stage {stage})")),
+            None => event_action(a),
+        };
         use kube_client::Resource;
         let op_ref = op.object_ref(&());
         // A step's action is an Event on the operation related to its machine, and one on the
@@ -254,7 +265,11 @@ fn performed_name(p: &crate::exec::Performed) -> &'static str {
 /// changing KubeAPIServerConfig.image`), cut to the API's 128 characters at a character
 /// boundary. Two actions that differ in object, machine, stage or paths differ here.
 pub fn event_action(a: &PlanAction) -> String {
-    let text = a.to_string();
+    event_text(a.to_string())
+}
+
+/// A text cut to an Event action's 128 characters.
+fn event_text(text: String) -> String {
     if text.len() <= 128 {
         return text;
     }
