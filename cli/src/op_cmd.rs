@@ -923,7 +923,7 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
             output.data(&json!({"namespace": ns, "operation": name, "was": was, "now": now.unwrap_or(was), "acted": now.is_some(), "pausedReason": st.paused_reason}))?
         } else if now.is_none() {
             format!(
-                "Asked TalosOperation {ns}/{name} to {}; no controller acted on it within 10 s: is ichor controller running? It acts at its next reconcile.\n",
+                "Asked TalosOperation {ns}/{name} to {}; no controller acted on it within 10 s: it acts at its next reconcile (one inside a step, such as a drain that waits for a PodDisruptionBudget up to ichor controller --drain-timeout, ends that step first); if none runs, start ichor controller.\n",
                 if resume { "resume" } else { "abort" }
             )
         } else if resume {

@@ -91,7 +91,7 @@ pub enum KubeError {
         source: kube_client::Error,
     },
     #[error(
-        "draining {node}: pod {pod} could not be evicted within {secs} s{}: {why}; the node stays cordoned and nothing is applied to it; the operation pauses",
+        "draining {node}: pod {pod} could not be evicted within {secs} s{}: {why}; nothing is applied to the node, Ichor uncordons it, and the operation pauses",
         if budgets.is_empty() { String::new() } else { format!(" (PodDisruptionBudget {} allows no disruption)", budgets.join(", ")) }
     )]
     DrainTimedOut { node: String, pod: String, secs: u64, why: String, budgets: Vec<String> },

@@ -1563,22 +1563,7 @@ impl Api {
                     let observed = pdb.pointer("/status/observedGeneration").is_some();
                     let allowed = match pdb.pointer("/status/disruptionsAllowed").and_then(|v| v.as_i64()) {
                         Some(n) if observed => n,
-                        _ => {
-                            let pods: Vec<&Json> = s
-                                .objects
-                                .iter()
-                                .filter(|(pk, p)| {
-                                    pk.0.is_empty()
-                                        && pk.1 == "pods"
-                                        && pk.2 == key.2
-                                        && p.pointer("/metadata/labels")
-                                            .and_then(|l| l.as_object())
-                                            .is_some_and(|l| budget_selects(pdb, l))
-                                })
-                                .map(|(_, p)| p)
-                                .collect();
-                            disruptions_allowed(pdb, &pods)
-                        }
+                        _ => disruptions_allowed(pdb, &selected_pods(&s.objects, &key.2, pdb)),
                     };
                     (allowed < 1).then(|| k.3.clone())
                 },
@@ -1614,6 +1599,20 @@ impl Api {
     }
 }
 
+/// The pods of `namespace` a budget selects.
+fn selected_pods<'a>(objects: &'a BTreeMap<Key, Json>, namespace: &str, pdb: &Json) -> Vec<&'a Json> {
+    objects
+        .iter()
+        .filter(|(k, p)| {
+            k.0.is_empty()
+                && k.1 == "pods"
+                && k.2 == namespace
+                && p.pointer("/metadata/labels").and_then(|l| l.as_object()).is_some_and(|l| budget_selects(pdb, l))
+        })
+        .map(|(_, p)| p)
+        .collect()
+}
+
 /// A budget selects a pod with these labels (the sim reads `matchLabels` only).
 fn budget_selects(pdb: &Json, labels: &serde_json::Map<String, Json>) -> bool {
     pdb.pointer("/spec/selector/matchLabels")
@@ -1624,23 +1623,12 @@ fn budget_selects(pdb: &Json, labels: &serde_json::Map<String, Json>) -> bool {
 impl Api {
     /// The disruption controller's work, done once: every budget's status from the pods it
     /// selects now (`observedGeneration`, `expectedPods`, `disruptionsAllowed`), written when it
-    /// changed. `ichor sim cluster` runs it with its other stand-ins, so a budget reads as on a
-    /// real cluster (`kubectl get pdb` shows ALLOWED DISRUPTIONS) and a preview can read it.
+    /// changed. `ichor sim cluster` runs it with its other stand-ins, so a budget's status reads as
+    /// on a real cluster (`kubectl get pdb -o yaml`) and a preview can read it.
     pub fn observe_disruption_budgets(&self) {
         let objects = self.objects();
         for (key, pdb) in objects.iter().filter(|(k, _)| k.0 == "policy" && k.1 == "poddisruptionbudgets") {
-            let pods: Vec<&Json> = objects
-                .iter()
-                .filter(|(pk, p)| {
-                    pk.0.is_empty()
-                        && pk.1 == "pods"
-                        && pk.2 == key.2
-                        && p.pointer("/metadata/labels")
-                            .and_then(|l| l.as_object())
-                            .is_some_and(|l| budget_selects(pdb, l))
-                })
-                .map(|(_, p)| p)
-                .collect();
+            let pods = selected_pods(&objects, &key.2, pdb);
             let expected = pods.iter().filter(|p| p.pointer("/metadata/deletionTimestamp").is_none()).count();
             let want = json!({
                 "observedGeneration": pdb.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
