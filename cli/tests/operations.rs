@@ -1434,6 +1434,67 @@ fn under_api_faults(name: &str, with_upgrade: bool) {
     );
 }
 
+/// The two Cilium operation kinds under the same API faults record what they record without
+/// them (issue 50: every operation kind): an upgrade of Ichor's own Cilium from the previous
+/// minor, and the adoption of someone else's.
+#[test]
+fn cilium_operations_record_the_same_under_api_faults() {
+    let embedded = render::embedded::CILIUM_CHART_VERSION;
+    let faults = [
+        "--api-fault",
+        "for=ichor-controller",
+        "--api-fault",
+        "409=0.15",
+        "--api-fault",
+        "500=0.15",
+        "--api-fault",
+        "429=0.05",
+    ];
+    let run = |name: &str, sim_args: &[&str], faults: &[&str], command: &[&str], op: &str| -> String {
+        let mut args = vec!["--no-controller"];
+        args.extend(sim_args);
+        args.extend(faults);
+        let sim = Sim::start_args(name, "disabled", &args);
+        let controller = sim.controller();
+        let (code, out, err) = sim.ichor(command);
+        assert_eq!(code, 0, "{command:?}: {out}{err}");
+        let start = std::time::Instant::now();
+        while !matches!(sim.phase_of(op), Phase::Completed | Phase::Paused) && start.elapsed().as_secs() < 240 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        sim.wait_quiet();
+        let record = record_of(&sim, op);
+        let image = sim
+            .kubectl(&[
+                "get",
+                "ds",
+                "cilium",
+                "-n",
+                "kube-system",
+                "-o",
+                "jsonpath={.spec.template.spec.containers[0].image}",
+            ])
+            .unwrap()
+            .1;
+        sim.check_then_stop(controller, || assert_eq!(sim.phase_of(op), Phase::Completed, "{name}: {record}"));
+        format!("{record}  cilium image {image}\n")
+    };
+    let upgrade = (&["--cilium-version", "1.19.6"][..], &["cni", "upgrade", "--cluster", "lab", "--yes"][..]);
+    let upgrade_op = format!("cilium-upgrade-{}", embedded.replace('.', "-"));
+    let adopt = (
+        &["--cilium-installed-by", "manifests", "--cilium-version", "1.19.6"][..],
+        &["adopt", "--cluster", "lab", "--yes"][..],
+    );
+    for (name, (sim_args, command), op) in
+        [("cilium-upgrade-faults", upgrade, upgrade_op.as_str()), ("cilium-adopt-faults", adopt, "cilium-adopt")]
+    {
+        let clean = run(&format!("{name}-clean"), sim_args, &[], command, op);
+        let faulty = run(name, sim_args, &faults, command, op);
+        assert!(clean.contains(&format!("cilium image quay.io/cilium/cilium:v{embedded}")), "{clean}");
+        assert_eq!(clean, faulty, "{op} under API faults records what a fault-free run does not");
+    }
+}
+
 /// What an ended operation recorded, as text to compare between runs: its phase, each
 /// machine's phase, stage and the boot its step started on, its done list, and each
 /// TalosMachine's boot record (boot and config hash) and paths awaiting a reboot. The sim's
