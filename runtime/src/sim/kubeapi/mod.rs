@@ -1613,11 +1613,12 @@ fn selected_pods<'a>(objects: &'a BTreeMap<Key, Json>, namespace: &str, pdb: &Js
         .collect()
 }
 
-/// A budget selects a pod with these labels (the sim reads `matchLabels` only).
+/// A budget selects a pod with these labels: the product's reading of a selector
+/// (`kube::budget_selects`: matchLabels and matchExpressions, an empty selector selects all).
 fn budget_selects(pdb: &Json, labels: &serde_json::Map<String, Json>) -> bool {
-    pdb.pointer("/spec/selector/matchLabels")
-        .and_then(|m| m.as_object())
-        .is_some_and(|sel| sel.iter().all(|(lk, lv)| labels.get(lk) == Some(lv)))
+    let Ok(budget) = serde_json::from_value(pdb.clone()) else { return false };
+    let labels = labels.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect();
+    crate::kube::budget_selects(&budget, &labels)
 }
 
 impl Api {
