@@ -11,6 +11,7 @@ fn compile() {
     let files = [
         "proto/machine/machine.proto",
         "proto/machine/image.proto",
+        "proto/machine/lifecycle.proto",
         "proto/cosi/state.proto",
         "proto/resource/config.proto",
         "proto/resource/k8s.proto",

@@ -233,6 +233,25 @@ enum UpgradeCommand {
         #[command(flatten)]
         start: op_cmd::StartArgs,
     },
+    /// Upgrade Talos itself to a version: each node in turn pulls the installer, is cordoned
+    /// and drained, installs it, reboots into it and is verified (control planes one at a time,
+    /// then workers).
+    #[command(
+        after_help = "Example:\n  ichor upgrade talos --cluster lab --to v1.14.6 --talosconfig talosconfig\n\nThe versions it may go to, and the Kubernetes each runs, are rules/versions.rules'.\n\nExit: 0 started (or previewed, or nothing to do), 1 not started (refused, declined, or a Git change to commit), 2 error."
+    )]
+    Talos {
+        /// The Talos version, vX.Y.Z (a release rules/versions.rules lists).
+        #[arg(long)]
+        to: String,
+        /// Workers upgraded at once.
+        #[arg(long, default_value_t = 1)]
+        max_unavailable: i32,
+        /// Allow a target older than what the machines run (within what the target allows).
+        #[arg(long)]
+        allow_downgrade: bool,
+        #[command(flatten)]
+        start: op_cmd::StartArgs,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -305,7 +324,8 @@ enum SimCommand {
         /// MACHINE=hang|unavailable|gone|latency:MS from the start (`cp1=unavailable`); with
         /// `,on=apply` or `,on=reboot` it starts mid-step, on the machine's next config apply or
         /// reboot, and with `,for=5s` it ends after that long (`w1=unavailable,on=apply,for=5s`);
-        /// MACHINE=reboot-never: it never comes back from its next reboot.
+        /// MACHINE=reboot-never: it never comes back from its next reboot; MACHINE=upgrade-fails:
+        /// the Talos an upgrade installs fails to boot and it comes back on its previous one.
         #[arg(long)]
         node_fault: Vec<String>,
         /// Inject a fault on the Kubernetes API (repeatable): a fraction of writes answered
@@ -365,7 +385,8 @@ enum SimCommand {
         #[arg(long = "talosconfig-out", visible_alias = "talosconfig")]
         talosconfig: std::path::PathBuf,
         /// Inject a fault (repeatable): NODE=hang|unavailable|gone|latency:MS, from the start or
-        /// with `,on=apply|reboot[,for=5s]` from the node's next apply or reboot; NODE=reboot-never.
+        /// with `,on=apply|reboot[,for=5s]` from the node's next apply or reboot; NODE=reboot-never;
+        /// NODE=upgrade-fails.
         #[arg(long)]
         fault: Vec<String>,
     },
@@ -524,6 +545,9 @@ fn main() -> ExitCode {
         Command::Adopt { start } => op_cmd::start(op_cmd::Start::Adopt, &start),
         Command::Upgrade(UpgradeCommand::Kubernetes { to, max_unavailable, start }) => {
             op_cmd::start(op_cmd::Start::Upgrade { to, max_unavailable }, &start)
+        }
+        Command::Upgrade(UpgradeCommand::Talos { to, max_unavailable, allow_downgrade, start }) => {
+            op_cmd::start(op_cmd::Start::Talos { to, max_unavailable, allow_downgrade }, &start)
         }
         Command::Status { name, cluster, watch, output, kube } => {
             op_cmd::status(name.as_deref(), cluster.as_deref(), watch, output, &kube)

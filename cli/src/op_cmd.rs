@@ -125,6 +125,12 @@ pub enum Start {
     KubeProxy {
         mode: KubeProxyMode,
     },
+    /// `ichor upgrade talos`: Talos itself, to a version.
+    Talos {
+        to: String,
+        max_unavailable: i32,
+        allow_downgrade: bool,
+    },
     /// `ichor config apply`: the machines named (none: every one with reboot paths).
     Rollout {
         machines: Vec<String>,
@@ -169,6 +175,23 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             (
                 format!("upgrade-kubernetes-{}", to.trim_start_matches('v').replace('.', "-")),
                 json!({"spec": {"kubernetesVersion": to}}),
+            )
+        }
+        Start::Talos { to, max_unavailable, allow_downgrade } => {
+            if !regex_version(to) {
+                bail!("--to {to:?}: a Talos version is vX.Y.Z (for example v1.14.6)");
+            }
+            if *max_unavailable < 1 {
+                bail!("--max-unavailable {max_unavailable}: at least 1 worker must be able to upgrade at a time");
+            }
+            target.spec.talos_version = to.clone();
+            spec.kind = OperationKind::Talos;
+            spec.target.talos_version = Some(to.clone());
+            spec.target.allow_downgrade = *allow_downgrade;
+            spec.max_unavailable = *max_unavailable;
+            (
+                format!("upgrade-talos-{}", to.trim_start_matches('v').replace('.', "-")),
+                json!({"spec": {"talosVersion": to}}),
             )
         }
         Start::KubeProxy { mode } => {
@@ -391,8 +414,9 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         Start::CiliumUpgrade => {
             read.snapshot.workload.cilium_chart_version.as_deref() == Some(render::embedded::CILIUM_CHART_VERSION)
         }
-        // Ichor's already: the rules say so (`nothing_to_do`), with their reason.
-        Start::Adopt => plan.nothing_to_do.is_some(),
+        // Ichor's already, or every machine on the target: the rules say so (`nothing_to_do`),
+        // with their reason.
+        Start::Adopt | Start::Talos { .. } => plan.nothing_to_do.is_some(),
     };
     if runs_target {
         let stdout = match &what {
@@ -411,7 +435,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 "Nothing to do: no machine of cluster {ns}/{} has a change that needs a reboot (status.rebootPaths); nothing was written.\n",
                 a.cluster
             ),
-            Start::Adopt => {
+            Start::Adopt | Start::Talos { .. } => {
                 format!("Nothing to do: {}; nothing was written.\n", plan.nothing_to_do.as_deref().unwrap_or_default())
             }
             Start::CiliumUpgrade => format!(
@@ -453,6 +477,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     let tracked = git_tracked(&cluster);
     let spec_done = match &what {
         Start::Upgrade { to, .. } => &cluster.spec.kubernetes_version == to,
+        Start::Talos { to, .. } => &cluster.spec.talos_version == to,
         Start::KubeProxy { mode } => cluster.spec.cni.kube_proxy == *mode,
         // A rollout changes no spec: it applies what the spec already says; a Cilium upgrade
         // moves the release to the chart this Ichor embeds, which no spec field names.
@@ -466,6 +491,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         );
         out += &match &what {
             Start::Upgrade { to, .. } => format!("spec:\n  kubernetesVersion: {to}\n"),
+            Start::Talos { to, .. } => format!("spec:\n  talosVersion: {to}\n"),
             Start::KubeProxy { mode } => format!(
                 "metadata:\n  annotations:\n    {CONFIRM_KUBE_PROXY_SWITCH}: {}\nspec:\n  cni:\n    kubeProxy: {}\n",
                 mode.name(),
@@ -956,7 +982,7 @@ fn target_of(op: &TalosOperation) -> String {
         OperationKind::CniAdopt => {
             op.spec.target.cilium_chart.as_ref().map(|c| format!("adopt cilium on chart {c}")).unwrap_or_default()
         }
-        OperationKind::Talos => String::new(),
+        OperationKind::Talos => op.spec.target.talos_version.clone().unwrap_or_default(),
     }
 }
 

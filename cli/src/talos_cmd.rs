@@ -232,14 +232,16 @@ pub fn apply(
 }
 
 /// A node fault as `--fault` (and `ichor sim cluster --node-fault`) names it:
-/// `NODE=hang|unavailable|gone|latency:MS|reboot-never[,on=apply|reboot][,for=SECONDSs]`.
+/// `NODE=hang|unavailable|gone|latency:MS|reboot-never|upgrade-fails[,on=apply|reboot][,for=SECONDSs]`.
 /// With `on=`, the fault starts on the node's next apply or reboot (mid-step) and lasts `for`
-/// (for good without it); `reboot-never`: the node never comes back from its next reboot.
+/// (for good without it); `reboot-never`: the node never comes back from its next reboot;
+/// `upgrade-fails`: the Talos an upgrade installs fails to boot, and the node boots its previous
+/// one (Talos's A/B fallback).
 pub fn node_fault(flag: &str, f: &str) -> Result<(String, NodeFault)> {
     use runtime::sim::talos::{ArmedFault, Fault, Trigger};
     let expected = || {
         format!(
-            "{flag} {f:?}: expected NODE=hang|unavailable|gone|latency:MS|reboot-never[,on=apply|reboot][,for=SECONDSs]"
+            "{flag} {f:?}: expected NODE=hang|unavailable|gone|latency:MS|reboot-never|upgrade-fails[,on=apply|reboot][,for=SECONDSs]"
         )
     };
     let (node, what) = f.split_once('=').with_context(expected)?;
@@ -260,6 +262,10 @@ pub fn node_fault(flag: &str, f: &str) -> Result<(String, NodeFault)> {
     let fault = match kind {
         "reboot-never" if on.is_none() && lasting.is_none() => return Ok((node.to_string(), NodeFault::RebootNever)),
         "reboot-never" => bail!("{}: reboot-never takes neither on= nor for=", expected()),
+        "upgrade-fails" if on.is_none() && lasting.is_none() => {
+            return Ok((node.to_string(), NodeFault::UpgradeFails));
+        }
+        "upgrade-fails" => bail!("{}: upgrade-fails takes neither on= nor for=", expected()),
         "hang" => Fault::Hang,
         "unavailable" => Fault::Unavailable,
         "gone" => Fault::Gone,
@@ -287,6 +293,8 @@ pub enum NodeFault {
     Armed(runtime::sim::talos::ArmedFault),
     /// The node does not come back from its next reboot.
     RebootNever,
+    /// The Talos an upgrade installs does not boot: the node comes back on its previous one.
+    UpgradeFails,
 }
 
 impl NodeFault {
@@ -296,6 +304,7 @@ impl NodeFault {
             NodeFault::Now(f) => fleet.set_fault(node, Some(f)),
             NodeFault::Armed(a) => fleet.arm_fault(node, a),
             NodeFault::RebootNever => fleet.set_reboot_time(node, None),
+            NodeFault::UpgradeFails => fleet.set_upgrade_fails(node, true),
         }
     }
 }

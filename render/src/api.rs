@@ -66,7 +66,8 @@ pub struct TalosClusterSpec {
     /// Cluster network; defaults match `talosctl gen config`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<ClusterNetwork>,
-    /// The installer image (defaults to Talos's factory image for `talosVersion`).
+    /// The installer image's repository, for example `factory.talos.dev/metal-installer/<schematic>`;
+    /// its tag follows `talosVersion` (defaults to Talos's factory image for `talosVersion`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub install_image: Option<String>,
     /// This fleet's own stricter classes for config paths (for example: every
@@ -557,6 +558,14 @@ pub struct OperationTarget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// The kube-proxy mode, for a CNI change.
     pub kube_proxy: Option<KubeProxyMode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$"))]
+    /// The Talos version, for a Talos upgrade.
+    pub talos_version: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// A Talos upgrade may go to an older version (`ichor upgrade talos --allow-downgrade`),
+    /// within what the target allows.
+    pub allow_downgrade: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     /// The TalosMachines a config rollout takes (`ichor config apply --machines`); empty: every
     /// machine with a change that needs a reboot.

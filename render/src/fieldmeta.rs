@@ -94,7 +94,7 @@ pub struct FieldMeta {
 }
 
 /// The operations that may own a path (`appliedBy`).
-pub const OPERATIONS: [&str; 2] = ["kubernetes", "cni"];
+pub const OPERATIONS: [&str; 3] = ["kubernetes", "cni", "talos"];
 
 impl FieldMeta {
     /// Parses and validates `fieldmeta.yaml`. `known` lists the contracts the project has

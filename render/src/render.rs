@@ -237,23 +237,38 @@ fn audit_policy() -> Value {
     ])
 }
 
-/// The installer image: the cluster's own, else the default of the talosctl that matches the
-/// Talos version the machines run (FACTS 8.8), not the contract: a machine running Talos 1.14
-/// at contract v1.13 gets 1.14's factory installer.
+/// The installer image: the cluster's own at `talosVersion`'s tag, else the default of the
+/// talosctl that matches the Talos version the machines run (FACTS 8.8), not the contract: a
+/// machine running Talos 1.14 at contract v1.13 gets 1.14's factory installer.
 fn installer_image(c: &TalosClusterSpec) -> String {
+    installer_image_at(c, &c.talos_version)
+}
+
+/// The installer image of Talos `version` for this cluster: `installImage`'s repository at
+/// `version`'s tag (a tag or digest it carries is replaced: the image follows the version),
+/// else Talos's factory installer for `version` (from Talos 1.14 the release publishes no plain
+/// `installer` image, only `installer-base`: the factory's metal installer of the default
+/// schematic is what `talosctl gen config` puts in a new config), else, before 1.14,
+/// `ghcr.io/siderolabs/installer`. What the Talos upgrade installs.
+pub fn installer_image_at(c: &TalosClusterSpec, version: &str) -> String {
     if let Some(i) = &c.install_image {
-        return i.clone();
+        let repo = i.split('@').next().unwrap_or(i);
+        let slash = repo.rfind('/').map_or(0, |p| p + 1);
+        let repo = match repo[slash..].find(':') {
+            Some(colon) => &repo[..slash + colon],
+            None => repo,
+        };
+        return format!("{repo}:{version}");
     }
-    let talos = c.talos_version.strip_prefix('v').unwrap_or(&c.talos_version);
+    let talos = version.strip_prefix('v').unwrap_or(version);
     let minor = talos.split('.').nth(1).and_then(|m| m.parse::<u32>().ok()).unwrap_or(0);
     let major = talos.split('.').next().and_then(|m| m.parse::<u32>().ok()).unwrap_or(0);
     if (major, minor) >= (1, 14) {
         format!(
-            "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:{}",
-            c.talos_version
+            "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:{version}"
         )
     } else {
-        format!("ghcr.io/siderolabs/installer:{}", c.talos_version)
+        format!("ghcr.io/siderolabs/installer:{version}")
     }
 }
 

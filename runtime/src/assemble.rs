@@ -71,6 +71,8 @@ pub struct MachineRead {
     pub address: Option<String>,
     /// Its Node's boot ID, when the kubelet reported one.
     pub boot_id: Option<String>,
+    /// Its Node's `nodeInfo.osImage`, when the kubelet reported one.
+    pub os_image: Option<String>,
     /// The boot its Talos says it is on, when Talos answered and has a `BootID` (1.14+).
     pub talos_boot_id: Option<String>,
     /// Its TalosMachine's `status.appliedAwaitingReboot`.
@@ -112,6 +114,7 @@ fn entry(m: &MachineRead, contract: Contract, pending: Option<Vec<PendingPath>>)
         conditions: BTreeMap::new(),
         address: m.address.clone(),
         boot_id: m.boot_id.clone(),
+        os_image: m.os_image.clone(),
         talos_boot_id: m.talos_boot_id.clone(),
         awaiting_reboot: m.awaiting_reboot.clone(),
         unhealthy_services: m.unhealthy_services.clone(),
@@ -496,6 +499,8 @@ pub struct NodeRead<'a> {
     /// Empty when the kubelet has not reported one.
     pub kubelet_version: &'a str,
     pub boot_id: Option<&'a str>,
+    /// What the kubelet reports as the OS (`Talos (v1.14.6)`); what a Talos upgrade verifies.
+    pub os_image: Option<&'a str>,
     /// Unschedulable with Ichor's cordon mark (`render::api::CORDONED`).
     pub cordoned: bool,
 }
@@ -507,9 +512,16 @@ pub fn node_read(n: &Node) -> NodeRead<'_> {
         ready: ready(status.and_then(|s| s.conditions.as_ref())),
         kubelet_version: info.map_or("", |i| i.kubelet_version.as_str()),
         boot_id: info.map(|i| i.boot_id.as_str()).filter(|b| !b.is_empty()),
+        os_image: info.map(|i| i.os_image.as_str()).filter(|b| !b.is_empty()),
         cordoned: n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::CORDONED))
             && n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
     }
+}
+
+/// The Talos version a Node's `osImage` names (`Talos (v1.14.6)`, as Talos's kubelet reports it).
+pub fn os_image_version(os_image: &str) -> Option<String> {
+    let inner = os_image.strip_prefix("Talos (")?.strip_suffix(')')?;
+    engine::parse_version(inner).map(|_| inner.to_string())
 }
 
 /// A static control-plane component's mirror pod as the decisions read it: its node, its
@@ -575,7 +587,12 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
         let read = MachineRead {
             name: name.clone(),
             role: m.spec.role,
-            talos_version: talos.map_or_else(|| cluster.spec.talos_version.clone(), |t| t.talos_version.clone()),
+            // Talos's word; unread, what its Node's kubelet reports; else the spec's (which a
+            // Talos upgrade has already moved to its target: never taken for a node's own).
+            talos_version: match talos {
+                Some(t) => t.talos_version.clone(),
+                None => node.os_image.and_then(os_image_version).unwrap_or_else(|| cluster.spec.talos_version.clone()),
+            },
             kubelet_version: if node.kubelet_version.is_empty() {
                 cluster.spec.kubernetes_version.clone()
             } else {
@@ -590,6 +607,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .map(|t| t.manifests.iter().any(|x| x == crate::plan::KUBE_PROXY_MANIFEST)),
             address: Some(m.spec.address.clone()),
             boot_id: node.boot_id.map(str::to_string),
+            os_image: node.os_image.map(str::to_string),
             talos_boot_id: talos.and_then(|t| t.boot_id.clone()),
             awaiting_reboot: m.status.as_ref().map(|s| s.applied_awaiting_reboot.clone()).unwrap_or_default(),
             unhealthy_services: talos.map(|t| t.unhealthy_services.clone()).unwrap_or_default(),
@@ -661,6 +679,14 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
             target_kube_proxy: op.spec.target.kube_proxy,
             target_machines: op.spec.target.machines.clone(),
             target_cilium_chart: op.spec.target.cilium_chart.clone(),
+            target_talos: op.spec.target.talos_version.clone(),
+            talos_installer: op
+                .spec
+                .target
+                .talos_version
+                .as_ref()
+                .map(|v| render::render::installer_image_at(&cluster.spec, v)),
+            allow_downgrade: op.spec.target.allow_downgrade,
             max_unavailable: op.spec.max_unavailable.into(),
             phase: st.phase(),
             intent: Intent::of(op.metadata.annotations.as_ref(), st.resumed),
@@ -706,6 +732,15 @@ mod tests {
 
     fn classifier() -> Classifier {
         Classifier::new(&render::classify::RuleSet::embedded()).unwrap()
+    }
+
+    #[test]
+    fn a_nodes_os_image_names_its_talos_version() {
+        assert_eq!(os_image_version("Talos (v1.14.6)").as_deref(), Some("v1.14.6"));
+        assert_eq!(os_image_version("Talos (v1.15.0-beta.1)").as_deref(), Some("v1.15.0-beta.1"));
+        assert_eq!(os_image_version("Talos"), None);
+        assert_eq!(os_image_version("Ubuntu 24.04 LTS"), None);
+        assert_eq!(os_image_version("Talos (latest)"), None);
     }
 
     /// The example cluster as the API would return it, with every node's Talos running its

@@ -18,6 +18,8 @@ pub enum Write {
     TalosApply,
     /// MachineService.Reboot.
     TalosReboot,
+    /// A Talos upgrade call (LifecycleService.Upgrade, or MachineService.Upgrade).
+    TalosUpgrade,
     /// A server-side apply of manifests (a sync, a restored kube-proxy).
     ServerSideApply,
     /// A delete of a Kubernetes object.
@@ -33,9 +35,10 @@ pub enum Write {
 }
 
 impl Write {
-    pub const ALL: [Write; 8] = [
+    pub const ALL: [Write; 9] = [
         Write::TalosApply,
         Write::TalosReboot,
+        Write::TalosUpgrade,
         Write::ServerSideApply,
         Write::Delete,
         Write::JobCreate,
@@ -49,6 +52,7 @@ impl Write {
         match self {
             Write::TalosApply => "talos-apply",
             Write::TalosReboot => "talos-reboot",
+            Write::TalosUpgrade => "talos-upgrade",
             Write::ServerSideApply => "server-side-apply",
             Write::Delete => "delete",
             Write::JobCreate => "job-create",

@@ -159,6 +159,12 @@ impl<K: KubePort> Executor<'_, K> {
             Action::ApplyStaged { machine, node, payload, .. } => {
                 self.apply(machine, node, payload, ApplyMode::Staged).await
             }
+            Action::UpgradeTalos { machine, node, image, legacy } => {
+                match self.talos.upgrade(reach(machine, node), image, *legacy).await {
+                    Ok(()) => Performed::Done,
+                    Err(e) => talos_failed(machine, e),
+                }
+            }
             Action::Reboot { machine, node } => match self.talos.reboot(reach(machine, node)).await {
                 Ok(()) => Performed::Done,
                 Err(e) => talos_failed(machine, e),
@@ -191,6 +197,7 @@ impl<K: KubePort> Executor<'_, K> {
             | Action::SetKubeProxyStatus { .. }
             | Action::RecordCiliumAdoption { .. }
             | Action::Start { .. }
+            | Action::Stage { .. }
             | Action::Done { .. }
             | Action::StepDone { .. }
             | Action::Wait { .. }
@@ -243,6 +250,7 @@ fn write_kind(a: &Action) -> Option<crate::crashpoint::Write> {
     Some(match a {
         Action::Apply { .. } | Action::ApplyStaged { .. } => Write::TalosApply,
         Action::Reboot { .. } => Write::TalosReboot,
+        Action::UpgradeTalos { .. } => Write::TalosUpgrade,
         Action::Cordon { .. } | Action::Uncordon { .. } => Write::Cordon,
         Action::Drain { .. } => Write::Drain,
         Action::SyncManifests { .. } | Action::RestoreKubeProxy { .. } => Write::ServerSideApply,

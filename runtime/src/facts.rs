@@ -42,6 +42,10 @@ pub struct Rels {
     pub pending_restart: Input<3>,
     pub cilium_values_refused: Input<2>,
     pub target_kubernetes: Input<1>,
+    pub target_talos: Input<1>,
+    pub talos_installer: Input<1>,
+    pub allow_downgrade: Input<0>,
+    pub node_os_image: Input<2>,
     pub target_cilium_chart: Input<1>,
     pub release_set_kubernetes: Input<1>,
     pub cni: Input<2>,
@@ -89,6 +93,8 @@ pub struct Rels {
     pub act_apply: Output<2>,
     pub act_apply_staged: Output<2>,
     pub act_reboot: Output<1>,
+    pub act_upgrade_talos: Output<3>,
+    pub act_stage: Output<2>,
     pub roll_path: Output<2>,
     pub act_done: Output<1>,
     pub act_uncordon: Output<1>,
@@ -152,6 +158,10 @@ impl Rels {
             pending_restart: b.input("pending_restart", [("machine", S), ("path", S), ("service", S)]),
             cilium_values_refused: b.input("cilium_values_refused", [("mode", S), ("refusal", S)]),
             target_kubernetes: b.input("target_kubernetes", [("version", S)]),
+            target_talos: b.input("target_talos", [("version", S)]),
+            talos_installer: b.input("talos_installer", [("image", S)]),
+            allow_downgrade: b.input("allow_downgrade", []),
+            node_os_image: b.input("node_os_image", [("machine", S), ("image", S)]),
             target_cilium_chart: b.input("target_cilium_chart", [("version", S)]),
             release_set_kubernetes: b.input("release_set_kubernetes", [("version", S)]),
             cni: b.input("cni", [("preset", S), ("handover", S)]),
@@ -200,6 +210,8 @@ impl Rels {
             act_apply: b.output("act_apply", [("machine", S), ("path", S)]),
             act_apply_staged: b.output("act_apply_staged", [("machine", S), ("path", S)]),
             act_reboot: b.output("act_reboot", [("machine", S)]),
+            act_upgrade_talos: b.output("act_upgrade_talos", [("machine", S), ("image", S), ("api", S)]),
+            act_stage: b.output("act_stage", [("machine", S), ("stage", S)]),
             roll_path: b.output("roll_path", [("machine", S), ("path", S)]),
             act_done: b.output("act_done", [("machine", S)]),
             act_uncordon: b.output("act_uncordon", [("machine", S)]),
@@ -261,6 +273,17 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     if let Some(t) = &op.target_kubernetes {
         let id = b.sym(t);
         r.target_kubernetes.push(&mut b, [id]);
+    }
+    if let Some(t) = &op.target_talos {
+        let id = b.sym(t);
+        r.target_talos.push(&mut b, [id]);
+    }
+    if let Some(i) = &op.talos_installer {
+        let id = b.sym(i);
+        r.talos_installer.push(&mut b, [id]);
+    }
+    if op.allow_downgrade {
+        r.allow_downgrade.push(&mut b, []);
     }
     if let Some(t) = op.target_kube_proxy {
         let id = b.sym(t.name());
@@ -382,6 +405,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
         if let Some(boot) = &m.boot_id {
             let row = [name, b.sym(boot)];
             r.node_boot.push(&mut b, row);
+        }
+        if let Some(os) = &m.os_image {
+            let row = [name, b.sym(os)];
+            r.node_os_image.push(&mut b, row);
         }
         if let Some(boot) = &m.talos_boot_id {
             let row = [name, b.sym(boot)];

@@ -180,6 +180,22 @@ pub enum Action {
         #[serde(flatten, skip_serializing_if = "Option::is_none")]
         payload: Option<ApplyPayload>,
     },
+    /// Install Talos from `image` on the node: LifecycleService.Upgrade (Talos 1.13 and
+    /// later, then a reboot of its own) or, `legacy`, MachineService.Upgrade (which reboots the
+    /// node by itself). A Talos refusal or a non-zero exit fails the machine's step.
+    UpgradeTalos {
+        machine: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        node: Option<String>,
+        image: String,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        legacy: bool,
+    },
+    /// Record where a machine's step is (its marker's stage), without restarting it.
+    Stage {
+        machine: String,
+        stage: String,
+    },
     /// Reboot the node (MachineService.Reboot); never retried within a reconcile.
     Reboot {
         machine: String,
@@ -281,6 +297,13 @@ impl fmt::Display for Action {
             Action::ApplyStaged { machine, paths, .. } => {
                 write!(f, "stage the render on {machine} (mode STAGED, taken at its next boot): {}", paths.join(", "))
             }
+            Action::UpgradeTalos { machine, image, legacy: false, .. } => {
+                write!(f, "install Talos from {image} on {machine} (LifecycleService.Upgrade)")
+            }
+            Action::UpgradeTalos { machine, image, legacy: true, .. } => {
+                write!(f, "upgrade {machine} to {image} (MachineService.Upgrade, which reboots it)")
+            }
+            Action::Stage { machine, stage } => write!(f, "record {machine}'s step as {stage}"),
             Action::Reboot { machine, .. } => write!(f, "reboot {machine}"),
             Action::Done { machine } => write!(f, "record {machine}'s step as verified and done"),
             Action::Uncordon { machine } => write!(f, "uncordon {machine}"),
@@ -330,6 +353,8 @@ impl Action {
             Action::Drain { .. } => "drain",
             Action::Apply { .. } => "applyNoReboot",
             Action::ApplyStaged { .. } => "applyStaged",
+            Action::UpgradeTalos { .. } => "upgradeTalos",
+            Action::Stage { .. } => "stage",
             Action::Reboot { .. } => "reboot",
             Action::Done { .. } => "done",
             Action::Uncordon { .. } => "uncordon",
@@ -357,6 +382,8 @@ impl Action {
             | Action::Apply { machine, .. }
             | Action::ApplyStaged { machine, .. }
             | Action::Reboot { machine, .. }
+            | Action::UpgradeTalos { machine, .. }
+            | Action::Stage { machine, .. }
             | Action::Done { machine }
             | Action::Uncordon { machine } => Some(machine),
             _ => None,
@@ -422,6 +449,14 @@ pub fn apply_payload(running: &str, desired: &render::config::Config, paths: &[S
     let parsed: Vec<render::path::Path> = paths.iter().filter_map(|p| render::path::Path::parse(p).ok()).collect();
     let config = parsed_running.with_paths(desired, &parsed).to_yaml();
     Some(ApplyPayload { config_hash: config_hash(&config), config, running_hash: config_hash(running) })
+}
+
+/// The oldest of some versions (by semantic-version order; unparseable ones by text).
+fn oldest(versions: impl Iterator<Item = String>) -> Option<String> {
+    versions.min_by(|a, b| match (engine::parse_version(a), engine::parse_version(b)) {
+        (Some(x), Some(y)) => engine::version_cmp(&x, &y),
+        _ => a.cmp(b),
+    })
 }
 
 /// Why the planner cannot be built or cannot plan.
@@ -556,6 +591,7 @@ impl Planner {
             .operation
             .target_kubernetes
             .clone()
+            .or(s.operation.target_talos.clone())
             .or(s.operation.target_kube_proxy.map(|m| m.name().to_string()))
             .or(s.operation.target_cilium_chart.clone())
             .unwrap_or_default();
@@ -564,15 +600,10 @@ impl Planner {
             OperationKind::Cni => current_mode.clone(),
             // The chart the release runs.
             OperationKind::CniUpgrade | OperationKind::CniAdopt => running.clone(),
+            // The oldest Talos the machines run.
+            OperationKind::Talos => oldest(s.machines.iter().map(|m| m.talos_version.clone())).unwrap_or_default(),
             // The oldest kubelet the machines run.
-            _ => s
-                .machines
-                .iter()
-                .map(|m| m.kubelet_version.clone())
-                .min_by(|a, b| match (engine::parse_version(a), engine::parse_version(b)) {
-                    (Some(x), Some(y)) => engine::version_cmp(&x, &y),
-                    _ => a.cmp(b),
-                })
+            _ => oldest(s.machines.iter().map(|m| m.kubelet_version.clone()))
                 .unwrap_or_else(|| s.cluster.kubernetes_version.clone()),
         };
         let base = json!({
@@ -671,6 +702,26 @@ impl Planner {
             actions.push((Action::ApplyStaged { node: node_of(&m), machine: m, paths, payload: None }, proofs));
         }
         let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
+        for row @ [m, img, api] in r.act_upgrade_talos.rows(&db) {
+            let legacy = match db.sym(api) {
+                "lifecycle" => false,
+                "legacy" => true,
+                _ => {
+                    return Err(PlanError::Decode {
+                        relation: "act_upgrade_talos",
+                        value: text(api),
+                        expected: "upgrade API (lifecycle or legacy)",
+                    });
+                }
+            };
+            push(
+                Action::UpgradeTalos { machine: text(m), node: node_of(db.sym(m)), image: text(img), legacy },
+                proof(r.act_upgrade_talos.id(), &row),
+            );
+        }
+        for row @ [m, st] in r.act_stage.rows(&db) {
+            push(Action::Stage { machine: text(m), stage: text(st) }, proof(r.act_stage.id(), &row));
+        }
         for row @ [m] in r.act_reboot.rows(&db) {
             push(Action::Reboot { machine: text(m), node: node_of(db.sym(m)) }, proof(r.act_reboot.id(), &row));
         }
@@ -776,6 +827,7 @@ impl Planner {
                 OperationKind::Config => "ConfirmRollout",
                 OperationKind::CniUpgrade => "ConfirmCiliumUpgrade",
                 OperationKind::CniAdopt => "ConfirmCiliumAdopt",
+                OperationKind::Talos => "ConfirmTalosUpgrade",
                 _ => "ConfirmUpgrade",
             };
             // The order is the rules' (`operation_order`): ranked there, listed here.

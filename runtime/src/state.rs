@@ -112,6 +112,9 @@ pub struct Machine {
     /// Talos carry it. Absent: reached by its name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// The OS its Node reports (`status.nodeInfo.osImage`, `Talos (v1.14.6)`), when reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os_image: Option<String>,
     /// The boot the node is on (its Node's `status.nodeInfo.bootID`), when reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
@@ -294,6 +297,15 @@ pub struct Operation {
     /// The Cilium chart a Cilium upgrade moves the release to (the embedded one when it started).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_cilium_chart: Option<String>,
+    /// The Talos version a Talos upgrade moves the machines to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_talos: Option<String>,
+    /// The installer image of the target Talos (render::render::installer_image_at).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub talos_installer: Option<String>,
+    /// The user consented to a Talos downgrade.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_downgrade: bool,
     #[serde(default = "one")]
     pub max_unavailable: i64,
     /// The phase held in status.
@@ -418,8 +430,9 @@ pub fn epoch(s: &str) -> Option<i64> {
 }
 
 /// The operation kinds the shipped rules plan (the others are the controller's, not yet rules).
-pub const KINDS: [OperationKind; 5] = [
+pub const KINDS: [OperationKind; 6] = [
     OperationKind::Kubernetes,
+    OperationKind::Talos,
     OperationKind::Cni,
     OperationKind::Config,
     OperationKind::CniUpgrade,
@@ -499,6 +512,11 @@ impl ObservedState {
             && !version_ok(t)
         {
             err("operation.targetKubernetes".into(), format!("{t:?} is not a version (vX.Y.Z)"));
+        }
+        if let Some(t) = &s.operation.target_talos
+            && !version_ok(t)
+        {
+            err("operation.targetTalos".into(), format!("{t:?} is not a version (vX.Y.Z)"));
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, m) in s.machines.iter().enumerate() {

@@ -67,6 +67,11 @@ pub fn record(s: &ObservedState, plan: &Plan, reached: usize, failed: &[(String,
                 };
                 op.machines.insert(machine.clone(), p);
             }
+            Action::Stage { machine, stage } => {
+                if let Some(p) = op.machines.get_mut(machine) {
+                    p.stage = Some(stage.clone());
+                }
+            }
             Action::Done { machine } => {
                 if let Some(p) = op.machines.get_mut(machine) {
                     p.phase = MachinePhase::Done;

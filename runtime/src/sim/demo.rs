@@ -238,7 +238,7 @@ impl Demo {
                 }
                 let status = json!({"conditions": [{"type": "Ready", "status": "True"}],
                     "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
-                    "nodeInfo": {"kubeletVersion": version, "architecture": "amd64", "bootID": boot_id, "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "Talos", "systemUUID": ""}});
+                    "nodeInfo": {"kubeletVersion": version, "architecture": "amd64", "bootID": boot_id, "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": format!("Talos ({})", o.talos_version), "systemUUID": ""}});
                 if node.get("status") != Some(&status) {
                     node["status"] = status;
                     self.api.put("", "nodes", node);

@@ -7,7 +7,10 @@
 //! starts mid-step, on the next apply or reboot) and `Fleet::set_fault` (latency,
 //! Unavailable, a call that never answers, a node that goes away). MachineService.Reboot (and
 //! 1.13's REBOOT apply) takes a node away for `Fleet::set_reboot_time` (or for good); it comes
-//! back on a new boot ID running its persisted config. Each node keeps COSI
+//! back on a new boot ID running its persisted config, and on the Talos an upgrade installed
+//! (LifecycleService.Upgrade of a pulled installer, or the legacy MachineService.Upgrade, which
+//! reboots by itself), unless `Fleet::set_upgrade_fails` makes it boot its previous system
+//! (Talos's A/B fallback). Each node keeps COSI
 //! resources (MachineConfig `v1alpha1` and `persistent`, KubeletSpec, the control-plane
 //! `*Configs`, Services, Manifests, ManifestStatuses) that an apply updates as Talos does, and
 //! records its image pulls per containerd namespace.
@@ -28,12 +31,14 @@ use crate::talos::proto::cosi::resource::{
 };
 use crate::talos::proto::machine::apply_configuration_request::Mode;
 use crate::talos::proto::machine::image_service_server::{ImageService, ImageServiceServer};
+use crate::talos::proto::machine::lifecycle_service_server::{LifecycleService, LifecycleServiceServer};
 use crate::talos::proto::machine::machine_service_server::{MachineService, MachineServiceServer};
 use crate::talos::proto::machine::{
     ApplyConfiguration, ApplyConfigurationRequest, ApplyConfigurationResponse, FeaturesInfo, ImagePull,
     ImagePullRequest, ImagePullResponse, ImageServicePullProgress, ImageServicePullRequest, ImageServicePullResponse,
-    PlatformInfo, Reboot, RebootRequest, RebootResponse, Version, VersionInfo, VersionResponse,
-    image_service_pull_response,
+    LifecycleServiceInstallProgress, LifecycleServiceUpgradeRequest, LifecycleServiceUpgradeResponse, PlatformInfo,
+    Reboot, RebootRequest, RebootResponse, Upgrade, UpgradeRequest, UpgradeResponse, Version, VersionInfo,
+    VersionResponse, image_service_pull_response, lifecycle_service_install_progress,
 };
 use crate::talos::proto::resource::config::MachineConfigSpec;
 use crate::talos::proto::talos::resource::definitions::k8s::{
@@ -137,6 +142,11 @@ struct NodeState {
     /// Moves on every change of the node's resources and on each reboot's start: what lets a
     /// stand-in skip a node nothing happened to.
     revision: u64,
+    /// The Talos an upgrade installed, booted at the next reboot.
+    installed: Option<String>,
+    /// A fault: the installed Talos fails to boot, and the node boots its previous system
+    /// (Talos's A/B fallback).
+    upgrade_fails: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -258,6 +268,8 @@ impl NodeState {
             away: None,
             boot: 1,
             revision: 0,
+            installed: None,
+            upgrade_fails: false,
         };
         n.set_config(&config, true);
         n.publish_boot_id();
@@ -334,6 +346,15 @@ impl NodeState {
         }
         self.away = None;
         self.boot += 1;
+        // An upgrade boots into the Talos it installed, unless that fails to boot (the A/B
+        // fallback boots the previous one).
+        if let Some(v) = self.installed.take()
+            && !self.upgrade_fails
+            && let Some(minor) = talos_minor(&v)
+        {
+            self.spec.talos = v;
+            self.minor = minor;
+        }
         let mut changed: Vec<(Key, Res)> = self.publish_boot_id().into_iter().collect();
         let key = ("config".to_string(), MACHINE_CONFIG.to_string(), "persistent".to_string());
         let text = self
@@ -814,6 +835,26 @@ impl MachineService for Svc {
         Ok(Response::new(Box::pin(stream)))
     }
 
+    /// The legacy upgrade (before LifecycleService): installs the image's Talos and reboots
+    /// the node into it (`stage` is not simulated).
+    async fn upgrade(&self, req: Request<UpgradeRequest>) -> Result<Response<UpgradeResponse>, Status> {
+        let node = self.route(&req).await?;
+        allowed(&req, &[])?;
+        let image = req.into_inner().image;
+        let v = installed_version(&image)
+            .ok_or_else(|| Status::invalid_argument(format!("{image}: the installer's tag is not a Talos version")))?;
+        let actor = self.with_node(&node, |n| {
+            n.pulls.push(("system".into(), image.clone()));
+            n.installed = Some(v);
+            n.go_down();
+            n.trigger(Trigger::Reboot);
+            format!("upgrade-{}-{}", n.spec.name, n.reboots)
+        })?;
+        Ok(Response::new(UpgradeResponse {
+            messages: vec![Upgrade { metadata: None, ack: "Upgrade request received".into(), actor_id: actor }],
+        }))
+    }
+
     async fn image_pull(&self, req: Request<ImagePullRequest>) -> Result<Response<ImagePullResponse>, Status> {
         let node = self.route(&req).await?;
         allowed(&req, &["os:operator"])?;
@@ -853,6 +894,65 @@ impl ImageService for Svc {
         ]);
         Ok(Response::new(Box::pin(stream)))
     }
+}
+
+#[tonic::async_trait]
+impl LifecycleService for Svc {
+    type UpgradeStream = BoxStream<LifecycleServiceUpgradeResponse>;
+
+    /// Installs the pulled installer's Talos (its image's tag), booted at the next reboot; no
+    /// reboot here (talosctl reboots after it).
+    async fn upgrade(
+        &self,
+        req: Request<LifecycleServiceUpgradeRequest>,
+    ) -> Result<Response<Self::UpgradeStream>, Status> {
+        let node = self.route(&req).await?;
+        allowed(&req, &[])?;
+        let minor = self.with_node(&node, |n| n.minor)?;
+        if minor < 13 {
+            return Err(Status::unimplemented("unknown service machine.LifecycleService"));
+        }
+        let image = req.into_inner().source.map(|s| s.image_name).unwrap_or_default();
+        if image.is_empty() {
+            return Err(Status::invalid_argument("upgrade image name is required"));
+        }
+        let pulled = self.with_node(&node, |n| n.pulls.iter().any(|(ns, r)| ns == "system" && r == &image))?;
+        if !pulled {
+            return Err(Status::failed_precondition(format!(
+                "image {image} is not in containerd namespace system: pull it first (ImageService.Pull)"
+            )));
+        }
+        use lifecycle_service_install_progress::Response as P;
+        let progress = |p: P| {
+            Ok(LifecycleServiceUpgradeResponse {
+                progress: Some(LifecycleServiceInstallProgress { response: Some(p) }),
+            })
+        };
+        let stream = match installed_version(&image) {
+            Some(v) => {
+                self.with_node(&node, |n| {
+                    n.installed = Some(v.clone());
+                    n.revision += 1;
+                })?;
+                vec![
+                    progress(P::Message(format!("installing Talos {v} from {image}"))),
+                    progress(P::Message("installation complete".into())),
+                    progress(P::ExitCode(0)),
+                ]
+            }
+            None => vec![
+                progress(P::Message(format!("{image}: the installer's tag is not a Talos version"))),
+                progress(P::ExitCode(1)),
+            ],
+        };
+        Ok(Response::new(Box::pin(futures::stream::iter(stream))))
+    }
+}
+
+/// The Talos version an installer image installs: its tag.
+fn installed_version(image: &str) -> Option<String> {
+    let tag = image.rsplit_once(':').map(|(_, t)| t)?;
+    talos_minor(tag).map(|_| tag.to_string())
 }
 
 #[tonic::async_trait]
@@ -994,6 +1094,7 @@ impl Fleet {
                 check_client,
             ))
             .add_service(ImageServiceServer::with_interceptor(svc.clone(), check_client))
+            .add_service(LifecycleServiceServer::with_interceptor(svc.clone(), check_client))
             .add_service(StateServer::with_interceptor(svc, check_client));
         tokio::spawn(async move {
             let _ = server
@@ -1059,6 +1160,21 @@ impl Fleet {
         {
             n.reboot_time = time;
         }
+    }
+
+    /// Makes the node's next installed Talos fail to boot (it boots its previous system, as
+    /// Talos's A/B fallback does), or, with `false`, boot.
+    pub fn set_upgrade_fails(&self, node: &str, fails: bool) {
+        if let Ok(mut nodes) = self.shared.nodes.lock()
+            && let Some(n) = nodes.get_mut(node)
+        {
+            n.upgrade_fails = fails;
+        }
+    }
+
+    /// The Talos version the node runs now.
+    pub fn talos_version(&self, node: &str) -> Option<String> {
+        self.shared.nodes.lock().ok().and_then(|n| n.get(node).map(|n| n.spec.talos.clone()))
     }
 
     /// The node's revision (see `NodeState::revision`), after settling a reboot that is over.

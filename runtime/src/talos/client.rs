@@ -5,16 +5,19 @@
 //! Start at `Client::new` (from a talosconfig context's credentials), then the calls:
 //! `version`, `apply` (always an explicit mode: proto3's default 0 is REBOOT, which Talos 1.14
 //! rejects, so `ApplyMode` has no such variant), `running_config` (read through COSI),
-//! `pull_image` (ImageService.Pull where the node has it, ImagePull otherwise), `get`, `list`.
+//! `pull_image` (ImageService.Pull where the node has it, ImagePull otherwise), `upgrade`
+//! (LifecycleService.Upgrade, or the legacy MachineService.Upgrade), `get`, `list`.
 
 use super::config::{Context, Credentials};
 use super::proto::common::{ContainerDriver, ContainerdInstance, ContainerdNamespace as PbNamespace};
 use super::proto::cosi::resource::{GetRequest, ListRequest, Resource, state_client::StateClient};
 use super::proto::machine::apply_configuration_request::Mode;
 use super::proto::machine::image_service_pull_response::Response as PullResponse;
+use super::proto::machine::lifecycle_service_install_progress::Response as InstallProgress;
 use super::proto::machine::{
-    ApplyConfigurationRequest, ImagePullRequest, ImageServicePullRequest, RebootRequest,
-    image_service_client::ImageServiceClient, machine_service_client::MachineServiceClient, reboot_request,
+    ApplyConfigurationRequest, ImagePullRequest, ImageServicePullRequest, InstallArtifactsSource,
+    LifecycleServiceUpgradeRequest, RebootRequest, UpgradeRequest, image_service_client::ImageServiceClient,
+    lifecycle_service_client::LifecycleServiceClient, machine_service_client::MachineServiceClient, reboot_request,
 };
 use crate::plan::ContainerdNamespace;
 use prost::Message;
@@ -22,6 +25,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status};
+
+/// How long an upgrade call may run: the installer writes the new system to disk.
+pub const UPGRADE_DEADLINE: Duration = Duration::from_secs(600);
 
 /// Talos's API port (apid).
 pub const APID_PORT: u16 = 50000;
@@ -134,6 +140,7 @@ pub fn role_needed(call: &str) -> &'static str {
     match call {
         "ApplyConfiguration" | "Kubeconfig" | "MachineConfig" => "os:admin",
         "ImagePull" | "ImageService.Pull" | "Reboot" => "os:operator",
+        "LifecycleService.Upgrade" | "Upgrade" => "os:admin",
         _ => "os:reader",
     }
 }
@@ -422,6 +429,62 @@ impl Client {
                 .map(|_| ())
             }
             r => r,
+        }
+    }
+
+    /// Installs Talos from `image` (already pulled into the `system` namespace) on the node:
+    /// LifecycleService.Upgrade, whose stream ends with the installer's exit code (non-zero is
+    /// a refusal naming the installer's last line), and which does not reboot; or, `legacy`
+    /// (Talos before 1.13), MachineService.Upgrade, which installs and reboots by itself.
+    /// Never retried; the installer may run for minutes, so the call has its own deadline.
+    pub async fn upgrade(&self, node: &str, image: &str, legacy: bool) -> Result<(), TalosError> {
+        use futures::StreamExt;
+        self.touch(node);
+        let deadline = UPGRADE_DEADLINE.max(self.deadline);
+        let call = if legacy { "Upgrade" } else { "LifecycleService.Upgrade" };
+        let endpoint = self.endpoint(0).to_string();
+        let run = async {
+            if legacy {
+                let req = UpgradeRequest { image: image.into(), preserve: true, ..Default::default() };
+                let mut r = self.request(node, req);
+                r.set_timeout(deadline);
+                MachineServiceClient::new(self.channel(0)).upgrade(r).await?;
+                return Ok(());
+            }
+            let req = LifecycleServiceUpgradeRequest {
+                containerd: Some(ContainerdInstance {
+                    driver: ContainerDriver::Cri as i32,
+                    namespace: PbNamespace::NsSystem as i32,
+                }),
+                source: Some(InstallArtifactsSource { image_name: image.into() }),
+            };
+            let mut r = self.request(node, req);
+            r.set_timeout(deadline);
+            let mut stream = LifecycleServiceClient::new(self.channel(0)).upgrade(r).await?.into_inner();
+            let mut last = String::new();
+            while let Some(msg) = stream.next().await {
+                match msg?.progress.and_then(|p| p.response) {
+                    Some(InstallProgress::Message(line)) => last = line,
+                    Some(InstallProgress::ExitCode(0)) => return Ok(()),
+                    Some(InstallProgress::ExitCode(code)) => {
+                        let said = if last.is_empty() { String::new() } else { format!(": {last}") };
+                        return Err(Status::invalid_argument(format!(
+                            "the installer {image} exited with code {code}{said}"
+                        )));
+                    }
+                    None => {}
+                }
+            }
+            Err(Status::unavailable("the upgrade stream ended before the installer's exit code"))
+        };
+        match tokio::time::timeout(deadline, run).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(s)) => Err(self.map(node, call, &endpoint, s)),
+            Err(_) => Err(TalosError::TryLater {
+                node: node.to_string(),
+                call,
+                message: format!("no answer within {} s, through endpoint {endpoint}", deadline.as_secs()),
+            }),
         }
     }
 
