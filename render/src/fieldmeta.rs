@@ -130,8 +130,8 @@ impl FieldMeta {
                 if !OPERATIONS.contains(&op.as_str()) {
                     err(format!("unknown appliedBy {op:?}: expected one of {}", OPERATIONS.join(", ")));
                 }
-                if class != Some(Class::RebootRequired) {
-                    err("an entry with appliedBy is reboot-required (the machine controller leaves it to the operation)".into());
+                if !matches!(class, Some(Class::RebootRequired | Class::InstallTimeOnly)) {
+                    err("an entry with appliedBy is reboot-required or install-time-only (the machine controller leaves it to the operation)".into());
                 }
             }
             let effect = match r.effect.as_deref() {
