@@ -41,6 +41,15 @@ pub struct OperationInfoLabel {
     pub stage: String,
 }
 
+/// An operation's machines by their step's phase and stage (`pulling`, `rebooting`, `kubelets` ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct StepLabel {
+    pub operation: String,
+    pub kind: String,
+    pub phase: String,
+    pub stage: String,
+}
+
 /// Machines by cluster and Ready condition (status and reason; `Unknown` when none yet).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct MachineLabel {
@@ -68,6 +77,8 @@ pub struct BuildLabel {
 pub struct StateRows {
     pub operations: BTreeMap<OperationLabel, i64>,
     pub operation_info: Vec<OperationInfoLabel>,
+    /// Each operation's machines by their step's phase and stage.
+    pub steps: BTreeMap<StepLabel, i64>,
     pub machines: BTreeMap<MachineLabel, i64>,
     /// Paths a reboot must apply (`status.rebootPaths`), per machine that has any.
     pub reboot_paths: BTreeMap<MachineNameLabel, i64>,
@@ -91,6 +102,15 @@ pub fn state_gauges<'a>(
             rows.operations.entry(OperationLabel { kind: kind.clone(), phase: p.name().to_string() }).or_default();
         }
         *rows.operations.entry(OperationLabel { kind: kind.clone(), phase: phase.clone() }).or_default() += 1;
+        for p in st.machines.values() {
+            let label = StepLabel {
+                operation: o.metadata.name.clone().unwrap_or_default(),
+                kind: kind.clone(),
+                phase: p.phase.name().to_string(),
+                stage: p.stage.clone().unwrap_or_default(),
+            };
+            *rows.steps.entry(label).or_default() += 1;
+        }
         rows.operation_info.push(OperationInfoLabel {
             operation: o.metadata.name.clone().unwrap_or_default(),
             cluster: o.spec.cluster_ref.name.clone(),
@@ -131,6 +151,7 @@ pub struct Metrics {
     pub(crate) actions: Family<ActionLabel, Counter>,
     operations: Family<OperationLabel, Gauge>,
     operation_info: Family<OperationInfoLabel, Gauge>,
+    steps: Family<StepLabel, Gauge>,
     machines: Family<MachineLabel, Gauge>,
     reboot_paths: Family<MachineNameLabel, Gauge>,
     awaiting_reboot: Family<MachineNameLabel, Gauge>,
@@ -148,6 +169,7 @@ impl Metrics {
             actions: Family::default(),
             operations: Family::default(),
             operation_info: Family::default(),
+            steps: Family::default(),
             machines: Family::default(),
             reboot_paths: Family::default(),
             awaiting_reboot: Family::default(),
@@ -168,7 +190,7 @@ impl Metrics {
         );
         registry.register(
             "actions",
-            "Actions of operations' plans this process performed, by kind and outcome (done, recorded, failed, refused, interrupted)",
+            "Actions of operations' plans this process performed, by kind and outcome (done, recorded, failed, refused, interrupted); a drain a PodDisruptionBudget blocked past its deadline is kind drain, outcome failed",
             m.actions.clone(),
         );
         registry.register(
@@ -180,6 +202,11 @@ impl Metrics {
             "operation_info",
             "One series per TalosOperation now, with its cluster, kind, phase and stage",
             m.operation_info.clone(),
+        );
+        registry.register(
+            "operation_machines",
+            "Each TalosOperation's machines now, by their step's phase (Applying, Done, Failed) and stage (a Talos upgrade's pulling, rebooting, verifying, verified; a Kubernetes upgrade's apiservers ... kubelets)",
+            m.steps.clone(),
         );
         registry.register(
             "machines",
@@ -215,6 +242,7 @@ impl Metrics {
     pub fn set_state(&self, rows: &StateRows) {
         set_family(&self.operations, rows.operations.iter().map(|(l, n)| (l, *n)));
         set_family(&self.operation_info, rows.operation_info.iter().map(|l| (l, 1)));
+        set_family(&self.steps, rows.steps.iter().map(|(l, n)| (l, *n)));
         set_family(&self.machines, rows.machines.iter().map(|(l, n)| (l, *n)));
         set_family(&self.reboot_paths, rows.reboot_paths.iter().map(|(l, n)| (l, *n)));
         set_family(&self.awaiting_reboot, rows.awaiting_reboot.iter().map(|(l, n)| (l, *n)));
@@ -262,7 +290,14 @@ mod tests {
     use render::api::Phase;
 
     fn op(name: &str, kind: &str, phase: Option<Phase>) -> TalosOperation {
-        let status = phase.map(|p| format!("status: {{phase: {}, stage: kubelets}}", p.name())).unwrap_or_default();
+        let status = phase
+            .map(|p| {
+                format!(
+                    "status: {{phase: {}, stage: kubelets, machines: {{cp1: {{phase: Done, stage: verified}}, w1: {{phase: Applying, stage: rebooting}}}}}}",
+                    p.name()
+                )
+            })
+            .unwrap_or_default();
         serde_yaml::from_str(&format!(
             "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosOperation\nmetadata: {{name: {name}}}\nspec: {{clusterRef: {{name: lab}}, kind: {kind}}}\n{status}"
         ))
@@ -287,6 +322,12 @@ mod tests {
         assert_eq!(phase("kubernetes", Phase::Completed), Some(1));
         assert_eq!(phase("kubernetes", Phase::Running), Some(0), "a phase nobody is in reads 0");
         assert_eq!(phase("config", Phase::Running), Some(1));
+        let step = |o: &str, p: &str, st: &str| {
+            let l = StepLabel { operation: o.into(), kind: "config".into(), phase: p.into(), stage: st.into() };
+            rows.steps.get(&l).copied()
+        };
+        assert_eq!(step("roll", "Applying", "rebooting"), Some(1), "machines by stage: {:?}", rows.steps);
+        assert_eq!(step("roll", "Done", "verified"), Some(1));
         let label = MachineLabel { cluster: "lab".into(), ready: "False".into(), reason: "RebootRequired".into() };
         assert_eq!(rows.machines.get(&label), Some(&2));
         assert_eq!(rows.reboot_paths.len(), 1, "only a machine with reboot paths has the series");
