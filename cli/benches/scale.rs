@@ -5,7 +5,9 @@
 //! Per size it prints: the upgrade preview's wall time right after the controller starts and
 //! once it is quiet; the controller's first pass after start (CPU seconds, per machine); its
 //! idle use over 125 s, one whole look of the machine controller at every machine (share of one core, and the custom resources written meanwhile); a Kubernetes
-//! upgrade with `--max-unavailable 10` to Completed (wall time, CPU, CPU per machine). Then
+//! upgrade with `--max-unavailable 10` to Completed (wall time, CPU, CPU per machine), then a
+//! Talos upgrade the same way and its CPU per machine against the Kubernetes upgrade's (the
+//! goal: at most 1.5; each Talos step reboots its node, a Kubernetes step does not). Then
 //! the ratio of CPU per machine between the sizes (the goal: at most 1.5 from 30 to 1,000).
 //! CPU is the controller process's own (utime + stime from /proc), not the simulator's.
 //!
@@ -174,9 +176,10 @@ impl Sim {
         out.lines().filter(|l| !l.trim().is_empty()).count()
     }
 
-    fn phase(&self) -> Phase {
-        let (_, out) =
-            self.run("kubectl", &["get", "talosoperations", "-A", "-o", "jsonpath={.items[0].status.phase}"]);
+    /// One operation's phase, by name.
+    fn phase(&self, name: &str) -> Phase {
+        let (_, out) = self
+            .run("kubectl", &["get", "talosoperation", name, "-n", "ichor-system", "-o", "jsonpath={.status.phase}"]);
         Phase::parse(out.trim()).unwrap_or_default()
     }
 }
@@ -198,6 +201,58 @@ struct Figures {
     /// (reads from the caches and the API, assembly, plan; no execution).
     reconciles: f64,
     decide_mean: Duration,
+    /// A Talos upgrade after it, the same way (`ichor upgrade talos --max-unavailable 10`).
+    talos: Followed,
+}
+
+/// An operation followed to its end (or the cap): its wall time, the controller's CPU, whether
+/// it completed, and its reconciles with their mean deciding time.
+struct Followed {
+    wall: Duration,
+    cpu: f64,
+    completed: bool,
+    reconciles: f64,
+    decide_mean: Duration,
+}
+
+/// Starts an operation with `args` (named `name`) and follows it to Completed, a pause or the
+/// cap (`ICHOR_SCALE_UPGRADE_SECONDS`; past it the operation is left running and its reconciles
+/// so far are still measured).
+fn follow(sim: &Sim, pid: u32, machines: usize, args: &[&str], name: &str) -> Followed {
+    let cpu0 = cpu_seconds(pid);
+    let decided0 = sim.decided();
+    let t = Instant::now();
+    let (ok, out) = sim.run(ICHOR, args);
+    assert!(ok, "{name} was not started: {out}");
+    let cap = std::env::var("ICHOR_SCALE_UPGRADE_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3600);
+    let deadline = Instant::now() + Duration::from_secs(cap);
+    let mut completed = true;
+    loop {
+        let p = sim.phase(name);
+        if p == Phase::Completed {
+            break;
+        }
+        if Instant::now() > deadline {
+            completed = false;
+            break;
+        }
+        if p == Phase::Paused || p.is_terminal() {
+            // Said with the reason, and what was measured until then still printed.
+            let path = "jsonpath={.status}";
+            let (_, why) = sim.run("kubectl", &["get", "talosoperation", name, "-n", "ichor-system", "-o", path]);
+            eprintln!("{name} of {machines} machines stopped {p:?}: {why}");
+            completed = false;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let cpu = cpu_seconds(pid) - cpu0;
+    let wall = t.elapsed();
+    let decided1 = sim.decided();
+    let reconciles = decided1.1 - decided0.1;
+    let decide_mean =
+        Duration::from_secs_f64(if reconciles > 0.0 { (decided1.0 - decided0.0) / reconciles } else { 0.0 });
+    Followed { wall, cpu, completed, reconciles, decide_mean }
 }
 
 fn measure(machines: usize, idle_for: Duration) -> Figures {
@@ -227,41 +282,21 @@ fn measure(machines: usize, idle_for: Duration) -> Figures {
     let b: std::collections::BTreeSet<&str> = before.split_whitespace().collect();
     let idle_writes = after.split_whitespace().filter(|v| !b.contains(v)).count();
     let preview_quiet = sim.preview();
-    // The upgrade.
-    let cpu0 = cpu_seconds(pid);
-    let decided0 = sim.decided();
-    let t = Instant::now();
-    let (ok, out) = sim.run(
-        ICHOR,
+    // The upgrade, then Talos's.
+    let k8s = follow(
+        &sim,
+        pid,
+        machines,
         &["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--yes", "--max-unavailable", "10"],
+        "upgrade-kubernetes-1-37-0",
     );
-    assert!(ok, "the upgrade was not started: {out}");
-    // Past the cap the upgrade is left running: its reconciles so far are still measured.
-    let cap = std::env::var("ICHOR_SCALE_UPGRADE_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3600);
-    let deadline = Instant::now() + Duration::from_secs(cap);
-    let mut completed = true;
-    loop {
-        let p = sim.phase();
-        if p == Phase::Completed {
-            break;
-        }
-        if Instant::now() > deadline {
-            completed = false;
-            break;
-        }
-        if p == Phase::Paused || p.is_terminal() {
-            // Said with the reason, and what was measured until then still printed.
-            let (_, why) = sim.run("kubectl", &["get", "talosoperations", "-A", "-o", "jsonpath={.items[0].status}"]);
-            eprintln!("the upgrade of {machines} machines stopped {p:?}: {why}");
-            completed = false;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let upgrade_cpu = cpu_seconds(pid) - cpu0;
-    let upgrade_wall = t.elapsed();
-    let decided1 = sim.decided();
-    let reconciles = decided1.1 - decided0.1;
+    let talos = follow(
+        &sim,
+        pid,
+        machines,
+        &["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--yes", "--max-unavailable", "10"],
+        "upgrade-talos-1-14-6",
+    );
     Figures {
         machines,
         preview_at_start,
@@ -270,15 +305,12 @@ fn measure(machines: usize, idle_for: Duration) -> Figures {
         first_pass_wall,
         idle_core_share,
         idle_writes,
-        upgrade_wall,
-        upgrade_cpu,
-        upgrade_completed: completed,
-        reconciles,
-        decide_mean: Duration::from_secs_f64(if reconciles > 0.0 {
-            (decided1.0 - decided0.0) / reconciles
-        } else {
-            0.0
-        }),
+        upgrade_wall: k8s.wall,
+        upgrade_cpu: k8s.cpu,
+        upgrade_completed: k8s.completed,
+        reconciles: k8s.reconciles,
+        decide_mean: k8s.decide_mean,
+        talos,
     }
 }
 
@@ -327,6 +359,18 @@ fn main() {
             f.decide_mean.as_secs_f64() * 1000.0,
             f.first_pass_wall.as_secs_f64(),
             if f.upgrade_completed { "" } else { " (upgrade not Completed: stopped at the cap or paused, above)" },
+        );
+        let t = &f.talos;
+        println!(
+            "{:>8} Talos upgrade: {:.1} s, {:.2} CPU s, {:.1} ms CPU per machine ({} reconciles, {:.1} ms deciding each): x{:.2} the Kubernetes upgrade's CPU per machine (goal: at most x1.5){}",
+            f.machines,
+            t.wall.as_secs_f64(),
+            t.cpu,
+            t.cpu * 1000.0 / f.machines as f64,
+            t.reconciles,
+            t.decide_mean.as_secs_f64() * 1000.0,
+            t.cpu / f.upgrade_cpu.max(f64::EPSILON),
+            if t.completed { "" } else { " (not Completed: stopped at the cap or paused, above)" },
         );
         all.push(f);
     }

@@ -137,6 +137,11 @@ Exit: 0 started, previewed or nothing to do, 1 not started (blocked or declined)
         /// Workers rebooted at once.
         #[arg(long, default_value_t = 1)]
         max_unavailable: i32,
+        /// Consent to disrupt past PodDisruptionBudgets: a pod a budget still keeps at the
+        /// drain's deadline (ichor controller --drain-timeout) is deleted instead of the step
+        /// failing (spec.forceDrain).
+        #[arg(long)]
+        force_drain: bool,
         #[command(flatten)]
         start: crate::op_cmd::StartArgs,
     },
@@ -148,8 +153,8 @@ pub fn run(cmd: ConfigCommand) -> Result<Report> {
             explain(&path, &contract, output, rules.as_deref(), manifests.as_deref(), config.as_deref())
         }
         ConfigCommand::Migrate(args) => crate::migrate_cmd::run(args),
-        ConfigCommand::Apply { machines, max_unavailable, start } => {
-            crate::op_cmd::start(crate::op_cmd::Start::Rollout { machines, max_unavailable }, &start)
+        ConfigCommand::Apply { machines, max_unavailable, force_drain, start } => {
+            crate::op_cmd::start(crate::op_cmd::Start::Rollout { machines, max_unavailable, force_drain }, &start)
         }
         ConfigCommand::Diff {
             from,

@@ -230,6 +230,11 @@ enum UpgradeCommand {
         /// Workers changed at once.
         #[arg(long, default_value_t = 1)]
         max_unavailable: i32,
+        /// Consent to disrupt past PodDisruptionBudgets: a pod a budget still keeps at the
+        /// drain's deadline (ichor controller --drain-timeout) is deleted instead of the step
+        /// failing (spec.forceDrain).
+        #[arg(long)]
+        force_drain: bool,
         #[command(flatten)]
         start: op_cmd::StartArgs,
     },
@@ -249,6 +254,11 @@ enum UpgradeCommand {
         /// Allow a target older than what the machines run (within what the target allows).
         #[arg(long)]
         allow_downgrade: bool,
+        /// Consent to disrupt past PodDisruptionBudgets: a pod a budget still keeps at the
+        /// drain's deadline (ichor controller --drain-timeout) is deleted instead of the step
+        /// failing (spec.forceDrain).
+        #[arg(long)]
+        force_drain: bool,
         #[command(flatten)]
         start: op_cmd::StartArgs,
     },
@@ -543,11 +553,11 @@ fn main() -> ExitCode {
         Command::Controller(args) => controller_cmd::run_real(&args),
         Command::Webhook(args) => controller_cmd::run_webhook(&args),
         Command::Adopt { start } => op_cmd::start(op_cmd::Start::Adopt, &start),
-        Command::Upgrade(UpgradeCommand::Kubernetes { to, max_unavailable, start }) => {
-            op_cmd::start(op_cmd::Start::Upgrade { to, max_unavailable }, &start)
+        Command::Upgrade(UpgradeCommand::Kubernetes { to, max_unavailable, force_drain, start }) => {
+            op_cmd::start(op_cmd::Start::Upgrade { to, max_unavailable, force_drain }, &start)
         }
-        Command::Upgrade(UpgradeCommand::Talos { to, max_unavailable, allow_downgrade, start }) => {
-            op_cmd::start(op_cmd::Start::Talos { to, max_unavailable, allow_downgrade }, &start)
+        Command::Upgrade(UpgradeCommand::Talos { to, max_unavailable, allow_downgrade, force_drain, start }) => {
+            op_cmd::start(op_cmd::Start::Talos { to, max_unavailable, allow_downgrade, force_drain }, &start)
         }
         Command::Status { name, cluster, watch, output, kube } => {
             op_cmd::status(name.as_deref(), cluster.as_deref(), watch, output, &kube)

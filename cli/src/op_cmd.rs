@@ -121,6 +121,7 @@ pub enum Start {
     Upgrade {
         to: String,
         max_unavailable: i32,
+        force_drain: bool,
     },
     KubeProxy {
         mode: KubeProxyMode,
@@ -130,11 +131,13 @@ pub enum Start {
         to: String,
         max_unavailable: i32,
         allow_downgrade: bool,
+        force_drain: bool,
     },
     /// `ichor config apply`: the machines named (none: every one with reboot paths).
     Rollout {
         machines: Vec<String>,
         max_unavailable: i32,
+        force_drain: bool,
     },
     /// `ichor cni upgrade`: the Cilium release to the embedded chart.
     CiliumUpgrade,
@@ -164,7 +167,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
     spec.cluster_ref.name = a.cluster.clone();
     let (op_name, spec_patch) = match &what {
-        Start::Upgrade { to, max_unavailable } => {
+        Start::Upgrade { to, max_unavailable, .. } => {
             if !regex_version(to) {
                 bail!("--to {to:?}: a Kubernetes version is vX.Y.Z (for example v1.37.0)");
             }
@@ -177,7 +180,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 json!({"spec": {"kubernetesVersion": to}}),
             )
         }
-        Start::Talos { to, max_unavailable, allow_downgrade } => {
+        Start::Talos { to, max_unavailable, allow_downgrade, .. } => {
             if !regex_version(to) {
                 bail!("--to {to:?}: a Talos version is vX.Y.Z (for example v1.14.6)");
             }
@@ -200,7 +203,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             spec.target.kube_proxy = Some(*mode);
             (format!("kube-proxy-{}", mode.name()), json!({"spec": {"cni": {"kubeProxy": mode.name()}}}))
         }
-        Start::Rollout { machines, max_unavailable } => {
+        Start::Rollout { machines, max_unavailable, .. } => {
             if *max_unavailable < 1 {
                 bail!("--max-unavailable {max_unavailable}: at least 1 worker must be able to reboot at a time");
             }
@@ -220,6 +223,13 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             spec.target.cilium_chart = Some(render::embedded::CILIUM_CHART_VERSION.to_string());
             ("cilium-adopt".to_string(), json!({}))
         }
+    };
+    // The consent to go past budgets, for the operations that drain.
+    spec.force_drain = match &what {
+        Start::Upgrade { force_drain, .. } | Start::Talos { force_drain, .. } | Start::Rollout { force_drain, .. } => {
+            *force_drain
+        }
+        _ => false,
     };
     // An adoption keeps what the running Cilium says (cilium-config read back into the chart's
     // values, render::adopt) under the cluster's layer: the cluster as it will be has them.
@@ -356,6 +366,9 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         for d in &plan.drain_refusals {
             text += &format!("  - {d}\n");
         }
+    }
+    if op.spec.force_drain {
+        text += "With --force-drain: a pod a PodDisruptionBudget still keeps at a drain's deadline (ichor controller --drain-timeout) is deleted, not waited for; the budget is not respected past it.\n";
     }
     if blocking.is_empty() && plan.drain_refusals.is_empty() {
         text += "Nothing blocks it now.\n";

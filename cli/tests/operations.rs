@@ -2563,9 +2563,12 @@ fn a_talos_upgrade_completes_one_node_at_a_time_with_the_controllers_node_last()
         for m in ["cp2", "cp3", "cp1", "w1"] {
             let mine = |word: &'static str| {
                 let m = m.to_string();
-                move |r: &str, note: &str| r == word && note.split(|c: char| !c.is_alphanumeric()).any(|w| w == m)
+                // The Event's reason is the action's kind, capitalized.
+                move |r: &str, note: &str| {
+                    r.eq_ignore_ascii_case(word) && note.split(|c: char| !c.is_alphanumeric()).any(|w| w == m)
+                }
             };
-            let steps: Vec<Option<usize>> = ["Start", "Cordon", "Drain", "UpgradeTalos", "Reboot", "Done", "Uncordon"]
+            let steps: Vec<Option<usize>> = ["start", "cordon", "drain", "upgradeTalos", "reboot", "done", "uncordon"]
                 .iter()
                 .map(|w| at(&mine(w)))
                 .collect();
@@ -2703,4 +2706,95 @@ fn a_talos_upgrade_ends_the_same_with_its_controller_crashed_right_after_each_up
     let nodes = sim.nodes_os();
     let on_target = nodes.lines().skip(1).filter(|l| l.contains("Talos (v1.14.6)") && l.contains("-boot-2")).count();
     assert_eq!(on_target, 4, "every node on v1.14.6 after one reboot:\n{nodes}\ncrashes: {crashes:?}");
+}
+
+/// `--force-drain` is the consent to go past a budget: the preview says what the drain will
+/// delete, the drain deletes the pod the budget keeps once its deadline passes, and the upgrade
+/// completes; the budget itself is left as it was. An operation that drains nothing has no such
+/// flag, and writes nothing.
+#[test]
+fn a_talos_upgrade_with_force_drain_deletes_what_a_budget_keeps_at_the_deadline_and_completes() {
+    let sim = Sim::start_args("talos-force", "done", &["--no-controller"]);
+    let controller = sim.controller();
+    sim.check_then_stop(controller, || {
+        let (code, _, err) = sim.ichor(&["cni", "kube-proxy", "replaced", "--cluster", "lab", "--force-drain", "--yes"]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("unexpected argument '--force-drain'"), "a switch drains no node: {err}");
+        let (_, ops, _) = sim.kubectl(&["get", "talosoperations", "-A", "-o", "name"]).unwrap();
+        assert_eq!(ops.trim(), "", "nothing was written");
+        let web = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\n  labels:\n    app: web\nspec:\n  nodeName: w1\n  containers:\n    - name: web\n      image: nginx\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  maxUnavailable: 0\n  selector:\n    matchLabels:\n      app: web\n";
+        let out = kubectl_with_input(&sim, &["apply", "-f", "-"], web);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let up = ["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--force-drain"];
+        let (_, out, _) = sim.ichor(&[&up[..], &["--dry-run"]].concat());
+        assert!(out.contains("as you consented (--force-drain), deletes what the budget still keeps"), "{out}");
+        assert!(out.contains("force-drain"), "{out}");
+        let (code, _, err) = sim.ichor(&[&up[..], &["--yes"]].concat());
+        assert_eq!(code, 0, "{err}");
+        let p = sim.wait_phase(&|p| matches!(p, Phase::Paused | Phase::Completed));
+        let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
+        assert_eq!(p, Phase::Completed, "{status}");
+        assert!(sim.nodes_os().lines().skip(1).all(|l| l.contains("Talos (v1.14.6)")), "{}", sim.nodes_os());
+        let (code, _, err) = sim.kubectl(&["get", "pod", "web", "-n", "default"]).unwrap();
+        assert!(code != 0 && err.contains("NotFound"), "the pod the budget kept is deleted: {err}");
+        let (code, _, err) = sim.kubectl(&["get", "pdb", "web", "-n", "default"]).unwrap();
+        assert_eq!(code, 0, "the budget is left as it was: {err}");
+        let events = sim.events_of("upgrade-talos-1-14-6");
+        assert!(
+            events.iter().any(|(r, _, note)| r == "Drain" && note.contains("w1") && note.contains("--force-drain")),
+            "the drain's Event says it was forced: {events:#?}"
+        );
+    });
+}
+
+/// Issue 52, a drain that never strands a node: a budget that lets no pod of w1 go is named by
+/// the preview (a dry run exits 1); the Talos upgrade's step on w1 fails at its drain, before
+/// anything is installed: the operation pauses naming w1, w1 is uncordoned, still on its old
+/// Talos and its first boot; once the budget is gone a resume completes it.
+#[test]
+fn a_talos_upgrade_blocked_by_a_budget_names_it_uncordons_and_installs_nothing() {
+    let sim = Sim::start_args("talos-pdb", "done", &["--no-controller"]);
+    let controller = sim.controller();
+    sim.check_then_stop(controller, || {
+        let web = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\n  labels:\n    app: web\nspec:\n  nodeName: w1\n  containers:\n    - name: web\n      image: nginx\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  maxUnavailable: 0\n  selector:\n    matchLabels:\n      app: web\n";
+        let out = kubectl_with_input(&sim, &["apply", "-f", "-"], web);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let up = ["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6"];
+        let (code, out, err) = sim.ichor(&[&up[..], &["--dry-run"]].concat());
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(out.contains("draining w1 would be refused now: PodDisruptionBudget default/web"), "{out}");
+        let (code, _, err) = sim.ichor(&[&up[..], &["--yes"]].concat());
+        assert_eq!(code, 0, "{err}");
+        let p = sim.wait_phase(&|p| matches!(p, Phase::Paused | Phase::Completed));
+        let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
+        assert_eq!(p, Phase::Paused, "{status}");
+        assert!(status.contains("w1") && status.contains("default/web"), "the pause names w1 and the budget: {status}");
+        let start = std::time::Instant::now();
+        let w1 = || sim.nodes_os().lines().find(|l| l.starts_with("w1")).unwrap_or_default().to_string();
+        while w1().contains("true") && start.elapsed() < std::time::Duration::from_secs(15) {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let line = w1();
+        assert!(
+            line.contains("Talos (v1.14.3)") && line.contains("-boot-1") && !line.contains("true"),
+            "w1 after its failed drain: {line}"
+        );
+        let events = sim.events_of("upgrade-talos-1-14-6");
+        let on_w1 = |reason: &str| {
+            events.iter().any(|(r, _, note)| r == reason && note.split(|c: char| !c.is_alphanumeric()).any(|w| w == "w1"))
+        };
+        assert!(!on_w1("UpgradeTalos") && !on_w1("Reboot"), "w1 installed or rebooted after its drain failed: {events:#?}");
+        let (code, _, err) = sim.kubectl(&["delete", "pdb", "web", "-n", "default"]).unwrap();
+        assert_eq!(code, 0, "{err}");
+        let (code, _, err) = sim.ichor(&["operation", "resume", "upgrade-talos-1-14-6"]);
+        assert_eq!(code, 0, "{err}");
+        let start = std::time::Instant::now();
+        while sim.phase() == Phase::Paused && start.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let p = sim.wait_phase(&|p| matches!(p, Phase::Paused | Phase::Completed));
+        let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
+        assert_eq!(p, Phase::Completed, "{status}");
+        assert!(w1().contains("Talos (v1.14.6)"), "{}", sim.nodes_os());
+    });
 }

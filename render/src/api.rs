@@ -509,6 +509,12 @@ pub struct TalosOperationSpec {
     #[serde(default = "one")]
     #[schemars(range(min = 1))]
     pub max_unavailable: i32,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// The consent to disrupt past PodDisruptionBudgets (`--force-drain`): a pod whose
+    /// eviction a budget still refuses at the drain's deadline (`ichor controller
+    /// --drain-timeout`) is deleted, as `kubectl drain --disable-eviction` does, instead of the
+    /// step failing. Without it a drain never goes past a budget.
+    pub force_drain: bool,
 }
 
 fn one() -> i32 {

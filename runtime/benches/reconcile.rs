@@ -107,6 +107,7 @@ fn main() {
                 target_talos: None,
                 talos_installer: None,
                 allow_downgrade: false,
+                force_drain: false,
                 max_unavailable: 10,
                 phase: render::api::Phase::Running,
                 intent: Default::default(),

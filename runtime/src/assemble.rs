@@ -687,6 +687,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .as_ref()
                 .map(|v| render::render::installer_image_at(&cluster.spec, v)),
             allow_downgrade: op.spec.target.allow_downgrade,
+            force_drain: op.spec.force_drain,
             max_unavailable: op.spec.max_unavailable.into(),
             phase: st.phase(),
             intent: Intent::of(op.metadata.annotations.as_ref(), st.resumed),

@@ -24,7 +24,9 @@ pub trait KubePort {
     }
     async fn cordon(&mut self, node: &str) -> Result<(), Self::Error>;
     /// Evicts the node's pods (PodDisruptionBudgets respected; DaemonSet and mirror pods left).
-    async fn drain(&mut self, node: &str) -> Result<(), Self::Error>;
+    /// With `force` (the user's consent, `spec.forceDrain`), a pod a budget still keeps at the
+    /// drain's deadline is deleted instead of the drain failing.
+    async fn drain(&mut self, node: &str, force: bool) -> Result<(), Self::Error>;
     async fn uncordon(&mut self, node: &str) -> Result<(), Self::Error>;
     /// The bootstrap-manifest sync: every manifest Talos rendered on the control plane the Talos
     /// API reaches as `node`, server-side-applied under `field_manager`.
@@ -170,7 +172,7 @@ impl<K: KubePort> Executor<'_, K> {
                 Err(e) => talos_failed(machine, e),
             },
             Action::Cordon { machine } => kube(self.kube.cordon(machine).await),
-            Action::Drain { machine } => match self.kube.drain(machine).await {
+            Action::Drain { machine, force } => match self.kube.drain(machine, *force).await {
                 Ok(()) => Performed::Done,
                 // Nothing more on this machine: its apply must not run undrained.
                 Err(e) if K::fails_step(&e) => {

@@ -45,6 +45,7 @@ pub struct Rels {
     pub target_talos: Input<1>,
     pub talos_installer: Input<1>,
     pub allow_downgrade: Input<0>,
+    pub force_drain: Input<0>,
     pub node_os_image: Input<2>,
     pub target_cilium_chart: Input<1>,
     pub release_set_kubernetes: Input<1>,
@@ -90,6 +91,7 @@ pub struct Rels {
     pub act_pull_image: Output<3>,
     pub act_cordon: Output<1>,
     pub act_drain: Output<1>,
+    pub act_drain_forced: Output<1>,
     pub act_apply: Output<2>,
     pub act_apply_staged: Output<2>,
     pub act_reboot: Output<1>,
@@ -106,6 +108,7 @@ pub struct Rels {
     pub act_record_adoption: Output<1>,
     pub plan_check: Output<2>,
     pub drain_refused_now: Output<3>,
+    pub drain_forced_now: Output<3>,
     pub nothing_to_do: Output<2>,
     pub act_step_done: Output<1>,
     pub act_wait: Output<5>,
@@ -161,6 +164,7 @@ impl Rels {
             target_talos: b.input("target_talos", [("version", S)]),
             talos_installer: b.input("talos_installer", [("image", S)]),
             allow_downgrade: b.input("allow_downgrade", []),
+            force_drain: b.input("force_drain", []),
             node_os_image: b.input("node_os_image", [("machine", S), ("image", S)]),
             target_cilium_chart: b.input("target_cilium_chart", [("version", S)]),
             release_set_kubernetes: b.input("release_set_kubernetes", [("version", S)]),
@@ -207,6 +211,7 @@ impl Rels {
             act_pull_image: b.output("act_pull_image", [("machine", S), ("namespace", S), ("image", S)]),
             act_cordon: b.output("act_cordon", [("machine", S)]),
             act_drain: b.output("act_drain", [("machine", S)]),
+            act_drain_forced: b.output("act_drain_forced", [("machine", S)]),
             act_apply: b.output("act_apply", [("machine", S), ("path", S)]),
             act_apply_staged: b.output("act_apply_staged", [("machine", S), ("path", S)]),
             act_reboot: b.output("act_reboot", [("machine", S)]),
@@ -225,6 +230,7 @@ impl Rels {
             plan_check: b.output("plan_check", [("template", S), ("detail", S)]),
             nothing_to_do: b.output("nothing_to_do", [("template", S), ("detail", S)]),
             drain_refused_now: b.output("drain_refused_now", [("machine", S), ("budget", S), ("pods", S)]),
+            drain_forced_now: b.output("drain_forced_now", [("machine", S), ("budget", S), ("pods", S)]),
             act_step_done: b.output("act_step_done", [("step", S)]),
             act_wait: b.output("act_wait", [("template", S), ("detail", S), ("clock", S), ("since", N), ("limit", N)]),
             act_clear_clock: b.output("act_clear_clock", [("clock", S)]),
@@ -284,6 +290,9 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     }
     if op.allow_downgrade {
         r.allow_downgrade.push(&mut b, []);
+    }
+    if op.force_drain {
+        r.force_drain.push(&mut b, []);
     }
     if let Some(t) = op.target_kube_proxy {
         let id = b.sym(t.name());

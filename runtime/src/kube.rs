@@ -91,7 +91,7 @@ pub enum KubeError {
         source: kube_client::Error,
     },
     #[error(
-        "draining {node}: pod {pod} could not be evicted within {secs} s{}: {why}; nothing is applied to the node, Ichor uncordons it, and the operation pauses",
+        "draining {node}: pod {pod} could not be evicted within {secs} s{}: {why}; nothing is applied to the node, Ichor uncordons it, and the operation pauses. Relax the budget or move the pod, then resume it; or, to delete what a budget keeps, abort it and start it again with --force-drain",
         if budgets.is_empty() { String::new() } else { format!(" (PodDisruptionBudget {} allows no disruption)", budgets.join(", ")) }
     )]
     DrainTimedOut { node: String, pod: String, secs: u64, why: String, budgets: Vec<String> },
@@ -408,7 +408,7 @@ impl KubePort for KubeCluster {
             .map_err(api_err(format!("uncordoning {node}")))
     }
 
-    async fn drain(&mut self, node: &str) -> Result<(), KubeError> {
+    async fn drain(&mut self, node: &str, force: bool) -> Result<(), KubeError> {
         use k8s_openapi::api::core::v1::Pod;
         let all: Api<Pod> = Api::all(self.client.clone());
         let pods = all
@@ -428,6 +428,22 @@ impl KubePort for KubeCluster {
                     Ok(_) => break,
                     Err(e) if is_status(&e, 404) => break,
                     Err(e) if is_status(&e, 429) => {
+                        if tokio::time::Instant::now() >= deadline && force {
+                            // The user's consent (spec.forceDrain): past the budget, as
+                            // `kubectl drain --disable-eviction` deletes.
+                            let budgets = self.budgets_of(&p).await;
+                            tracing::warn!(
+                                node,
+                                pod = %format!("{ns}/{name}"),
+                                budgets = %budgets.join(", "),
+                                "drain past its deadline: deleting the pod a PodDisruptionBudget keeps (--force-drain)"
+                            );
+                            match api.delete(&name, &DeleteParams::default()).await {
+                                Ok(_) => break,
+                                Err(e) if is_status(&e, 404) => break,
+                                Err(e) => return Err(api_err(format!("deleting {ns}/{name} (--force-drain)"))(e)),
+                            }
+                        }
                         if tokio::time::Instant::now() >= deadline {
                             return Err(KubeError::DrainTimedOut {
                                 node: node.into(),

@@ -326,8 +326,9 @@ mod tests {
             let l = StepLabel { operation: o.into(), kind: "config".into(), phase: p.into(), stage: st.into() };
             rows.steps.get(&l).copied()
         };
-        assert_eq!(step("roll", "Applying", "rebooting"), Some(1), "machines by stage: {:?}", rows.steps);
-        assert_eq!(step("roll", "Done", "verified"), Some(1));
+        let (applying, done) = (render::api::MachinePhase::Applying.name(), render::api::MachinePhase::Done.name());
+        assert_eq!(step("roll", applying, "rebooting"), Some(1), "machines by stage: {:?}", rows.steps);
+        assert_eq!(step("roll", done, "verified"), Some(1));
         let label = MachineLabel { cluster: "lab".into(), ready: "False".into(), reason: "RebootRequired".into() };
         assert_eq!(rows.machines.get(&label), Some(&2));
         assert_eq!(rows.reboot_paths.len(), 1, "only a machine with reboot paths has the series");

@@ -13,7 +13,7 @@ use engine::{Database, Engine, EvalOptions, MemSources};
 use render::api::{KubeProxyMode, OperationKind, Phase, Role};
 use serde::Serialize;
 use serde_json::{Value as Json, json};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -157,6 +157,10 @@ pub enum Action {
     },
     Drain {
         machine: String,
+        /// With the user's consent (`spec.forceDrain`): what a budget still keeps at the
+        /// drain's deadline is deleted rather than the step failing.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        force: bool,
     },
     /// Apply `payload.config` with mode NO_REBOOT: the node's running config with `paths` set
     /// from the render. Without a payload (a plan made from a snapshot alone, `ichor plan`)
@@ -290,7 +294,11 @@ impl fmt::Display for Action {
                 write!(f, "pull {image} into containerd namespace {namespace} on {machine}")
             }
             Action::Cordon { machine } => write!(f, "cordon {machine}"),
-            Action::Drain { machine } => write!(f, "drain {machine}"),
+            Action::Drain { machine, force: false } => write!(f, "drain {machine}"),
+            Action::Drain { machine, force: true } => write!(
+                f,
+                "drain {machine}, deleting at the drain's deadline what a PodDisruptionBudget still keeps (--force-drain)"
+            ),
             Action::Apply { machine, paths, .. } => {
                 write!(f, "apply the rendered config to {machine} without a reboot, changing {}", paths.join(", "))
             }
@@ -378,7 +386,7 @@ impl Action {
             | Action::Start { machine, .. }
             | Action::PullImage { machine, .. }
             | Action::Cordon { machine }
-            | Action::Drain { machine }
+            | Action::Drain { machine, .. }
             | Action::Apply { machine, .. }
             | Action::ApplyStaged { machine, .. }
             | Action::Reboot { machine, .. }
@@ -681,8 +689,11 @@ impl Planner {
         for row @ [m] in r.act_cordon.rows(&db) {
             push(Action::Cordon { machine: text(m) }, proof(r.act_cordon.id(), &row));
         }
+        let forced: BTreeSet<String> = r.act_drain_forced.rows(&db).map(|[m]| text(m)).collect();
         for row @ [m] in r.act_drain.rows(&db) {
-            push(Action::Drain { machine: text(m) }, proof(r.act_drain.id(), &row));
+            let machine = text(m);
+            let force = forced.contains(&machine);
+            push(Action::Drain { machine, force }, proof(r.act_drain.id(), &row));
         }
         // Each machine's applied paths, one action per machine and mode, paths sorted.
         let by_machine = |rel: &engine::Output<2>| {
@@ -863,13 +874,13 @@ impl Planner {
         let mut checks: Vec<String> =
             r.plan_check.rows(&db).map(|[t, d]| self.message(&text(t), &data(json!({"detail": text(d)})))).collect();
         checks.sort_unstable();
-        let mut drain_refusals: Vec<String> = r
-            .drain_refused_now
-            .rows(&db)
-            .map(|[m, b, p]| {
-                self.message("DrainRefusedNow", &data(json!({"machine": text(m), "a": text(b), "b": text(p)})))
-            })
-            .collect();
+        let drains = |rel: &engine::Output<3>, template: &str| -> Vec<String> {
+            rel.rows(&db)
+                .map(|[m, b, p]| self.message(template, &data(json!({"machine": text(m), "a": text(b), "b": text(p)}))))
+                .collect()
+        };
+        let mut drain_refusals = drains(&r.drain_refused_now, "DrainRefusedNow");
+        drain_refusals.extend(drains(&r.drain_forced_now, "DrainForcedNow"));
         drain_refusals.sort_unstable();
         let nothing_to_do =
             r.nothing_to_do.rows(&db).map(|[t, d]| self.message(&text(t), &data(json!({"detail": text(d)})))).min();

@@ -306,6 +306,10 @@ pub struct Operation {
     /// The user consented to a Talos downgrade.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_downgrade: bool,
+    /// The user consented to delete, at the drain's deadline, the pods a budget still keeps
+    /// (`spec.forceDrain`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force_drain: bool,
     #[serde(default = "one")]
     pub max_unavailable: i64,
     /// The phase held in status.

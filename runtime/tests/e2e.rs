@@ -46,7 +46,7 @@ impl KubePort for Twin {
         self.cordoned.insert(node.into(), true);
         Ok(())
     }
-    async fn drain(&mut self, node: &str) -> Result<(), TwinError> {
+    async fn drain(&mut self, node: &str, _force: bool) -> Result<(), TwinError> {
         if !self.cordoned.get(node).copied().unwrap_or(false) {
             return Err(TwinError(format!("drain of {node} before its cordon")));
         }
@@ -168,6 +168,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         target_talos: None,
         talos_installer: None,
         allow_downgrade: false,
+        force_drain: false,
         max_unavailable: 1,
         phase: render::api::Phase::Pending,
         intent: Default::default(),

@@ -72,7 +72,7 @@ async fn a_drain_evicts_through_the_eviction_api_and_leaves_daemonset_and_mirror
         pod("static", "w1", json!({}), json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}})),
     );
     api.put("", "pods", pod("elsewhere", "cp1", json!({"app": "web"}), json!({})));
-    k.drain("w1").await.unwrap();
+    k.drain("w1", false).await.unwrap();
     let left: Vec<String> = api.objects().keys().filter(|k| k.1 == "pods").map(|k| k.3.clone()).collect();
     assert_eq!(left, ["agent", "elsewhere", "static"]);
     assert!(
@@ -91,7 +91,7 @@ async fn a_drain_a_budget_blocks_fails_at_its_deadline_naming_the_pod() {
         "poddisruptionbudgets",
         json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "default"}, "spec": {"selector": {"matchLabels": {"app": "db"}}}, "status": {"disruptionsAllowed": 0}}),
     );
-    match k.drain("w1").await {
+    match k.drain("w1", false).await {
         Err(e @ KubeError::DrainTimedOut { .. }) => {
             let m = e.to_string();
             assert!(m.contains("default/db") && m.contains("disruption budget db"), "{m}");
@@ -99,6 +99,24 @@ async fn a_drain_a_budget_blocks_fails_at_its_deadline_naming_the_pod() {
         other => panic!("{other:?}"),
     }
     assert!(api.get("", "pods", "default", "db").is_some(), "the pod the budget protects stays");
+}
+
+#[tokio::test]
+async fn a_forced_drain_deletes_at_its_deadline_what_a_budget_keeps_and_leaves_the_budget() {
+    let (_f, api, mut k) = setup().await;
+    api.put("", "pods", pod("db", "w1", json!({"app": "db"}), json!({})));
+    api.put(
+        "policy",
+        "poddisruptionbudgets",
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "default"}, "spec": {"selector": {"matchLabels": {"app": "db"}}}, "status": {"disruptionsAllowed": 0}}),
+    );
+    k.drain("w1", true).await.unwrap();
+    assert!(api.get("", "pods", "default", "db").is_none(), "the pod the budget kept is deleted");
+    assert!(api.get("policy", "poddisruptionbudgets", "default", "db").is_some(), "the budget stays");
+    let log = api.log();
+    let evictions = log.iter().filter(|l| l.starts_with("POST /api/v1/namespaces/default/pods/db/eviction")).count();
+    assert!(evictions > 1, "the eviction was tried until the deadline first: {log:?}");
+    assert!(log.iter().any(|l| l.starts_with("DELETE /api/v1/namespaces/default/pods/db")), "{log:?}");
 }
 
 #[tokio::test]
@@ -290,7 +308,7 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
         confirmation: None,
         actions: vec![
             (Action::Cordon { machine: "w1".into() }, vec![]),
-            (Action::Drain { machine: "w1".into() }, vec![]),
+            (Action::Drain { machine: "w1".into(), force: false }, vec![]),
             (
                 Action::Apply {
                     machine: "w1".into(),

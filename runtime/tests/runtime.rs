@@ -159,7 +159,7 @@ fn every_action_kind_is_its_serialized_tag_and_ranked_by_the_rules() {
         Action::Start { machine: m(), stage: m(), boot_id: None },
         Action::PullImage { machine: m(), node: None, namespace: ContainerdNamespace::K8s, image: m() },
         Action::Cordon { machine: m() },
-        Action::Drain { machine: m() },
+        Action::Drain { machine: m(), force: false },
         Action::Apply { machine: m(), node: None, paths: vec![], payload: None },
         Action::ApplyStaged { machine: m(), node: None, paths: vec![], payload: None },
         Action::Reboot { machine: m(), node: None },
@@ -444,7 +444,7 @@ fn every_upgrade_plan_keeps_the_operation_properties() {
                 Action::Start { machine, .. }
                 | Action::PullImage { machine, .. }
                 | Action::Cordon { machine }
-                | Action::Drain { machine }
+                | Action::Drain { machine, .. }
                 | Action::Apply { machine, .. } => Some(machine.clone()),
                 _ => None,
             }

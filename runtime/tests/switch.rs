@@ -114,6 +114,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
         target_talos: None,
         talos_installer: None,
         allow_downgrade: false,
+        force_drain: false,
         max_unavailable: 1,
         phase: render::api::Phase::Pending,
         intent: Default::default(),

@@ -122,6 +122,45 @@ fn wire_reboot_messages_use_facts_field_numbers() {
 }
 
 #[test]
+fn wire_upgrade_messages_use_facts_field_numbers() {
+    use runtime::talos::proto::common::{ContainerDriver, ContainerdInstance, ContainerdNamespace};
+    use runtime::talos::proto::machine::lifecycle_service_install_progress::Response as P;
+    use runtime::talos::proto::machine::*;
+    // UpgradeRequest{image 1, preserve 2, stage 3, force 4, reboot_mode 5 (DEFAULT=0, POWERCYCLE=1)}.
+    let u = UpgradeRequest {
+        image: "i".into(),
+        preserve: true,
+        stage: true,
+        force: true,
+        reboot_mode: upgrade_request::RebootMode::Powercycle as i32,
+    };
+    assert_eq!(u.encode_to_vec(), [0x0a, 1, b'i', 0x10, 1, 0x18, 1, 0x20, 1, 0x28, 1]);
+    // UpgradeResponse{messages 1: Upgrade{metadata 1, ack 2, actor_id 3}}.
+    let r = UpgradeResponse { messages: vec![Upgrade { metadata: None, ack: "a".into(), actor_id: "x".into() }] };
+    assert_eq!(r.encode_to_vec(), [0x0a, 6, 0x12, 1, b'a', 0x1a, 1, b'x']);
+    // LifecycleServiceUpgradeRequest{containerd 1 (ContainerdInstance{driver 1, namespace 2}),
+    // source 2 (InstallArtifactsSource{image_name 1})}.
+    let l = LifecycleServiceUpgradeRequest {
+        containerd: Some(ContainerdInstance {
+            driver: ContainerDriver::Cri as i32,
+            namespace: ContainerdNamespace::NsSystem as i32,
+        }),
+        source: Some(InstallArtifactsSource { image_name: "i".into() }),
+    };
+    assert_eq!(l.encode_to_vec(), [0x0a, 4, 0x08, 1, 0x10, 1, 0x12, 3, 0x0a, 1, b'i']);
+    // LifecycleServiceUpgradeResponse{progress 1: {oneof message 1 | exit_code 2}}.
+    let m = LifecycleServiceUpgradeResponse {
+        progress: Some(LifecycleServiceInstallProgress { response: Some(P::Message("m".into())) }),
+    };
+    assert_eq!(m.encode_to_vec(), [0x0a, 3, 0x0a, 1, b'm']);
+    let e = LifecycleServiceUpgradeResponse {
+        progress: Some(LifecycleServiceInstallProgress { response: Some(P::ExitCode(0)) }),
+    };
+    // An exit code of 0 is still sent: it is a oneof member.
+    assert_eq!(e.encode_to_vec(), [0x0a, 2, 0x10, 0]);
+}
+
+#[test]
 fn wire_cosi_messages_use_facts_field_numbers() {
     use runtime::talos::proto::cosi::resource::*;
     let g = GetRequest { namespace: "n".into(), r#type: "t".into(), id: "i".into(), options: Some(GetOptions {}) };
@@ -349,6 +388,55 @@ async fn image_pulls_land_in_the_namespace_asked_through_image_service_or_the_ol
         ]
     );
     assert_eq!(f.pulls("older1"), [("system".to_string(), "ghcr.io/siderolabs/kubelet:v1.36.5".to_string())]);
+}
+
+/// Waits (5 s at most) for a rebooting node to answer again; its Talos version then.
+async fn back(f: &Fleet, c: &Client, node: &str) -> String {
+    let start = std::time::Instant::now();
+    while f.boot_id(node).is_none() && start.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.version(node).await.unwrap().tag
+}
+
+#[tokio::test]
+async fn an_upgrade_installs_the_pulled_installer_and_the_next_boot_runs_it() {
+    let f = fleet().await;
+    let c = admin(&f);
+    let image = "factory.talos.dev/metal-installer/abc:v1.14.6";
+    // LifecycleService.Upgrade installs only an image pulled into the system namespace.
+    let e = c.upgrade("w1", image, false).await.unwrap_err();
+    assert!(e.to_string().contains("pull it first"), "{e}");
+    c.pull_image("w1", ContainerdNamespace::System, image).await.unwrap();
+    c.upgrade("w1", image, false).await.unwrap();
+    // No reboot by itself: the node still runs its Talos until it reboots.
+    assert_eq!(c.version("w1").await.unwrap().tag, "v1.14.3");
+    assert_eq!(f.reboots("w1"), 0);
+    c.reboot("w1").await.unwrap();
+    assert_eq!(back(&f, &c, "w1").await, "v1.14.6");
+    assert_eq!(f.reboots("w1"), 1);
+    // An installer whose tag is no Talos version: the installer's non-zero exit is a refusal.
+    c.pull_image("cp1", ContainerdNamespace::System, "x/installer:latest").await.unwrap();
+    let e = c.upgrade("cp1", "x/installer:latest", false).await.unwrap_err();
+    assert!(matches!(e, TalosError::Refused { .. }) && e.to_string().contains("exited with code 1"), "{e}");
+}
+
+#[tokio::test]
+async fn a_failing_new_talos_boots_the_previous_one_and_talos_1_12_upgrades_through_the_legacy_call() {
+    let f = fleet().await;
+    let c = admin(&f);
+    let image = "factory.talos.dev/metal-installer/abc:v1.14.6";
+    f.set_upgrade_fails("cp1", true);
+    c.pull_image("cp1", ContainerdNamespace::System, image).await.unwrap();
+    c.upgrade("cp1", image, false).await.unwrap();
+    c.reboot("cp1").await.unwrap();
+    assert_eq!(back(&f, &c, "cp1").await, "v1.14.3", "the A/B fallback boots the old Talos");
+    // Talos 1.12 has no LifecycleService; MachineService.Upgrade installs and reboots by itself.
+    let e = c.upgrade("older1", "ghcr.io/siderolabs/installer:v1.13.10", false).await.unwrap_err();
+    assert!(matches!(e, TalosError::Unimplemented { .. }), "{e}");
+    c.upgrade("older1", "ghcr.io/siderolabs/installer:v1.13.10", true).await.unwrap();
+    assert_eq!(back(&f, &c, "older1").await, "v1.13.10");
+    assert_eq!(f.reboots("older1"), 1);
 }
 
 #[tokio::test]
