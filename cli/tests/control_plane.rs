@@ -9,6 +9,7 @@
 //! so and skips (the control plane cannot be built); a component that fails to build or start
 //! fails the test naming it, with its last log lines, and leaves no process behind.
 
+use render::api::Phase;
 use runtime::sim::control_plane::{ControlPlane, ControlPlaneError};
 use runtime::sim::kubebin::KubeBinError;
 use std::process::Command;
@@ -312,4 +313,142 @@ fn the_controller_as_its_service_account_judges_every_machine_and_rbac_denies_it
     ]);
     assert_eq!(holder.trim(), "ichor-controller-test", "the controller holds its Lease");
     drop(controller);
+}
+
+/// The lab cluster's manifest files (cluster, machines, patches, secrets), as read.
+fn lab_files() -> Vec<(String, String)> {
+    let lab = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/lab-v1.14"));
+    ["cluster.yaml", "machines.yaml", "patches.yaml", "secrets.yaml"]
+        .iter()
+        .map(|f| (f.to_string(), std::fs::read_to_string(lab.join(f)).unwrap()))
+        .collect()
+}
+
+/// `kubectl get ... -o jsonpath=PATH` as the admin, trimmed.
+fn get(cp: &ControlPlane, what: &[&str], path: &str) -> String {
+    let jsonpath = format!("jsonpath={path}");
+    let args: Vec<&str> = ["get"].iter().copied().chain(what.iter().copied()).chain(["-o", &jsonpath]).collect();
+    cp.kubectl(&args).1.trim().to_string()
+}
+
+/// Waits up to `secs` for `f` to hold; what it last saw when it did not.
+fn wait_for(secs: u64, what: &str, mut f: impl FnMut() -> Result<(), String>) {
+    let start = std::time::Instant::now();
+    loop {
+        match f() {
+            Ok(()) => return,
+            Err(seen) if start.elapsed() > std::time::Duration::from_secs(secs) => {
+                panic!("{what}: not within {secs} s; last seen: {seen}")
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(300)),
+        }
+    }
+}
+
+/// A Talos upgrade on kube-apiserver (issues 51 and 52): the lab fleet simulated, its kubelets
+/// stand-ins posting through kube-rs (`runtime::sim::kubelet`), the controller as its
+/// ServiceAccount. A pod on cp1 that a PodDisruptionBudget keeps — its allowance counted by the
+/// real disruption controller, its eviction refused by kube-apiserver itself (429) — pauses the
+/// upgrade at cp1's drain, naming the budget and the pod, cp1 uncordoned and still on its
+/// Talos; with the budget gone, a resume completes it: every node on the target, its Node
+/// reporting it, none left cordoned, RBAC denying the controller nothing on the way.
+#[test]
+fn a_talos_upgrade_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_to_completed() {
+    let Some(cp) = control_plane("talos-upgrade") else { return };
+    install(&cp);
+    let _hook = webhook(&cp);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (_, fleet) = rt.block_on(runtime::sim::demo::start_fleet(&lab_files(), false)).unwrap();
+    let talosconfig = cp.dir().join("talosconfig");
+    std::fs::write(&talosconfig, fleet.fleet.talosconfig(&["os:admin"]).unwrap()).unwrap();
+    let client = rt
+        .block_on(async {
+            let k = kube_client::config::Kubeconfig::read_from(&cp.admin_kubeconfig)?;
+            let c = kube_client::Config::from_custom_kubeconfig(k, &Default::default()).await?;
+            anyhow::Ok(kube_client::Client::try_from(c)?)
+        })
+        .unwrap();
+    let kubelets = runtime::sim::kubelet::Kubelets {
+        client,
+        talos: fleet.talos.clone(),
+        machines: fleet.machines.iter().map(|(n, a, _)| (n.clone(), a.clone())).collect(),
+    };
+    rt.block_on(kubelets.post()).unwrap();
+    let _kubelets = rt.spawn(kubelets.run(std::time::Duration::from_millis(500)));
+    let manifests: String = lab_files().into_iter().map(|(_, t)| t + "\n---\n").collect();
+    wait_for(20, "the lab cluster applied (the webhook admits it)", || {
+        let (code, out, err) =
+            cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "--server-side", "-f", "-"], Some(&manifests));
+        if code == 0 { Ok(()) } else { Err(format!("{err}{out}")) }
+    });
+    let (code, _, err) = cp.kubectl(&["wait", "--for=condition=Ready", "node", "--all", "--timeout=30s"]);
+    assert_eq!(code, 0, "the stand-in kubelets' Nodes are Ready: {err}");
+    // The pod a budget keeps, on the first machine the upgrade takes.
+    let web = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\n  labels:\n    app: web\nspec:\n  nodeName: cp1\n  containers:\n    - name: web\n      image: nginx\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  minAvailable: 1\n  selector:\n    matchLabels:\n      app: web\n";
+    let (code, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "-f", "-"], Some(web));
+    assert_eq!(code, 0, "{err}");
+    wait_for(30, "the disruption controller counts web healthy and allows no disruption", || {
+        let s = get(&cp, &["pdb", "web", "-n", "default"], "{.status.currentHealthy}/{.status.disruptionsAllowed}");
+        if s == "1/0" { Ok(()) } else { Err(s) }
+    });
+    let kubeconfig = cp.service_account_kubeconfig("ichor-system", "ichor-controller").unwrap();
+    let log = cp.dir().join("controller.log");
+    let _controller = Process(
+        Command::new(env!("CARGO_BIN_EXE_ichor"))
+            .args(["controller", "--namespace", "ichor-system", "--metrics-addr", "127.0.0.1:0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .arg("--talosconfig")
+            .arg(&talosconfig)
+            .args(["--identity", "ichor-controller-test", "--no-network-policies", "--drain-timeout", "8"])
+            .env("ICHOR_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let admin = cp.admin_kubeconfig.to_str().unwrap().to_string();
+    let tc = talosconfig.to_str().unwrap().to_string();
+    let up = ["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--kubeconfig", &admin, "--talosconfig", &tc];
+    let (code, out, err) = ichor(&[&up[..], &["--dry-run"]].concat());
+    assert!(out.contains("draining cp1 would be refused now: PodDisruptionBudget default/web"), "{code} {out}{err}");
+    let (code, out, err) = ichor(&[&up[..], &["--yes"]].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    let op = ["talosoperation", "upgrade-talos-1-14-6", "-n", "ichor-system"];
+    let controller_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for(120, "the upgrade pauses at cp1's drain", || {
+        let p = get(&cp, &op, "{.status.phase}");
+        if p == Phase::Paused.name() { Ok(()) } else { Err(format!("{p}\n{}", controller_log())) }
+    });
+    let reason = get(&cp, &op, "{.status.pausedReason} {.status.machines}");
+    assert!(
+        reason.contains("cp1") && reason.contains("default/web") && reason.contains("disruption budget"),
+        "the pause names cp1, the pod and kube-apiserver's refusal: {reason}"
+    );
+    wait_for(10, "cp1 uncordoned after its failed drain", || {
+        let u = get(&cp, &["node", "cp1"], "{.spec.unschedulable}");
+        if u.is_empty() { Ok(()) } else { Err(u) }
+    });
+    let cp1 = get(&cp, &["node", "cp1"], "{.status.nodeInfo.osImage}");
+    assert_eq!(cp1, "Talos (v1.14.3)", "cp1 was not upgraded after its drain failed");
+    assert_eq!(get(&cp, &["pod", "web", "-n", "default"], "{.metadata.name}"), "web", "the budget kept web");
+    let (code, _, err) = cp.kubectl(&["delete", "pdb", "web", "-n", "default"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = ichor(&["operation", "resume", "upgrade-talos-1-14-6", "--kubeconfig", &admin]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_for(300, "the upgrade completes", || {
+        let p = get(&cp, &op, "{.status.phase}");
+        if p == Phase::Completed.name() { Ok(()) } else { Err(format!("{p} {}", get(&cp, &op, "{.status.machines}"))) }
+    });
+    let nodes = get(
+        &cp,
+        &["nodes"],
+        "{range .items[*]}{.metadata.name}={.status.nodeInfo.osImage}/{.spec.unschedulable} {end}",
+    ) + " ";
+    for n in ["cp1", "cp2", "cp3", "w1"] {
+        assert!(nodes.contains(&format!("{n}=Talos (v1.14.6)/ ")), "{n} on the target, uncordoned: {nodes}");
+    }
+    let text = controller_log();
+    let denied: Vec<&str> = text.lines().filter(|l| l.contains("forbidden") || l.contains(" 403")).collect();
+    assert!(denied.is_empty(), "RBAC denied the controller:\n{}", denied.join("\n"));
+    drop(fleet);
 }

@@ -7,6 +7,7 @@
 //! reconciles, or `Demo::kubelets_forever`) and `Demo::controller`.
 
 use super::kubeapi;
+use super::kubelet::{config_node_labels, mirror_pod, mirror_pod_status, node_status, node_unknown};
 use super::talos::{Fleet, NodeSpec, SimError};
 use crate::controller::Controller;
 use crate::exec::KubePort;
@@ -62,51 +63,68 @@ fn group_plural(kind: &str) -> (&'static str, String) {
     }
 }
 
+/// A simulated fleet whose nodes run the render of manifest files, with an admin client of it.
+pub struct FleetOf {
+    pub fleet: Fleet,
+    pub talos: Talos,
+    /// The machines: name, Talos address, role.
+    pub machines: Vec<(String, String, Role)>,
+}
+
+/// The fleet of `files` (TalosCluster, TalosMachines, patches, the secrets Secret): each
+/// machine a node at its address, on its cluster's Talos, running its render (without the
+/// inline Cilium entry when `handover_done`: ADR 0024). Also the files as the render read them.
+pub async fn start_fleet(
+    files: &[(String, String)],
+    handover_done: bool,
+) -> Result<(Vec<(String, String)>, FleetOf), DemoError> {
+    let classifier = render::classify::Classifier::new(&render::classify::RuleSet::embedded())
+        .map_err(|e| DemoError::Manifests(e.to_string()))?;
+    let contracts: Vec<String> = classifier.known().iter().map(|c| c.to_string()).collect();
+    let files: Vec<(String, String)> = files
+        .iter()
+        .map(|(f, t)| {
+            if !handover_done || !t.contains("kind: TalosCluster") {
+                return (f.clone(), t.clone());
+            }
+            (f.clone(), format!("{}\nstatus:\n  conditions:\n  - {{type: CNIHandover, status: \"True\", reason: Synced, message: \"\"}}\n", t.trim_end()))
+        })
+        .collect();
+    let manifests = render::manifests::Manifests::load(&files, &contracts)
+        .map_err(|e| DemoError::Manifests(e.iter().map(|x| x.message.clone()).collect::<Vec<_>>().join("; ")))?;
+    let mut specs = vec![];
+    let mut machines = vec![];
+    for m in manifests.machines.iter() {
+        let name = m.metadata.name.clone().unwrap_or_default();
+        let r = render::machine::render_checked(&manifests, &name, None, &classifier)
+            .map_err(|e| DemoError::Render { machine: name.clone(), problem: e.to_string() })?;
+        let talos = manifests.cluster_of(m).spec.talos_version.clone();
+        specs.push(NodeSpec {
+            name: m.spec.address.clone(),
+            role: m.spec.role,
+            talos,
+            config: Some(r.config.to_yaml()),
+        });
+        machines.push((name, m.spec.address.clone(), m.spec.role));
+    }
+    let fleet = Fleet::start(specs, "127.0.0.1:0".parse().expect("an address")).await?;
+    let text = fleet.talosconfig(&["os:admin"]).map_err(|e| DemoError::Talos(e.to_string()))?;
+    let tc = TalosConfig::parse(&text, "talosconfig").map_err(|e| DemoError::Talos(e.to_string()))?;
+    let (n, ctx) = tc.context(None, "talosconfig").map_err(|e| DemoError::Talos(e.to_string()))?;
+    let now =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let creds = ctx.credentials(n, "talosconfig", now).map_err(|e| DemoError::Talos(e.to_string()))?;
+    let talos = Talos::new(ctx, &creds, Duration::from_secs(10)).map_err(|e| DemoError::Talos(e.to_string()))?;
+    Ok((files, FleetOf { fleet, talos, machines }))
+}
+
 impl Demo {
     /// A fleet whose nodes run the render of `files` (TalosCluster, TalosMachines, patches,
     /// the secrets Secret), those resources in the in-memory API, the Nodes, cilium-config,
     /// and kube-proxy as Talos's bootstrap applies it. `handover_done` sets CNIHandover True.
     pub async fn start(files: &[(String, String)], handover_done: bool) -> Result<Demo, DemoError> {
-        let classifier = render::classify::Classifier::new(&render::classify::RuleSet::embedded())
-            .map_err(|e| DemoError::Manifests(e.to_string()))?;
-        let contracts: Vec<String> = classifier.known().iter().map(|c| c.to_string()).collect();
-        // With the hand-over done, the render drops the inline Cilium entry (ADR 0024): the
-        // nodes start from that render.
-        let files: Vec<(String, String)> = files
-            .iter()
-            .map(|(f, t)| {
-                if !handover_done || !t.contains("kind: TalosCluster") {
-                    return (f.clone(), t.clone());
-                }
-                (f.clone(), format!("{}\nstatus:\n  conditions:\n  - {{type: CNIHandover, status: \"True\", reason: Synced, message: \"\"}}\n", t.trim_end()))
-            })
-            .collect();
+        let (files, FleetOf { fleet, talos, machines }) = start_fleet(files, handover_done).await?;
         let files = &files[..];
-        let manifests = render::manifests::Manifests::load(files, &contracts)
-            .map_err(|e| DemoError::Manifests(e.iter().map(|x| x.message.clone()).collect::<Vec<_>>().join("; ")))?;
-        let mut specs = vec![];
-        let mut machines = vec![];
-        for m in manifests.machines.iter() {
-            let name = m.metadata.name.clone().unwrap_or_default();
-            let r = render::machine::render_checked(&manifests, &name, None, &classifier)
-                .map_err(|e| DemoError::Render { machine: name.clone(), problem: e.to_string() })?;
-            let talos = manifests.cluster_of(m).spec.talos_version.clone();
-            specs.push(NodeSpec {
-                name: m.spec.address.clone(),
-                role: m.spec.role,
-                talos,
-                config: Some(r.config.to_yaml()),
-            });
-            machines.push((name, m.spec.address.clone(), m.spec.role));
-        }
-        let fleet = Fleet::start(specs, "127.0.0.1:0".parse().expect("an address")).await?;
-        let text = fleet.talosconfig(&["os:admin"]).map_err(|e| DemoError::Talos(e.to_string()))?;
-        let tc = TalosConfig::parse(&text, "talosconfig").map_err(|e| DemoError::Talos(e.to_string()))?;
-        let (n, ctx) = tc.context(None, "talosconfig").map_err(|e| DemoError::Talos(e.to_string()))?;
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
-        let creds = ctx.credentials(n, "talosconfig", now).map_err(|e| DemoError::Talos(e.to_string()))?;
-        let talos = Talos::new(ctx, &creds, Duration::from_secs(10)).map_err(|e| DemoError::Talos(e.to_string()))?;
         let api = kubeapi::Api::new();
         for (file, text) in files {
             use serde::Deserialize;
@@ -194,7 +212,7 @@ impl Demo {
             // kubelet stops posting) and its mirror pods not Ready; the rest stays as it was.
             let Some(boot_id) = self.fleet.boot_id(address) else {
                 if let Some(mut node) = self.api.get("", "nodes", "", name) {
-                    let ready = json!([{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]);
+                    let ready = node_unknown();
                     if node.pointer("/status/conditions") != Some(&ready) {
                         node["status"]["conditions"] = ready;
                         self.api.put("", "nodes", node);
@@ -204,7 +222,7 @@ impl Demo {
                     let Some(mut pod) = self.api.get("", "pods", "kube-system", &format!("{component}-{name}")) else {
                         continue;
                     };
-                    let not_ready = mirror_pod_status(component, false);
+                    let not_ready = mirror_pod_status(&[component], false);
                     if pod.get("status") != Some(&not_ready) {
                         pod["status"] = not_ready;
                         self.api.put("", "pods", pod);
@@ -216,7 +234,6 @@ impl Demo {
             if let (Ok(mut s), Some(r)) = (self.seen.lock(), revision) {
                 s.insert(name.clone(), (r, now));
             }
-            let version = o.kubelet_image.rsplit(':').next().unwrap_or_default().to_string();
             // The node labels the running config sets (Talos's node-labels controller puts them
             // on the Node live).
             let labels = match self.talos.running_config(address).await {
@@ -236,19 +253,15 @@ impl Demo {
                 if relabelled {
                     self.api.put("", "nodes", node.clone());
                 }
-                let status = json!({"conditions": [{"type": "Ready", "status": "True"}],
-                    "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
-                    "nodeInfo": {"kubeletVersion": version, "architecture": "amd64", "bootID": boot_id, "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": format!("Talos ({})", o.talos_version), "systemUUID": ""}});
+                let status = node_status(name, address, &boot_id, &o);
                 if node.get("status") != Some(&status) {
                     node["status"] = status;
                     self.api.put("", "nodes", node);
                 }
             }
             for (component, image) in &o.components {
-                let pod = json!({"apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": format!("{component}-{name}"), "namespace": "kube-system", "labels": {"k8s-app": component}, "annotations": {"kubernetes.io/config.mirror": "x"}},
-                    "spec": {"nodeName": name, "containers": [{"name": component, "image": image}]},
-                    "status": mirror_pod_status(component, true)});
+                let mut pod = mirror_pod(component, image, name);
+                pod["status"] = mirror_pod_status(&[component], true);
                 let current = self.api.get("", "pods", "kube-system", &format!("{component}-{name}"));
                 let same = current
                     .as_ref()
@@ -270,18 +283,6 @@ impl Demo {
     }
 }
 
-/// A control-plane mirror pod's status as its kubelet posts it: Running, its one container
-/// ready or not (what `kubectl get pods` counts as READY 1/1).
-fn mirror_pod_status(component: &str, ready: bool) -> serde_json::Value {
-    let word = if ready { "True" } else { "False" };
-    json!({
-        "phase": "Running", // a Pod's phase: Kubernetes' word
-        "conditions": [{"type": "Ready", "status": word}, {"type": "ContainersReady", "status": word}],
-        "containerStatuses": [{"name": component, "ready": ready, "started": ready, "restartCount": 0,
-            "state": {"running": {}}, "image": "", "imageID": ""}],
-    })
-}
-
 /// The namespaces the objects are in, and Kubernetes' own, exist as Namespaces (Active), as on
 /// a cluster: `kubectl get namespaces` lists them.
 pub fn ensure_namespaces(api: &kubeapi::Api) {
@@ -298,31 +299,6 @@ pub fn ensure_namespaces(api: &kubeapi::Api) {
             );
         }
     }
-}
-
-/// The node labels a machine config sets: v1.14's `KubeNodeConfig.labels`, else the legacy
-/// `machine.nodeLabels`.
-fn config_node_labels(text: &str) -> BTreeMap<String, String> {
-    use serde::Deserialize;
-    let mut out = BTreeMap::new();
-    for d in serde_yaml::Deserializer::from_str(text) {
-        let Ok(v) = serde_yaml::Value::deserialize(d) else { continue };
-        let labels = if v.get("kind").and_then(|k| k.as_str()) == Some("KubeNodeConfig") {
-            v.get("labels")
-        } else if v.get("kind").is_none() {
-            v.get("machine").and_then(|m| m.get("nodeLabels"))
-        } else {
-            None
-        };
-        if let Some(serde_yaml::Value::Mapping(m)) = labels {
-            for (k, val) in m {
-                if let (Some(k), Some(val)) = (k.as_str(), render::yaml::scalar_text(val)) {
-                    out.insert(k.to_string(), val);
-                }
-            }
-        }
-    }
-    out
 }
 
 /// Every DaemonSet rolled out on `nodes` nodes at its current generation (what the

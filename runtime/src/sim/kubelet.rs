@@ -1,0 +1,246 @@
+//! Kubelets as Kubernetes clients (issue 51): what stands for each machine's kubelet, posting
+//! through kube-rs to whatever API server the client reaches — kube-apiserver in the real
+//! control plane's suite. From what the simulated Talos node runs (read through the Talos API,
+//! as the controller reads it): the Node with its Ready condition, `nodeInfo` (kubelet version,
+//! `osImage`, boot ID), capacity and the labels its config sets; the control plane's mirror
+//! pods; and the pods bound to a node that is up made Running and Ready (a terminating one
+//! removed, as a kubelet confirms a deletion). A node Talos does not answer for goes Unknown.
+//! A fixture: nothing here is a kubelet.
+//!
+//! Start at `Kubelets::post`; `Kubelets::run` posts every interval. The words of a Node and a
+//! mirror pod are `node_status` and `mirror_pod_status`, which the in-memory installation's
+//! stand-in (`demo::Demo::kubelets`) writes too.
+
+use crate::talos::client::Client as Talos;
+use crate::talos::observe::{NodeObservation, observe_node};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube_client::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value as Json, json};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The stand-in kubelets of a fleet.
+pub struct Kubelets {
+    pub client: kube_client::Client,
+    pub talos: Talos,
+    /// Each machine: its Node's name and its Talos address.
+    pub machines: Vec<(String, String)>,
+}
+
+/// What a kubelet posts of a node that is up: Ready, its addresses, `nodeInfo` from what Talos
+/// runs (`osImage` `Talos (vX.Y.Z)`, the kubelet image's tag, the boot ID), and capacity a
+/// scheduler places pods by.
+pub fn node_status(name: &str, address: &str, boot_id: &str, o: &NodeObservation) -> Json {
+    let version = o.kubelet_image.rsplit(':').next().unwrap_or_default();
+    json!({"conditions": [{"type": "Ready", "status": "True"}],
+        "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
+        "nodeInfo": {"kubeletVersion": version, "architecture": "amd64", "bootID": boot_id, "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": format!("Talos ({})", o.talos_version), "systemUUID": ""}})
+}
+
+/// A node's status once its kubelet stopped posting: Ready Unknown, the node controller's word.
+pub fn node_unknown() -> Json {
+    json!([{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}])
+}
+
+/// A pod's status as its kubelet posts it: Running, its containers ready or not (what
+/// `kubectl get pods` counts as READY).
+pub fn mirror_pod_status(containers: &[&str], ready: bool) -> Json {
+    let word = if ready { "True" } else { "False" };
+    let statuses: Vec<Json> = containers
+        .iter()
+        .map(|c| {
+            json!({"name": c, "ready": ready, "started": ready, "restartCount": 0,
+            "state": {"running": {}}, "image": "", "imageID": ""})
+        })
+        .collect();
+    json!({
+        "phase": "Running", // a Pod's phase: Kubernetes' word
+        "conditions": [{"type": "Ready", "status": word}, {"type": "ContainersReady", "status": word}],
+        "containerStatuses": statuses,
+    })
+}
+
+/// A control-plane component's mirror pod on `node`, as the kubelet creates it from Talos's
+/// static pod.
+pub fn mirror_pod(component: &str, image: &str, node: &str) -> Json {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("{component}-{node}"), "namespace": "kube-system", "labels": {"k8s-app": component}, "annotations": {"kubernetes.io/config.mirror": "x"}},
+        "spec": {"nodeName": node, "containers": [{"name": component, "image": image}]}})
+}
+
+/// The node labels a machine config sets: v1.14's `KubeNodeConfig.labels`, else the legacy
+/// `machine.nodeLabels`.
+pub fn config_node_labels(text: &str) -> BTreeMap<String, String> {
+    use serde::Deserialize;
+    let mut out = BTreeMap::new();
+    for d in serde_yaml::Deserializer::from_str(text) {
+        let Ok(v) = serde_yaml::Value::deserialize(d) else { continue };
+        let labels = if v.get("kind").and_then(|k| k.as_str()) == Some("KubeNodeConfig") {
+            v.get("labels")
+        } else if v.get("kind").is_none() {
+            v.get("machine").and_then(|m| m.get("nodeLabels"))
+        } else {
+            None
+        };
+        if let Some(serde_yaml::Value::Mapping(m)) = labels {
+            for (k, val) in m {
+                if let (Some(k), Some(val)) = (k.as_str(), render::yaml::scalar_text(val)) {
+                    out.insert(k.to_string(), val);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A write a stand-in kubelet could not make.
+#[derive(Debug, thiserror::Error)]
+#[error("the stand-in kubelet of {node}: {what}")]
+pub struct KubeletError {
+    node: String,
+    what: String,
+    #[source]
+    source: kube_client::Error,
+}
+
+impl Kubelets {
+    /// One post of every machine's kubelet, then of the pods bound to the nodes.
+    pub async fn post(&self) -> Result<(), KubeletError> {
+        let mut up = vec![];
+        for (name, address) in &self.machines {
+            let observed = observe_node(&self.talos, address).await.ok();
+            self.post_node(name, address, observed.as_ref()).await?;
+            if observed.is_some() {
+                up.push(name.clone());
+            }
+        }
+        self.run_pods(&up).await
+    }
+
+    /// Posts every `every` until the task is dropped; a failed post is retried at the next.
+    pub async fn run(self, every: Duration) {
+        loop {
+            if let Err(e) = self.post().await {
+                tracing::debug!(error = %crate::error_chain(&e), "stand-in kubelet post");
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    async fn post_node(&self, name: &str, address: &str, o: Option<&NodeObservation>) -> Result<(), KubeletError> {
+        let err = |what: &str| {
+            let (node, what) = (name.to_string(), what.to_string());
+            move |source| KubeletError { node, what, source }
+        };
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        if nodes.get_opt(name).await.map_err(err("reading its Node"))?.is_none() {
+            let node = json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}}});
+            let node: Node = serde_json::from_value(node).expect("a Node");
+            nodes.create(&PostParams::default(), &node).await.map_err(err("registering its Node"))?;
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), "kube-system");
+        let Some(o) = o else {
+            nodes
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"conditions": node_unknown()}})),
+                )
+                .await
+                .map_err(err("posting its Node Unknown"))?;
+            for p in pods
+                .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
+                .await
+                .map_err(err("listing its pods"))?
+            {
+                let pod_name = p.metadata.name.clone().unwrap_or_default();
+                let containers: Vec<String> =
+                    p.spec.as_ref().map(|s| s.containers.iter().map(|c| c.name.clone()).collect()).unwrap_or_default();
+                let names: Vec<&str> = containers.iter().map(String::as_str).collect();
+                let status = json!({"status": mirror_pod_status(&names, false)});
+                pods.patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(status))
+                    .await
+                    .map_err(err("posting a mirror pod not Ready"))?;
+            }
+            return Ok(());
+        };
+        let labels = match self.talos.running_config(address).await {
+            Ok(text) => config_node_labels(&text),
+            Err(_) => BTreeMap::new(),
+        };
+        let boot_id = o.boot_id.clone().unwrap_or_default();
+        let mut status = json!({"status": node_status(name, address, &boot_id, o)});
+        status["status"]["capacity"] = json!({"cpu": "4", "memory": "8Gi", "pods": "110"});
+        status["status"]["allocatable"] = json!({"cpu": "4", "memory": "8Gi", "pods": "110"});
+        if !labels.is_empty() {
+            nodes
+                .patch(name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": labels}})))
+                .await
+                .map_err(err("labelling its Node"))?;
+        }
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .map_err(err("posting its Node"))?;
+        for (component, image) in &o.components {
+            let want = mirror_pod(component, image, name);
+            let pod_name = format!("{component}-{name}");
+            let have = pods.get_opt(&pod_name).await.map_err(err("reading a mirror pod"))?;
+            let same_spec = have.as_ref().is_some_and(|p| {
+                p.spec.as_ref().and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref()) == Some(image)
+            });
+            if have.is_some() && !same_spec {
+                // A static pod's new image: the kubelet replaces its mirror pod.
+                pods.delete(&pod_name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+                    .await
+                    .map_err(err("replacing a mirror pod"))?;
+            }
+            if !same_spec {
+                let pod: Pod = serde_json::from_value(want).expect("a Pod");
+                pods.create(&PostParams::default(), &pod).await.map_err(err("creating a mirror pod"))?;
+            }
+            let status = json!({"status": mirror_pod_status(&[component], true)});
+            pods.patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(status))
+                .await
+                .map_err(err("posting a mirror pod"))?;
+        }
+        Ok(())
+    }
+
+    /// The pods bound to a node that is up: a terminating one is removed (the kubelet's
+    /// confirmation), one not Running is made Running and Ready.
+    async fn run_pods(&self, up: &[String]) -> Result<(), KubeletError> {
+        let all: Api<Pod> = Api::all(self.client.clone());
+        let err = |what: &'static str| move |source| KubeletError { node: "*".into(), what: what.into(), source };
+        for p in all.list(&ListParams::default()).await.map_err(err("listing pods"))? {
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            if !up.contains(&node) {
+                continue;
+            }
+            let (ns, name) =
+                (p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default());
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+            if p.metadata.deletion_timestamp.is_some() {
+                let gone = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+                match api.delete(&name, &gone).await {
+                    Ok(_) => {}
+                    Err(kube_client::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(err("removing a terminating pod")(e)),
+                }
+                continue;
+            }
+            let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"); // a Pod's phase: Kubernetes' word
+            if !running {
+                let containers: Vec<String> =
+                    p.spec.as_ref().map(|s| s.containers.iter().map(|c| c.name.clone()).collect()).unwrap_or_default();
+                let names: Vec<&str> = containers.iter().map(String::as_str).collect();
+                let status = json!({"status": mirror_pod_status(&names, true)});
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                    .await
+                    .map_err(err("posting a pod Running"))?;
+            }
+        }
+        Ok(())
+    }
+}
