@@ -108,6 +108,7 @@ fn main() {
                 talos_installer: None,
                 allow_downgrade: false,
                 force_drain: false,
+                drain_deadline: None,
                 max_unavailable: 10,
                 phase: render::api::Phase::Running,
                 intent: Default::default(),

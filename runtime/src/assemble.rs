@@ -391,6 +391,8 @@ pub struct Settings<'a> {
     pub release_set_kubernetes: &'a str,
     /// The node the controller runs on (it goes last).
     pub controller_node: Option<&'a str>,
+    /// How long a drain may wait for a PodDisruptionBudget (`ichor controller --drain-timeout`).
+    pub drain_deadline_secs: Option<u64>,
 }
 
 /// Why an observation does not assemble into a snapshot.
@@ -688,6 +690,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .map(|v| render::render::installer_image_at(&cluster.spec, v)),
             allow_downgrade: op.spec.target.allow_downgrade,
             force_drain: op.spec.force_drain,
+            drain_deadline: s.drain_deadline_secs.map(|d| d as i64),
             max_unavailable: op.spec.max_unavailable.into(),
             phase: st.phase(),
             intent: Intent::of(op.metadata.annotations.as_ref(), st.resumed),
@@ -794,7 +797,14 @@ mod tests {
     }
 
     fn settings<'a>(c: &'a Classifier, renders: &'a RenderCache, pending: &'a PendingCache) -> Settings<'a> {
-        Settings { classifier: c, renders, pending, release_set_kubernetes: "v1.37.0", controller_node: Some("w1") }
+        Settings {
+            classifier: c,
+            renders,
+            pending,
+            release_set_kubernetes: "v1.37.0",
+            controller_node: Some("w1"),
+            drain_deadline_secs: None,
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::state::ObservedState;
 use crate::talos::client::Client as Talos;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube_client::api::{Api, ListParams, Patch, PatchParams};
-use render::api::{TalosCluster, TalosConfigPatch, TalosMachine, TalosOperation};
+use render::api::{OperationKind, TalosCluster, TalosConfigPatch, TalosMachine, TalosOperation};
 use render::classify::Classifier;
 use render::config::Config;
 use serde_json::json;
@@ -256,7 +256,18 @@ impl Controller {
             .get(&cluster_name)
             .await
             .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
-        self.read_operation(namespace, &op, &cluster, now).await
+        let mut read = self.read_operation(namespace, &op, &cluster, now).await?;
+        // What would refuse a drain now, for the operations that drain: the rules hold a
+        // machine's step before its cordon while a budget refuses (`drain_blocked`).
+        let drains = matches!(op.spec.kind, OperationKind::Kubernetes | OperationKind::Talos | OperationKind::Config);
+        let ended = op.status.as_ref().is_some_and(|s| s.phase().is_terminal());
+        if drains && !ended {
+            let mut by_node = crate::kube::read_drain_refusals(&self.kube).await?;
+            for m in &mut read.snapshot.machines {
+                m.drain_refusals = by_node.remove(&m.name).unwrap_or_default();
+            }
+        }
+        Ok(read)
     }
 
     /// `read` for an operation and a cluster given as objects: the CLI previews an operation it
@@ -280,6 +291,7 @@ impl Controller {
             pending: &self.cache,
             release_set_kubernetes: &self.release_set_kubernetes,
             controller_node: self.controller_node.as_deref(),
+            drain_deadline_secs: Some(self.drain_timeout.as_secs()),
         }
     }
 

@@ -46,6 +46,7 @@ pub struct Rels {
     pub talos_installer: Input<1>,
     pub allow_downgrade: Input<0>,
     pub force_drain: Input<0>,
+    pub drain_deadline: Input<1>,
     pub node_os_image: Input<2>,
     pub target_cilium_chart: Input<1>,
     pub release_set_kubernetes: Input<1>,
@@ -165,6 +166,7 @@ impl Rels {
             talos_installer: b.input("talos_installer", [("image", S)]),
             allow_downgrade: b.input("allow_downgrade", []),
             force_drain: b.input("force_drain", []),
+            drain_deadline: b.input("drain_deadline", [("seconds", N)]),
             node_os_image: b.input("node_os_image", [("machine", S), ("image", S)]),
             target_cilium_chart: b.input("target_cilium_chart", [("version", S)]),
             release_set_kubernetes: b.input("release_set_kubernetes", [("version", S)]),
@@ -293,6 +295,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     }
     if op.force_drain {
         r.force_drain.push(&mut b, []);
+    }
+    if let Some(d) = op.drain_deadline {
+        let d = b.num(d);
+        r.drain_deadline.push(&mut b, [d]);
     }
     if let Some(t) = op.target_kube_proxy {
         let id = b.sym(t.name());

@@ -50,6 +50,14 @@ pub struct StepLabel {
     pub stage: String,
 }
 
+/// A wait of an operation that runs on a clock (`status.waitingSince`): `DrainBlocked`,
+/// `LockHeld`, ...
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct WaitLabel {
+    pub operation: String,
+    pub wait: String,
+}
+
 /// Machines by cluster and Ready condition (status and reason; `Unknown` when none yet).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct MachineLabel {
@@ -79,6 +87,8 @@ pub struct StateRows {
     pub operation_info: Vec<OperationInfoLabel>,
     /// Each operation's machines by their step's phase and stage.
     pub steps: BTreeMap<StepLabel, i64>,
+    /// Each operation's waits on a clock now.
+    pub waits: Vec<WaitLabel>,
     pub machines: BTreeMap<MachineLabel, i64>,
     /// Paths a reboot must apply (`status.rebootPaths`), per machine that has any.
     pub reboot_paths: BTreeMap<MachineNameLabel, i64>,
@@ -110,6 +120,9 @@ pub fn state_gauges<'a>(
                 stage: p.stage.clone().unwrap_or_default(),
             };
             *rows.steps.entry(label).or_default() += 1;
+        }
+        for wait in st.waiting_since.keys() {
+            rows.waits.push(WaitLabel { operation: o.metadata.name.clone().unwrap_or_default(), wait: wait.clone() });
         }
         rows.operation_info.push(OperationInfoLabel {
             operation: o.metadata.name.clone().unwrap_or_default(),
@@ -152,6 +165,7 @@ pub struct Metrics {
     operations: Family<OperationLabel, Gauge>,
     operation_info: Family<OperationInfoLabel, Gauge>,
     steps: Family<StepLabel, Gauge>,
+    waits: Family<WaitLabel, Gauge>,
     machines: Family<MachineLabel, Gauge>,
     reboot_paths: Family<MachineNameLabel, Gauge>,
     awaiting_reboot: Family<MachineNameLabel, Gauge>,
@@ -170,6 +184,7 @@ impl Metrics {
             operations: Family::default(),
             operation_info: Family::default(),
             steps: Family::default(),
+            waits: Family::default(),
             machines: Family::default(),
             reboot_paths: Family::default(),
             awaiting_reboot: Family::default(),
@@ -209,6 +224,11 @@ impl Metrics {
             m.steps.clone(),
         );
         registry.register(
+            "operation_waits",
+            "Each TalosOperation's waits on a clock now (status.waitingSince), 1 each: wait DrainBlocked is a machine whose turn has come while a PodDisruptionBudget refuses its drain (held before its cordon), LockHeld another operation holding the cluster's lock",
+            m.waits.clone(),
+        );
+        registry.register(
             "machines",
             "TalosMachines now, by cluster and Ready condition (status and reason)",
             m.machines.clone(),
@@ -243,6 +263,7 @@ impl Metrics {
         set_family(&self.operations, rows.operations.iter().map(|(l, n)| (l, *n)));
         set_family(&self.operation_info, rows.operation_info.iter().map(|l| (l, 1)));
         set_family(&self.steps, rows.steps.iter().map(|(l, n)| (l, *n)));
+        set_family(&self.waits, rows.waits.iter().map(|l| (l, 1)));
         set_family(&self.machines, rows.machines.iter().map(|(l, n)| (l, *n)));
         set_family(&self.reboot_paths, rows.reboot_paths.iter().map(|(l, n)| (l, *n)));
         set_family(&self.awaiting_reboot, rows.awaiting_reboot.iter().map(|(l, n)| (l, *n)));
@@ -293,7 +314,7 @@ mod tests {
         let status = phase
             .map(|p| {
                 format!(
-                    "status: {{phase: {}, stage: kubelets, machines: {{cp1: {{phase: Done, stage: verified}}, w1: {{phase: Applying, stage: rebooting}}}}}}",
+                    "status: {{phase: {}, stage: kubelets, waitingSince: {{DrainBlocked: '2026-12-07T10:00:00Z'}}, machines: {{cp1: {{phase: Done, stage: verified}}, w1: {{phase: Applying, stage: rebooting}}}}}}",
                     p.name()
                 )
             })
@@ -332,6 +353,11 @@ mod tests {
         let label = MachineLabel { cluster: "lab".into(), ready: "False".into(), reason: "RebootRequired".into() };
         assert_eq!(rows.machines.get(&label), Some(&2));
         assert_eq!(rows.reboot_paths.len(), 1, "only a machine with reboot paths has the series");
+        assert!(
+            rows.waits.contains(&WaitLabel { operation: "roll".into(), wait: "DrainBlocked".into() }),
+            "a drain a budget blocks is a wait: {:?}",
+            rows.waits
+        );
         let m = Metrics::new();
         m.set_state(&rows);
         // The next scrape after the operation is gone forgets it.

@@ -310,6 +310,10 @@ pub struct Operation {
     /// (`spec.forceDrain`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub force_drain: bool,
+    /// How long a drain may wait for a PodDisruptionBudget, seconds (the controller's
+    /// `--drain-timeout`; unset: the rules' default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_deadline: Option<i64>,
     #[serde(default = "one")]
     pub max_unavailable: i64,
     /// The phase held in status.

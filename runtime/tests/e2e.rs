@@ -169,6 +169,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         talos_installer: None,
         allow_downgrade: false,
         force_drain: false,
+        drain_deadline: None,
         max_unavailable: 1,
         phase: render::api::Phase::Pending,
         intent: Default::default(),

@@ -115,6 +115,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
         talos_installer: None,
         allow_downgrade: false,
         force_drain: false,
+        drain_deadline: None,
         max_unavailable: 1,
         phase: render::api::Phase::Pending,
         intent: Default::default(),
