@@ -45,6 +45,29 @@ fn cluster(workers: usize) -> ObservedState {
     ObservedState::parse(&text).expect("bench snapshot parses")
 }
 
+/// The same cluster in a Talos upgrade's walk: control planes done, `workers` workers to go
+/// to v1.14.6 (their installer image pending, the Talos upgrade's).
+fn talos_cluster(workers: usize) -> ObservedState {
+    let installer = "factory.talos.dev/metal-installer/abc:v1.14.6";
+    let mut text = String::from(
+        "now: \"2026-11-29T10:00:00Z\"\ncluster:\n  name: big\n  kubernetesVersion: v1.36.5\n  releaseSetKubernetes: v1.36.5\n  cni: {preset: cilium, kubeProxy: replaced, handover: disabled}\n  statusKubeProxy: replaced\nmachines:\n",
+    );
+    for i in 1..=3 {
+        text += &format!(
+            "  - {{name: cp{i}, role: controlplane, talosVersion: v1.14.6, osImage: \"Talos (v1.14.6)\", bootId: b-cp{i}, kubeletVersion: v1.36.5, ready: true}}\n"
+        );
+    }
+    for i in 0..workers {
+        text += &format!(
+            "  - {{name: w{i:05}, role: worker, talosVersion: v1.14.3, osImage: \"Talos (v1.14.3)\", bootId: b-{i}, kubeletVersion: v1.36.5, ready: true, pending: [{{path: UnattendedInstallConfig.installer.image, class: install-time-only, appliedBy: talos, new: \"{installer}\"}}]}}\n"
+        );
+    }
+    text += &format!(
+        "operation:\n  name: upgrade\n  kind: talos\n  targetTalos: v1.14.6\n  talosInstaller: \"{installer}\"\n  maxUnavailable: 10\n  phase: Running\n  machines: {{cp1: {{phase: Done, stage: verified, startedAt: \"2026-11-29T09:00:00Z\"}}, cp2: {{phase: Done, stage: verified, startedAt: \"2026-11-29T09:00:00Z\"}}, cp3: {{phase: Done, stage: verified, startedAt: \"2026-11-29T09:00:00Z\"}}}}\n"
+    );
+    ObservedState::parse(&text).expect("bench snapshot parses")
+}
+
 fn main() {
     let smoke = !std::env::args().any(|a| a == "--bench");
     let budget = Duration::from_millis(if smoke { 1 } else { 2000 });
@@ -56,6 +79,18 @@ fn main() {
         assert_eq!(starts, 10.min(workers), "maxUnavailable workers start together");
         let t = time(budget, || planner.plan(&s).unwrap());
         println!("plan an upgrade step, {} machines: {:.2} ms (target < {target})", workers + 3, t.as_secs_f64() * 1e3);
+        // The Talos upgrade's step on the same fleet, against the Kubernetes upgrade's.
+        let s = talos_cluster(workers);
+        let plan = planner.plan(&s).unwrap();
+        let starts = plan.actions.iter().filter(|(a, _)| matches!(a, runtime::plan::Action::Start { .. })).count();
+        assert_eq!(starts, 10.min(workers), "maxUnavailable workers start together: {:?}", plan.actions);
+        let talos = time(budget, || planner.plan(&s).unwrap());
+        println!(
+            "plan a Talos upgrade step, {} machines: {:.2} ms (x{:.2} the Kubernetes upgrade's)",
+            workers + 3,
+            talos.as_secs_f64() * 1e3,
+            talos.as_secs_f64() / t.as_secs_f64()
+        );
     }
 
     // Issue 11: `plan --explain` with 10^5 pending paths riding along one apply. Every proof
