@@ -498,13 +498,15 @@ fn log_lease_changes(
 pub const LEASE_NAME: &str = "ichor-controller";
 
 /// Drives the Lease by hand (kube-lease-manager's `changed`, as its own `watch` does), while a
-/// standby also looks at the Lease every second: a standby otherwise sleeps until the lock it
+/// standby also looks at the Lease every quarter second: a standby otherwise sleeps until the lock it
 /// last read expires (up to 15 s), so a holder that released it on SIGTERM left the cluster
 /// leaderless for up to 10 s (issue 50 asks for a hand-over within 5 s). Once the Lease is
-/// free the standby's sleep is cut short and it takes it. The Lease is released once every
+/// free the standby's sleep is cut short, a fresh manager (which has read no lock yet) replaces
+/// its own, and it takes the Lease. The Lease is released once every
 /// receiver of the channel is gone.
 fn drive_lease(
-    lease: kube_lease_manager::LeaseManager,
+    mut lease: kube_lease_manager::LeaseManager,
+    builder: impl Fn() -> kube_lease_manager::LeaseManagerBuilder + Send + 'static,
     client: kube_client::Client,
     namespace: &str,
     name: &str,
@@ -526,7 +528,14 @@ fn drive_lease(
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 },
-                _ = lease_freed(&leases, &name), if !holding => {}
+                _ = lease_freed(&leases, &name), if !holding => {
+                    // A manager keeps the lock it last read until that lock expires (its
+                    // `changed` sleeps until then): a fresh one reads the free Lease and takes it.
+                    match builder().build().await {
+                        Ok(fresh) => lease = fresh,
+                        Err(e) => tracing::warn!(lease = %name, error = %crate::error_chain(&e), "reading the freed Lease"),
+                    }
+                }
             }
         }
         if *tx.borrow()
@@ -538,10 +547,11 @@ fn drive_lease(
     (rx, task)
 }
 
-/// Resolves once nobody holds the Lease (its holder released it), read every second.
+/// Resolves once nobody holds the Lease (its holder released it), read every quarter second
+/// (one small GET by the standby alone).
 async fn lease_freed(leases: &Api<k8s_openapi::api::coordination::v1::Lease>, name: &str) {
     loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
         if let Ok(Some(l)) = leases.get_opt(name).await
             && l.spec.and_then(|s| s.holder_identity).is_none_or(|h| h.is_empty())
         {
@@ -567,14 +577,18 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), kube_lease_manager::LeaseManagerError> {
     let client = controller.kube.clone();
-    let lease = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &config.lease_name)
-        .with_namespace(&config.namespace)
-        .with_identity(&config.identity)
-        .with_duration(15)
-        .with_grace(5)
-        .build()
-        .await?;
-    let (leader, lease_task) = drive_lease(lease, client.clone(), &config.namespace, &config.lease_name);
+    let builder = {
+        let (client, config) = (client.clone(), config.clone());
+        move || {
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &config.lease_name)
+                .with_namespace(&config.namespace)
+                .with_identity(&config.identity)
+                .with_duration(15)
+                .with_grace(5)
+        }
+    };
+    let lease = builder().build().await?;
+    let (leader, lease_task) = drive_lease(lease, builder, client.clone(), &config.namespace, &config.lease_name);
     let lease_log = log_lease_changes(leader.clone(), client.clone(), &config, controller.controller_node.clone());
     // The lists every reconcile reads come from watches from here on (see `stores`).
     let _ = controller.stores.set(crate::stores::Stores::start(&client, &config.namespace).await);
