@@ -257,14 +257,15 @@ fn follow(sim: &Sim, pid: u32, machines: usize, args: &[&str], name: &str) -> Fo
     Followed { wall, cpu, completed, reconciles, decide_mean }
 }
 
-/// Waits until the controller's CPU stops moving (under 0.05 s in a second; at most 120 s).
-fn settle(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(120);
+/// Waits until `ready` holds and the controller's CPU stops moving (under 0.05 s in a
+/// second), at most `limit`.
+fn settle(pid: u32, limit: Duration, ready: impl Fn() -> bool) {
+    let deadline = Instant::now() + limit;
     let mut last = cpu_seconds(pid);
     loop {
         std::thread::sleep(Duration::from_millis(1000));
         let now = cpu_seconds(pid);
-        if now - last < 0.05 || Instant::now() > deadline {
+        if (ready() && now - last < 0.05) || Instant::now() > deadline {
             return;
         }
         last = now;
@@ -277,16 +278,7 @@ fn measure(machines: usize, idle_for: Duration) -> Figures {
     let pid = sim.start_controller();
     let preview_at_start = sim.preview();
     // The first pass: until every machine is judged and the controller's CPU stops moving.
-    let deadline = Instant::now() + Duration::from_secs(600);
-    let mut last = cpu_seconds(pid);
-    loop {
-        std::thread::sleep(Duration::from_millis(1000));
-        let now = cpu_seconds(pid);
-        if (sim.judged() >= machines && now - last < 0.05) || Instant::now() > deadline {
-            break;
-        }
-        last = now;
-    }
+    settle(pid, Duration::from_secs(600), || sim.judged() >= machines);
     let first_pass_cpu = cpu_seconds(pid);
     let first_pass_wall = started.elapsed();
     // Idle: nothing changes; what the controller uses and writes meanwhile.
@@ -308,7 +300,7 @@ fn measure(machines: usize, idle_for: Duration) -> Figures {
     );
     // What the Kubernetes upgrade's end wakes (every machine judged again once its operation
     // ends) is its own, not the Talos upgrade's: the controller settles first.
-    settle(pid);
+    settle(pid, Duration::from_secs(120), || true);
     let talos = follow(
         &sim,
         pid,

@@ -123,6 +123,34 @@ impl Drop for Process {
     }
 }
 
+/// `ichor controller`, the product binary, as its own process with its ServiceAccount's token
+/// (so kube-apiserver's RBAC judges it) and the fleet's talosconfig, logging at `info`: the
+/// process and its log's path.
+fn controller(cp: &ControlPlane, talosconfig: &std::path::Path, extra: &[&str]) -> (Process, std::path::PathBuf) {
+    let kubeconfig = cp.service_account_kubeconfig("ichor-system", "ichor-controller").unwrap();
+    let log = cp.dir().join("controller.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_ichor"))
+        .args(["controller", "--namespace", "ichor-system", "--metrics-addr", "127.0.0.1:0", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .arg("--talosconfig")
+        .arg(talosconfig)
+        .args(["--identity", "ichor-controller-test", "--no-network-policies"])
+        .args(extra)
+        .env("ICHOR_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    (Process(child), log)
+}
+
+/// A request RBAC denied the controller fails the test with the API server's words (the verb,
+/// the resource and the namespace).
+fn assert_rbac_denied_nothing(log: &str) {
+    let denied: Vec<&str> = log.lines().filter(|l| l.contains("forbidden") || l.contains(" 403")).collect();
+    assert!(denied.is_empty(), "RBAC denied the controller:\n{}", denied.join("\n"));
+}
+
 /// `ichor webhook`, the product binary, as its ServiceAccount (a token from the API server), on
 /// loopback with a certificate of the cluster CA; the API server calls it as the install's
 /// ValidatingWebhookConfiguration says, its address moved from the Service (no kubelet runs
@@ -266,21 +294,7 @@ fn the_controller_as_its_service_account_judges_every_machine_and_rbac_denies_it
         std::thread::sleep(std::time::Duration::from_millis(500));
     };
     assert_eq!(code, 0, "the lab cluster: {err}\n{out}");
-    let kubeconfig = cp.service_account_kubeconfig("ichor-system", "ichor-controller").unwrap();
-    let log = cp.dir().join("controller.log");
-    let controller = Process(
-        Command::new(env!("CARGO_BIN_EXE_ichor"))
-            .args(["controller", "--namespace", "ichor-system", "--metrics-addr", "127.0.0.1:0", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .arg("--talosconfig")
-            .arg(&talosconfig)
-            .args(["--identity", "ichor-controller-test", "--no-network-policies"])
-            .env("ICHOR_LOG", "info")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let (controller, log) = controller(&cp, &talosconfig, &[]);
     let reasons = || {
         let (_, out, _) = cp.kubectl(&[
             "get",
@@ -298,8 +312,7 @@ fn the_controller_as_its_service_account_judges_every_machine_and_rbac_denies_it
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let denied: Vec<&str> = text.lines().filter(|l| l.contains("forbidden") || l.contains(" 403")).collect();
-    assert!(denied.is_empty(), "RBAC denied the controller:\n{}", denied.join("\n"));
+    assert_rbac_denied_nothing(&text);
     let r = reasons();
     assert!(judged(&r), "every machine has a Ready condition written by the controller: {r}\n{}", text);
     let (_, holder, _) = cp.kubectl(&[
@@ -399,21 +412,7 @@ fn a_talos_upgrade_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_
         let s = get(&cp, &["pdb", "web", "-n", "default"], "{.status.currentHealthy}/{.status.disruptionsAllowed}");
         if s == "2/1" { Ok(()) } else { Err(s) }
     });
-    let kubeconfig = cp.service_account_kubeconfig("ichor-system", "ichor-controller").unwrap();
-    let log = cp.dir().join("controller.log");
-    let _controller = Process(
-        Command::new(env!("CARGO_BIN_EXE_ichor"))
-            .args(["controller", "--namespace", "ichor-system", "--metrics-addr", "127.0.0.1:0", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .arg("--talosconfig")
-            .arg(&talosconfig)
-            .args(["--identity", "ichor-controller-test", "--no-network-policies", "--drain-timeout", "8"])
-            .env("ICHOR_LOG", "info")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let (_controller, log) = controller(&cp, &talosconfig, &["--drain-timeout", "8"]);
     let admin = cp.admin_kubeconfig.to_str().unwrap().to_string();
     let tc = talosconfig.to_str().unwrap().to_string();
     let up = ["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--kubeconfig", &admin, "--talosconfig", &tc];
@@ -460,7 +459,6 @@ fn a_talos_upgrade_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_
         assert!(nodes.contains(&format!("{n}=Talos (v1.14.6)/ ")), "{n} on the target, uncordoned: {nodes}");
     }
     let text = controller_log();
-    let denied: Vec<&str> = text.lines().filter(|l| l.contains("forbidden") || l.contains(" 403")).collect();
-    assert!(denied.is_empty(), "RBAC denied the controller:\n{}", denied.join("\n"));
+    assert_rbac_denied_nothing(&text);
     drop(fleet);
 }

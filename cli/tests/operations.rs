@@ -2291,9 +2291,7 @@ fn a_rollout_blocked_by_a_budget_resumes_drains_reboots_and_completes_once_the_b
     let sim = Sim::start_args("pdb-resume", "done", &["--no-controller"]);
     let controller = sim.controller();
     sim.check_then_stop(controller, || {
-        let web = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\n  labels:\n    app: web\nspec:\n  nodeName: w1\n  containers:\n    - name: web\n      image: nginx\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  maxUnavailable: 0\n  selector:\n    matchLabels:\n      app: web\n";
-        let out = kubectl_with_input(&sim, &["apply", "-f", "-"], web);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        sim.budget_keeping_web_on_w1();
         apply_module_patch(&sim);
         let boot = |n: &str| {
             sim.kubectl(&["get", "node", n, "-o", "jsonpath={.status.nodeInfo.bootID}"]).unwrap().1.trim().to_string()
@@ -2350,16 +2348,7 @@ fn a_rollout_blocked_by_a_budget_resumes_drains_reboots_and_completes_once_the_b
             reason.contains("default/web") && reason.contains("nothing was cordoned"),
             "the pause names the budget and says nothing was done: {reason}"
         );
-        let (code, _, err) = sim.kubectl(&["delete", "pdb", "web", "-n", "default"]).unwrap();
-        assert_eq!(code, 0, "{err}");
-        let (code, _, err) = sim.ichor(&["operation", "resume", "config-rollout"]);
-        assert_eq!(code, 0, "{err}");
-        let start = std::time::Instant::now();
-        while sim.phase() == Phase::Paused && start.elapsed() < std::time::Duration::from_secs(10) {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        let p = sim.wait_phase(&|p| matches!(p, Phase::Paused | Phase::Completed));
-        let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
+        let (p, status) = sim.without_the_budget_resume("config-rollout");
         assert_eq!(p, Phase::Completed, "{status}");
         assert_ne!(boot("w1"), w1_before, "w1 was not rebooted after the resume: {status}");
         sim.wait_quiet();
@@ -2510,6 +2499,28 @@ impl Sim {
             .collect();
         out.sort();
         out.into_iter().map(|(_, r, a, n)| (r, a, n)).collect()
+    }
+
+    /// A pod `default/web` on w1 and a PodDisruptionBudget that lets none of it go.
+    fn budget_keeping_web_on_w1(&self) {
+        let web = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\n  labels:\n    app: web\nspec:\n  nodeName: w1\n  containers:\n    - name: web\n      image: nginx\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  maxUnavailable: 0\n  selector:\n    matchLabels:\n      app: web\n";
+        let out = kubectl_with_input(self, &["apply", "-f", "-"], web);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// The budget of `budget_keeping_web_on_w1` deleted and the paused `operation` resumed:
+    /// the phase it ends in (Paused or Completed) and `ichor status` then.
+    fn without_the_budget_resume(&self, operation: &str) -> (Phase, String) {
+        let (code, _, err) = self.kubectl(&["delete", "pdb", "web", "-n", "default"]).unwrap();
+        assert_eq!(code, 0, "{err}");
+        let (code, _, err) = self.ichor(&["operation", "resume", operation]);
+        assert_eq!(code, 0, "{err}");
+        let start = std::time::Instant::now();
+        while self.phase() == Phase::Paused && start.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let p = self.wait_phase(&|p| matches!(p, Phase::Paused | Phase::Completed));
+        (p, self.ichor(&["status", "--cluster", "lab"]).1)
     }
 
     /// Each Node's name, `osImage`, boot ID and whether it is cordoned, as kubectl reads them.
@@ -2721,14 +2732,13 @@ fn a_talos_upgrade_with_force_drain_deletes_what_a_budget_keeps_at_the_deadline_
     let sim = Sim::start_args("talos-force", "done", &["--no-controller"]);
     let controller = sim.controller();
     sim.check_then_stop(controller, || {
-        let (code, _, err) = sim.ichor(&["cni", "kube-proxy", "replaced", "--cluster", "lab", "--force-drain", "--yes"]);
+        let (code, _, err) =
+            sim.ichor(&["cni", "kube-proxy", "replaced", "--cluster", "lab", "--force-drain", "--yes"]);
         assert_eq!(code, 2, "{err}");
         assert!(err.contains("unexpected argument '--force-drain'"), "a switch drains no node: {err}");
         let (_, ops, _) = sim.kubectl(&["get", "talosoperations", "-A", "-o", "name"]).unwrap();
         assert_eq!(ops.trim(), "", "nothing was written");
-        let web = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\n  labels:\n    app: web\nspec:\n  nodeName: w1\n  containers:\n    - name: web\n      image: nginx\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  maxUnavailable: 0\n  selector:\n    matchLabels:\n      app: web\n";
-        let out = kubectl_with_input(&sim, &["apply", "-f", "-"], web);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        sim.budget_keeping_web_on_w1();
         let up = ["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--force-drain"];
         let (_, out, _) = sim.ichor(&[&up[..], &["--dry-run"]].concat());
         assert!(out.contains("as you consented (--force-drain), deletes what the budget still keeps"), "{out}");
@@ -2760,9 +2770,7 @@ fn a_talos_upgrade_blocked_by_a_budget_names_it_uncordons_and_installs_nothing()
     let sim = Sim::start_args("talos-pdb", "done", &["--no-controller"]);
     let controller = sim.controller();
     sim.check_then_stop(controller, || {
-        let web = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\n  labels:\n    app: web\nspec:\n  nodeName: w1\n  containers:\n    - name: web\n      image: nginx\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  maxUnavailable: 0\n  selector:\n    matchLabels:\n      app: web\n";
-        let out = kubectl_with_input(&sim, &["apply", "-f", "-"], web);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        sim.budget_keeping_web_on_w1();
         let up = ["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6"];
         let (code, out, err) = sim.ichor(&[&up[..], &["--dry-run"]].concat());
         assert_eq!(code, 1, "{out}{err}");
@@ -2785,22 +2793,15 @@ fn a_talos_upgrade_blocked_by_a_budget_names_it_uncordons_and_installs_nothing()
         );
         let events = sim.events_of("upgrade-talos-1-14-6");
         let on_w1 = |reason: &str| {
-            events.iter().any(|(r, _, note)| r == reason && note.split(|c: char| !c.is_alphanumeric()).any(|w| w == "w1"))
+            events
+                .iter()
+                .any(|(r, _, note)| r == reason && note.split(|c: char| !c.is_alphanumeric()).any(|w| w == "w1"))
         };
         assert!(
             !on_w1("UpgradeTalos") && !on_w1("Reboot") && !on_w1("Cordon"),
             "w1 cordoned, installed or rebooted while a budget refused its drain: {events:#?}"
         );
-        let (code, _, err) = sim.kubectl(&["delete", "pdb", "web", "-n", "default"]).unwrap();
-        assert_eq!(code, 0, "{err}");
-        let (code, _, err) = sim.ichor(&["operation", "resume", "upgrade-talos-1-14-6"]);
-        assert_eq!(code, 0, "{err}");
-        let start = std::time::Instant::now();
-        while sim.phase() == Phase::Paused && start.elapsed() < std::time::Duration::from_secs(10) {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        let p = sim.wait_phase(&|p| matches!(p, Phase::Paused | Phase::Completed));
-        let (_, status, _) = sim.ichor(&["status", "--cluster", "lab"]);
+        let (p, status) = sim.without_the_budget_resume("upgrade-talos-1-14-6");
         assert_eq!(p, Phase::Completed, "{status}");
         assert!(w1().contains("Talos (v1.14.6)"), "{}", sim.nodes_os());
     });

@@ -16,7 +16,7 @@ use crate::state::ObservedState;
 use crate::talos::client::Client as Talos;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube_client::api::{Api, ListParams, Patch, PatchParams};
-use render::api::{OperationKind, TalosCluster, TalosConfigPatch, TalosMachine, TalosOperation};
+use render::api::{TalosCluster, TalosConfigPatch, TalosMachine, TalosOperation};
 use render::classify::Classifier;
 use render::config::Config;
 use serde_json::json;
@@ -257,11 +257,10 @@ impl Controller {
             .await
             .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
         let mut read = self.read_operation(namespace, &op, &cluster, now).await?;
-        // What would refuse a drain now, for the operations that drain: the rules hold a
-        // machine's step before its cordon while a budget refuses (`drain_blocked`).
-        let drains = matches!(op.spec.kind, OperationKind::Kubernetes | OperationKind::Talos | OperationKind::Config);
+        // What would refuse a drain now: the rules hold a machine's step before its cordon
+        // while a budget refuses (`drain_blocked`; which operations drain is theirs to say).
         let ended = op.status.as_ref().is_some_and(|s| s.phase().is_terminal());
-        if drains && !ended {
+        if !ended {
             let mut by_node = crate::kube::read_drain_refusals(&self.kube).await?;
             for m in &mut read.snapshot.machines {
                 m.drain_refusals = by_node.remove(&m.name).unwrap_or_default();

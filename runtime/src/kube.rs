@@ -308,6 +308,15 @@ pub fn drain_evicts(p: &k8s_openapi::api::core::v1::Pod) -> bool {
     !mirror && !daemon
 }
 
+/// A budget the Eviction API refuses to spend now: `status.disruptionsAllowed` is 0, or the
+/// disruption controller has not observed it at its generation (kube-apiserver refuses those
+/// too).
+fn budget_refuses_now(b: &k8s_openapi::api::policy::v1::PodDisruptionBudget) -> bool {
+    let status = b.status.as_ref();
+    let observed = status.and_then(|s| s.observed_generation).is_some_and(|g| g >= b.metadata.generation.unwrap_or(0));
+    !observed || status.is_some_and(|s| s.disruptions_allowed.unwrap_or(0) < 1)
+}
+
 /// What would refuse a drain of each Node now, as the Eviction API decides: a budget selecting
 /// a pod the drain evicts (one not finished) whose `status.disruptionsAllowed` is 0, or that the
 /// disruption controller has not observed at its generation (kube-apiserver refuses those too).
@@ -317,15 +326,7 @@ pub fn drain_refusals(
     budgets: &[k8s_openapi::api::policy::v1::PodDisruptionBudget],
 ) -> std::collections::BTreeMap<String, Vec<crate::state::DrainRefusal>> {
     use std::collections::BTreeMap;
-    let refusing: Vec<_> = budgets
-        .iter()
-        .filter(|b| {
-            let status = b.status.as_ref();
-            let observed =
-                status.and_then(|s| s.observed_generation).is_some_and(|g| g >= b.metadata.generation.unwrap_or(0));
-            !observed || status.is_some_and(|s| s.disruptions_allowed.unwrap_or(0) < 1)
-        })
-        .collect();
+    let refusing: Vec<_> = budgets.iter().filter(|b| budget_refuses_now(b)).collect();
     let mut by_node: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
     for p in pods {
         let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
@@ -359,8 +360,9 @@ pub fn drain_refusals(
         .collect()
 }
 
-/// The drain refusals of a cluster now: every pod and every PodDisruptionBudget read, then
-/// `drain_refusals`.
+/// The drain refusals of a cluster now: every PodDisruptionBudget read, then the pods of the
+/// namespaces where one refuses now (none read when none does: the common case is one small
+/// list, and a reconcile never lists every pod of the cluster), then `drain_refusals`.
 pub async fn read_drain_refusals(
     client: &kube_client::Client,
 ) -> Result<std::collections::BTreeMap<String, Vec<crate::state::DrainRefusal>>, KubeError> {
@@ -370,13 +372,17 @@ pub async fn read_drain_refusals(
         .list(&ListParams::default())
         .await
         .map_err(api_err("listing every PodDisruptionBudget"))?;
-    // No budget, no refusal: the pods are not read (the common case costs one small list).
-    if budgets.items.is_empty() {
-        return Ok(Default::default());
+    let namespaces: std::collections::BTreeSet<String> =
+        budgets.items.iter().filter(|b| budget_refuses_now(b)).filter_map(|b| b.metadata.namespace.clone()).collect();
+    let mut pods = vec![];
+    for ns in namespaces {
+        let listed = Api::<Pod>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(api_err(format!("listing the pods of namespace {ns}")))?;
+        pods.extend(listed.items);
     }
-    let pods =
-        Api::<Pod>::all(client.clone()).list(&ListParams::default()).await.map_err(api_err("listing every pod"))?;
-    Ok(drain_refusals(&pods.items, &budgets.items))
+    Ok(drain_refusals(&pods, &budgets.items))
 }
 
 impl KubePort for KubeCluster {

@@ -82,15 +82,20 @@ async fn a_drain_evicts_through_the_eviction_api_and_leaves_daemonset_and_mirror
     );
 }
 
-#[tokio::test]
-async fn a_drain_a_budget_blocks_fails_at_its_deadline_naming_the_pod() {
-    let (_f, api, mut k) = setup().await;
-    api.put("", "pods", pod("db", "w1", json!({"app": "db"}), json!({})));
+/// A PodDisruptionBudget `default/db` over the pods labelled `app: db` that allows no disruption.
+fn budget_keeping_db(api: &kubeapi::Api) {
     api.put(
         "policy",
         "poddisruptionbudgets",
         json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "default"}, "spec": {"selector": {"matchLabels": {"app": "db"}}}, "status": {"disruptionsAllowed": 0}}),
     );
+}
+
+#[tokio::test]
+async fn a_drain_a_budget_blocks_fails_at_its_deadline_naming_the_pod() {
+    let (_f, api, mut k) = setup().await;
+    api.put("", "pods", pod("db", "w1", json!({"app": "db"}), json!({})));
+    budget_keeping_db(&api);
     match k.drain("w1", false).await {
         Err(e @ KubeError::DrainTimedOut { .. }) => {
             let m = e.to_string();
@@ -105,11 +110,7 @@ async fn a_drain_a_budget_blocks_fails_at_its_deadline_naming_the_pod() {
 async fn a_forced_drain_deletes_at_its_deadline_what_a_budget_keeps_and_leaves_the_budget() {
     let (_f, api, mut k) = setup().await;
     api.put("", "pods", pod("db", "w1", json!({"app": "db"}), json!({})));
-    api.put(
-        "policy",
-        "poddisruptionbudgets",
-        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "default"}, "spec": {"selector": {"matchLabels": {"app": "db"}}}, "status": {"disruptionsAllowed": 0}}),
-    );
+    budget_keeping_db(&api);
     k.drain("w1", true).await.unwrap();
     assert!(api.get("", "pods", "default", "db").is_none(), "the pod the budget kept is deleted");
     assert!(api.get("policy", "poddisruptionbudgets", "default", "db").is_some(), "the budget stays");
@@ -296,11 +297,7 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
     let (_f, api, mut k) = setup().await;
     api.put("", "nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w1"}, "spec": {}}));
     api.put("", "pods", pod("db", "w1", json!({"app": "db"}), json!({})));
-    api.put(
-        "policy",
-        "poddisruptionbudgets",
-        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db", "namespace": "default"}, "spec": {"selector": {"matchLabels": {"app": "db"}}}, "status": {"disruptionsAllowed": 0}}),
-    );
+    budget_keeping_db(&api);
     let plan = Plan {
         operation: "upgrade".into(),
         kind: render::api::OperationKind::Kubernetes,

@@ -60,6 +60,13 @@ pub fn mirror_pod_status(containers: &[&str], ready: bool) -> Json {
     })
 }
 
+/// The status patch a kubelet posts of a pod, its containers ready or not.
+fn posted(p: &Pod, ready: bool) -> Json {
+    let containers: Vec<&str> =
+        p.spec.as_ref().map(|s| s.containers.iter().map(|c| c.name.as_str()).collect()).unwrap_or_default();
+    json!({"status": mirror_pod_status(&containers, ready)})
+}
+
 /// A control-plane component's mirror pod on `node`, as the kubelet creates it from Talos's
 /// static pod.
 pub fn mirror_pod(component: &str, image: &str, node: &str) -> Json {
@@ -155,11 +162,7 @@ impl Kubelets {
                 .map_err(err("listing its pods"))?
             {
                 let pod_name = p.metadata.name.clone().unwrap_or_default();
-                let containers: Vec<String> =
-                    p.spec.as_ref().map(|s| s.containers.iter().map(|c| c.name.clone()).collect()).unwrap_or_default();
-                let names: Vec<&str> = containers.iter().map(String::as_str).collect();
-                let status = json!({"status": mirror_pod_status(&names, false)});
-                pods.patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(status))
+                pods.patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(posted(&p, false)))
                     .await
                     .map_err(err("posting a mirror pod not Ready"))?;
             }
@@ -232,11 +235,7 @@ impl Kubelets {
             }
             let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"); // a Pod's phase: Kubernetes' word
             if !running {
-                let containers: Vec<String> =
-                    p.spec.as_ref().map(|s| s.containers.iter().map(|c| c.name.clone()).collect()).unwrap_or_default();
-                let names: Vec<&str> = containers.iter().map(String::as_str).collect();
-                let status = json!({"status": mirror_pod_status(&names, true)});
-                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(posted(&p, true)))
                     .await
                     .map_err(err("posting a pod Running"))?;
             }
