@@ -127,14 +127,25 @@ impl Drop for Process {
 /// (so kube-apiserver's RBAC judges it) and the fleet's talosconfig, logging at `info`: the
 /// process and its log's path.
 fn controller(cp: &ControlPlane, talosconfig: &std::path::Path, extra: &[&str]) -> (Process, std::path::PathBuf) {
+    controller_as(cp, talosconfig, "ichor-controller-test", extra)
+}
+
+/// `controller` with its Lease identity `identity`, logging to `<identity>.log` (a restarted
+/// or second replica keeps its own log).
+fn controller_as(
+    cp: &ControlPlane,
+    talosconfig: &std::path::Path,
+    identity: &str,
+    extra: &[&str],
+) -> (Process, std::path::PathBuf) {
     let kubeconfig = cp.service_account_kubeconfig("ichor-system", "ichor-controller").unwrap();
-    let log = cp.dir().join("controller.log");
+    let log = cp.dir().join(format!("{identity}.log"));
     let child = Command::new(env!("CARGO_BIN_EXE_ichor"))
         .args(["controller", "--namespace", "ichor-system", "--metrics-addr", "127.0.0.1:0", "--kubeconfig"])
         .arg(&kubeconfig)
         .arg("--talosconfig")
         .arg(talosconfig)
-        .args(["--identity", "ichor-controller-test", "--no-network-policies"])
+        .args(["--identity", identity, "--no-network-policies"])
         .args(extra)
         .env("ICHOR_LOG", "info")
         .stdout(std::process::Stdio::null())
@@ -328,6 +339,69 @@ fn the_controller_as_its_service_account_judges_every_machine_and_rbac_denies_it
     drop(controller);
 }
 
+/// The lab cluster on kube-apiserver: its fleet simulated (each node's Talos API on loopback),
+/// the stand-in kubelets posting through kube-rs every 500 ms (`runtime::sim::kubelet`), Talos's
+/// bootstrap manifests applied as Talos applies them from the first control plane's rendering
+/// (kube-proxy, CoreDNS, the inline Cilium), the lab's resources applied with kubectl (the
+/// webhook must be up to admit them), every Node Ready. Dropping it stops the fleet and the
+/// kubelets.
+struct Lab {
+    _fleet: runtime::sim::demo::FleetOf,
+    talosconfig: std::path::PathBuf,
+    /// The admin's kubeconfig and the fleet's talosconfig, as arguments.
+    admin: String,
+    tc: String,
+    /// Last: the fleet's servers and the kubelets run on it.
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Lab {
+    fn start(cp: &ControlPlane) -> Lab {
+        Lab::start_with(cp, &lab_files())
+    }
+
+    /// The lab of `files` (the lab's, edited).
+    fn start_with(cp: &ControlPlane, files: &[(String, String)]) -> Lab {
+        use runtime::exec::KubePort as _;
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let (_, fleet) = rt.block_on(runtime::sim::demo::start_fleet(files, false)).unwrap();
+        let talosconfig = cp.dir().join("talosconfig");
+        std::fs::write(&talosconfig, fleet.fleet.talosconfig(&["os:admin"]).unwrap()).unwrap();
+        let client = rt
+            .block_on(async {
+                let k = kube_client::config::Kubeconfig::read_from(&cp.admin_kubeconfig)?;
+                let c = kube_client::Config::from_custom_kubeconfig(k, &Default::default()).await?;
+                anyhow::Ok(kube_client::Client::try_from(c)?)
+            })
+            .unwrap();
+        let kubelets = runtime::sim::kubelet::Kubelets {
+            client: client.clone(),
+            talos: fleet.talos.clone(),
+            machines: fleet.machines.iter().map(|(n, a, _)| (n.clone(), a.clone())).collect(),
+        };
+        rt.block_on(kubelets.post()).unwrap();
+        rt.spawn(kubelets.run(std::time::Duration::from_millis(500)));
+        let first = fleet.machines.iter().find(|m| m.2 == render::api::Role::Controlplane).unwrap().1.clone();
+        let mut bootstrap = runtime::kube::KubeCluster {
+            client,
+            talos: fleet.talos.clone(),
+            drain_timeout: std::time::Duration::from_secs(2),
+            operation: None,
+        };
+        rt.block_on(bootstrap.sync_manifests(&first, "talos")).expect("Talos's bootstrap manifests applied");
+        let manifests: String = files.iter().map(|(_, t)| format!("{t}\n---\n")).collect();
+        wait_for(20, "the lab cluster applied (the webhook admits it)", || {
+            let (code, out, err) =
+                cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "--server-side", "-f", "-"], Some(&manifests));
+            if code == 0 { Ok(()) } else { Err(format!("{err}{out}")) }
+        });
+        let (code, _, err) = cp.kubectl(&["wait", "--for=condition=Ready", "node", "--all", "--timeout=30s"]);
+        assert_eq!(code, 0, "the stand-in kubelets' Nodes are Ready: {err}");
+        let (admin, tc) = (cp.admin_kubeconfig.to_str().unwrap().into(), talosconfig.to_str().unwrap().into());
+        Lab { _fleet: fleet, talosconfig, admin, tc, _rt: rt }
+    }
+}
+
 /// The lab cluster's manifest files (cluster, machines, patches, secrets), as read.
 fn lab_files() -> Vec<(String, String)> {
     let lab = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/lab-v1.14"));
@@ -371,32 +445,7 @@ fn a_talos_upgrade_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_
     let Some(cp) = control_plane("talos-upgrade") else { return };
     install(&cp);
     let _hook = webhook(&cp);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (_, fleet) = rt.block_on(runtime::sim::demo::start_fleet(&lab_files(), false)).unwrap();
-    let talosconfig = cp.dir().join("talosconfig");
-    std::fs::write(&talosconfig, fleet.fleet.talosconfig(&["os:admin"]).unwrap()).unwrap();
-    let client = rt
-        .block_on(async {
-            let k = kube_client::config::Kubeconfig::read_from(&cp.admin_kubeconfig)?;
-            let c = kube_client::Config::from_custom_kubeconfig(k, &Default::default()).await?;
-            anyhow::Ok(kube_client::Client::try_from(c)?)
-        })
-        .unwrap();
-    let kubelets = runtime::sim::kubelet::Kubelets {
-        client,
-        talos: fleet.talos.clone(),
-        machines: fleet.machines.iter().map(|(n, a, _)| (n.clone(), a.clone())).collect(),
-    };
-    rt.block_on(kubelets.post()).unwrap();
-    let _kubelets = rt.spawn(kubelets.run(std::time::Duration::from_millis(500)));
-    let manifests: String = lab_files().into_iter().map(|(_, t)| t + "\n---\n").collect();
-    wait_for(20, "the lab cluster applied (the webhook admits it)", || {
-        let (code, out, err) =
-            cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "--server-side", "-f", "-"], Some(&manifests));
-        if code == 0 { Ok(()) } else { Err(format!("{err}{out}")) }
-    });
-    let (code, _, err) = cp.kubectl(&["wait", "--for=condition=Ready", "node", "--all", "--timeout=30s"]);
-    assert_eq!(code, 0, "the stand-in kubelets' Nodes are Ready: {err}");
+    let lab = Lab::start(&cp);
     // Two pods a budget keeps one of, on the first machine the upgrade takes.
     let pod = |name: &str| {
         format!(
@@ -412,10 +461,9 @@ fn a_talos_upgrade_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_
         let s = get(&cp, &["pdb", "web", "-n", "default"], "{.status.currentHealthy}/{.status.disruptionsAllowed}");
         if s == "2/1" { Ok(()) } else { Err(s) }
     });
-    let (_controller, log) = controller(&cp, &talosconfig, &["--drain-timeout", "8"]);
-    let admin = cp.admin_kubeconfig.to_str().unwrap().to_string();
-    let tc = talosconfig.to_str().unwrap().to_string();
-    let up = ["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--kubeconfig", &admin, "--talosconfig", &tc];
+    let (_controller, log) = controller(&cp, &lab.talosconfig, &["--drain-timeout", "8"]);
+    let (admin, tc) = (lab.admin.as_str(), lab.tc.as_str());
+    let up = ["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--kubeconfig", admin, "--talosconfig", tc];
     let (code, out, err) = ichor(&[&up[..], &["--dry-run"]].concat());
     assert!(
         code == 0 && out.contains("Nothing blocks it now"),
@@ -444,7 +492,7 @@ fn a_talos_upgrade_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_
     assert!(left == "web-a" || left == "web-b", "one pod evicted, the one the budget keeps left: {left}");
     let (code, _, err) = cp.kubectl(&["delete", "pdb", "web", "-n", "default"]);
     assert_eq!(code, 0, "{err}");
-    let (code, out, err) = ichor(&["operation", "resume", "upgrade-talos-1-14-6", "--kubeconfig", &admin]);
+    let (code, out, err) = ichor(&["operation", "resume", "upgrade-talos-1-14-6", "--kubeconfig", admin]);
     assert_eq!(code, 0, "{out}{err}");
     wait_for(300, "the upgrade completes", || {
         let p = get(&cp, &op, "{.status.phase}");
@@ -460,5 +508,90 @@ fn a_talos_upgrade_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_
     }
     let text = controller_log();
     assert_rbac_denied_nothing(&text);
-    drop(fleet);
+    drop(lab);
+}
+
+/// A Kubernetes upgrade on kube-apiserver (issue 51): the lab from v1.36.4 to v1.37.0 with
+/// kube-proxy as Talos's bootstrap applied it, rolled by the real DaemonSet controller. The
+/// controller, as its ServiceAccount, is SIGKILLed once the first machine has been changed and
+/// started again: it takes its Lease back and the upgrade completes, every control plane's
+/// mirror pods on the new images, kube-proxy's DaemonSet on the new image and rolled out, every
+/// kubelet on v1.37.0 and no node left cordoned, RBAC denying neither process anything.
+#[test]
+fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_its_controller_killed_mid_operation() {
+    let Some(cp) = control_plane("kubernetes-upgrade") else { return };
+    install(&cp);
+    let _hook = webhook(&cp);
+    // No Argo CD here to take Cilium over: Talos keeps its bootstrap manifest (no hand-over).
+    let files: Vec<(String, String)> =
+        lab_files().into_iter().map(|(f, t)| (f, t.replace("handover: automatic", "handover: disabled"))).collect();
+    let lab = Lab::start_with(&cp, &files);
+    let ds = ["daemonset", "kube-proxy", "-n", "kube-system"];
+    wait_for(60, "kube-proxy rolled out by the DaemonSet controller", || {
+        let s = get(&cp, &ds, "{.status.numberAvailable}/{.status.desiredNumberScheduled}");
+        if s == "4/4" {
+            Ok(())
+        } else {
+            Err(format!("{s}\n{}", cp.kubectl(&["describe", "daemonset", "kube-proxy", "-n", "kube-system"]).1))
+        }
+    });
+    let (first, first_log) = controller_as(&cp, &lab.talosconfig, "ichor-controller-a", &[]);
+    let (admin, tc) = (lab.admin.as_str(), lab.tc.as_str());
+    let up =
+        ["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--kubeconfig", admin, "--talosconfig", tc];
+    let (code, out, err) = ichor(&[&up[..], &["--yes"]].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    let op = ["talosoperation", "upgrade-kubernetes-1-37-0", "-n", "ichor-system"];
+    let log = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    wait_for(120, "the first machine changed", || {
+        let m = get(&cp, &op, "{.status.machines}");
+        let image = get(&cp, &["pod", "kube-apiserver-cp1", "-n", "kube-system"], "{.spec.containers[0].image}");
+        if image.ends_with(":v1.37.0") { Ok(()) } else { Err(format!("{image} {m}\n{}", log(&first_log))) }
+    });
+    drop(first);
+    assert_rbac_denied_nothing(&log(&first_log));
+    let (_second, second_log) = controller_as(&cp, &lab.talosconfig, "ichor-controller-b", &[]);
+    wait_for(300, "the upgrade completes after the restart", || {
+        let p = get(&cp, &op, "{.status.phase}");
+        if p == Phase::Completed.name() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{p} {} {}\n{}",
+                get(&cp, &op, "{.status.pausedReason}"),
+                get(&cp, &op, "{.status.machines}"),
+                log(&second_log)
+            ))
+        }
+    });
+    let holder = get(&cp, &["lease", "ichor-controller", "-n", "ichor-system"], "{.spec.holderIdentity}");
+    assert_eq!(holder, "ichor-controller-b", "the restarted controller holds the Lease");
+    let images = get(
+        &cp,
+        &["pods", "-n", "kube-system", "-l", "k8s-app in (kube-apiserver,kube-controller-manager,kube-scheduler)"],
+        "{range .items[*]}{.metadata.name}={.spec.containers[0].image} {end}",
+    );
+    assert_eq!(images.split_whitespace().count(), 9, "three components on three control planes: {images}");
+    for i in images.split_whitespace() {
+        assert!(i.ends_with(":v1.37.0"), "every control-plane mirror pod on v1.37.0: {images}");
+    }
+    assert!(get(&cp, &ds, "{.spec.template.spec.containers[0].image}").ends_with(":v1.37.0"));
+    wait_for(60, "kube-proxy's new pods rolled out", || {
+        let s = get(
+            &cp,
+            &ds,
+            "{.status.updatedNumberScheduled}/{.status.numberAvailable}/{.status.desiredNumberScheduled}",
+        );
+        if s == "4/4/4" { Ok(()) } else { Err(s) }
+    });
+    let nodes = get(
+        &cp,
+        &["nodes"],
+        "{range .items[*]}{.metadata.name}={.status.nodeInfo.kubeletVersion}/{.spec.unschedulable} {end}",
+    ) + " ";
+    for n in ["cp1", "cp2", "cp3", "w1"] {
+        assert!(nodes.contains(&format!("{n}=v1.37.0/ ")), "{n}'s kubelet on v1.37.0, uncordoned: {nodes}");
+    }
+    assert_rbac_denied_nothing(&log(&second_log));
+    drop(lab);
 }

@@ -279,9 +279,10 @@ impl ControlPlane {
                 "--use-service-account-credentials=true".into(),
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
-                // The controllers a cluster's workloads need; no node lifecycle (the stand-in
-                // kubelets post Node status but run no node Lease) and no cloud.
-                "--controllers=serviceaccount,serviceaccount-token,daemonset,job,deployment,replicaset,disruption,garbagecollector,namespace,endpointslice,ttl-after-finished,root-ca-cert-publisher,clusterrole-aggregation".into(),
+                // The controllers a cluster's workloads need, and the node lifecycle (the
+                // stand-in kubelets renew node Leases; it lifts the `not-ready` taint admission
+                // puts on a new Node, which a DaemonSet's pods do not tolerate); no cloud.
+                "--controllers=serviceaccount,serviceaccount-token,nodelifecycle,daemonset,job,deployment,replicaset,disruption,garbagecollector,namespace,endpointslice,ttl-after-finished,root-ca-cert-publisher,clusterrole-aggregation".into(),
             ],
         )?;
         cp.spawn(

@@ -5,7 +5,9 @@
 //! `osImage`, boot ID), capacity and the labels its config sets; the control plane's mirror
 //! pods; and the pods bound to a node that is up made Running and Ready (a terminating one
 //! removed, as a kubelet confirms a deletion). A node Talos does not answer for goes Unknown.
-//! A fixture: nothing here is a kubelet.
+//! Each post renews the node's Lease (`kube-node-lease`), the heartbeat the node lifecycle
+//! controller reads: it keeps the Node Ready and lifts the `not-ready` taint admission put on
+//! it. A fixture: nothing here is a kubelet.
 //!
 //! Start at `Kubelets::post`; `Kubelets::run` posts every interval. The words of a Node and a
 //! mirror pod are `node_status` and `mirror_pod_status`, which the in-memory installation's
@@ -186,6 +188,7 @@ impl Kubelets {
             .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
             .await
             .map_err(err("posting its Node"))?;
+        self.renew_lease(name).await.map_err(err("renewing its node Lease"))?;
         for (component, image) in &o.components {
             let want = mirror_pod(component, image, name);
             let pod_name = format!("{component}-{name}");
@@ -208,6 +211,32 @@ impl Kubelets {
                 .await
                 .map_err(err("posting a mirror pod"))?;
         }
+        Ok(())
+    }
+
+    /// The node's heartbeat, as a kubelet renews it: the Lease `kube-node-lease/<node>`, whose
+    /// renewals the node lifecycle controller reads to keep the Node Ready (and untainted).
+    async fn renew_lease(&self, node: &str) -> Result<(), kube_client::Error> {
+        use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), "kube-node-lease");
+        let spec = LeaseSpec {
+            holder_identity: Some(node.to_string()),
+            lease_duration_seconds: Some(40),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..Default::default()
+        };
+        if leases.get_opt(node).await?.is_none() {
+            let mut lease = Lease { spec: Some(spec.clone()), ..Default::default() };
+            lease.metadata.name = Some(node.to_string());
+            match leases.create(&PostParams::default(), &lease).await {
+                Ok(_) => return Ok(()),
+                Err(kube_client::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let spec = serde_json::to_value(&spec).expect("a LeaseSpec");
+        leases.patch(node, &PatchParams::default(), &Patch::Merge(json!({"spec": spec}))).await?;
         Ok(())
     }
 
