@@ -402,6 +402,54 @@ impl Lab {
     }
 }
 
+/// Two pods on cp1 (the first machine an operation takes) that a PodDisruptionBudget with
+/// `minAvailable: 1` keeps one of, once the real disruption controller counts both healthy and
+/// allows one disruption.
+fn web_budget(cp: &ControlPlane) {
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    app: web\nspec:\n  nodeName: cp1\n  containers:\n    - name: web\n      image: nginx\n---\n"
+        )
+    };
+    let web = pod("web-a")
+        + &pod("web-b")
+        + "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  minAvailable: 1\n  selector:\n    matchLabels:\n      app: web\n";
+    let (code, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "-f", "-"], Some(&web));
+    assert_eq!(code, 0, "{err}");
+    wait_for(30, "the disruption controller counts both pods healthy and allows one disruption", || {
+        let s = get(cp, &["pdb", "web", "-n", "default"], "{.status.currentHealthy}/{.status.disruptionsAllowed}");
+        if s == "2/1" { Ok(()) } else { Err(s) }
+    });
+}
+
+/// After a drain the budget refused: the operation `op` paused naming cp1, the pod and
+/// kube-apiserver's refusal, cp1 uncordoned and not rebooted (`boot`, its Node's boot ID
+/// before), one pod evicted and the one the budget keeps left.
+fn assert_paused_on_the_budget(cp: &ControlPlane, op: &[&str], boot: &str, log: &std::path::Path) {
+    wait_for(120, "the operation pauses at cp1's drain", || {
+        let p = get(cp, op, "{.status.phase}");
+        if p == Phase::Paused.name() {
+            Ok(())
+        } else {
+            Err(format!("{p}\n{}", std::fs::read_to_string(log).unwrap_or_default()))
+        }
+    });
+    let reason = get(cp, op, "{.status.pausedReason} {.status.machines}");
+    assert!(
+        reason.contains("cp1") && reason.contains("default/web-") && reason.contains("disruption budget"),
+        "the pause names cp1, the pod and kube-apiserver's refusal: {reason}"
+    );
+    wait_for(10, "cp1 uncordoned after its failed drain", || {
+        let u = get(cp, &["node", "cp1"], "{.spec.unschedulable}");
+        if u.is_empty() { Ok(()) } else { Err(u) }
+    });
+    assert_eq!(get(cp, &["node", "cp1"], "{.status.nodeInfo.bootID}"), boot, "cp1 was not rebooted");
+    let left = get(cp, &["pods", "-n", "default", "-l", "app=web"], "{.items[*].metadata.name}");
+    assert!(left == "web-a" || left == "web-b", "one pod evicted, the one the budget keeps left: {left}");
+    let (code, _, err) = cp.kubectl(&["delete", "pdb", "web", "-n", "default"]);
+    assert_eq!(code, 0, "{err}");
+}
+
 /// The lab cluster's manifest files (cluster, machines, patches, secrets), as read.
 fn lab_files() -> Vec<(String, String)> {
     let lab = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/lab-v1.14"));
@@ -446,21 +494,8 @@ fn a_talos_upgrade_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_
     install(&cp);
     let _hook = webhook(&cp);
     let lab = Lab::start(&cp);
-    // Two pods a budget keeps one of, on the first machine the upgrade takes.
-    let pod = |name: &str| {
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    app: web\nspec:\n  nodeName: cp1\n  containers:\n    - name: web\n      image: nginx\n---\n"
-        )
-    };
-    let web = pod("web-a")
-        + &pod("web-b")
-        + "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: default\nspec:\n  minAvailable: 1\n  selector:\n    matchLabels:\n      app: web\n";
-    let (code, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "-f", "-"], Some(&web));
-    assert_eq!(code, 0, "{err}");
-    wait_for(30, "the disruption controller counts both pods healthy and allows one disruption", || {
-        let s = get(&cp, &["pdb", "web", "-n", "default"], "{.status.currentHealthy}/{.status.disruptionsAllowed}");
-        if s == "2/1" { Ok(()) } else { Err(s) }
-    });
+    web_budget(&cp);
+    let boot = get(&cp, &["node", "cp1"], "{.status.nodeInfo.bootID}");
     let (_controller, log) = controller(&cp, &lab.talosconfig, &["--drain-timeout", "8"]);
     let (admin, tc) = (lab.admin.as_str(), lab.tc.as_str());
     let up = ["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--kubeconfig", admin, "--talosconfig", tc];
@@ -472,26 +507,9 @@ fn a_talos_upgrade_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_
     let (code, out, err) = ichor(&[&up[..], &["--yes"]].concat());
     assert_eq!(code, 0, "{out}{err}");
     let op = ["talosoperation", "upgrade-talos-1-14-6", "-n", "ichor-system"];
-    let controller_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    wait_for(120, "the upgrade pauses at cp1's drain", || {
-        let p = get(&cp, &op, "{.status.phase}");
-        if p == Phase::Paused.name() { Ok(()) } else { Err(format!("{p}\n{}", controller_log())) }
-    });
-    let reason = get(&cp, &op, "{.status.pausedReason} {.status.machines}");
-    assert!(
-        reason.contains("cp1") && reason.contains("default/web-") && reason.contains("disruption budget"),
-        "the pause names cp1, the pod and kube-apiserver's refusal: {reason}"
-    );
-    wait_for(10, "cp1 uncordoned after its failed drain", || {
-        let u = get(&cp, &["node", "cp1"], "{.spec.unschedulable}");
-        if u.is_empty() { Ok(()) } else { Err(u) }
-    });
+    assert_paused_on_the_budget(&cp, &op, &boot, &log);
     let cp1 = get(&cp, &["node", "cp1"], "{.status.nodeInfo.osImage}");
     assert_eq!(cp1, "Talos (v1.14.3)", "cp1 was not upgraded after its drain failed");
-    let left = get(&cp, &["pods", "-n", "default", "-l", "app=web"], "{.items[*].metadata.name}");
-    assert!(left == "web-a" || left == "web-b", "one pod evicted, the one the budget keeps left: {left}");
-    let (code, _, err) = cp.kubectl(&["delete", "pdb", "web", "-n", "default"]);
-    assert_eq!(code, 0, "{err}");
     let (code, out, err) = ichor(&["operation", "resume", "upgrade-talos-1-14-6", "--kubeconfig", admin]);
     assert_eq!(code, 0, "{out}{err}");
     wait_for(300, "the upgrade completes", || {
@@ -506,19 +524,70 @@ fn a_talos_upgrade_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_
     for n in ["cp1", "cp2", "cp3", "w1"] {
         assert!(nodes.contains(&format!("{n}=Talos (v1.14.6)/ ")), "{n} on the target, uncordoned: {nodes}");
     }
-    let text = controller_log();
-    assert_rbac_denied_nothing(&text);
+    assert_rbac_denied_nothing(&std::fs::read_to_string(&log).unwrap_or_default());
+    drop(lab);
+}
+
+/// A config rollout on kube-apiserver (issue 51): a kernel module patch (a reboot on every
+/// machine) whose first drain a budget blocks for real, the eviction refused by kube-apiserver
+/// (429) until the drain's deadline: the rollout pauses naming cp1, the pod and the refusal,
+/// cp1 uncordoned and not rebooted. With the budget gone, a resume completes it: every machine
+/// Converged on the patch (each rebooted once), no node left cordoned.
+#[test]
+fn a_config_rollout_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_to_completed() {
+    let Some(cp) = control_plane("config-rollout") else { return };
+    install(&cp);
+    let _hook = webhook(&cp);
+    let lab = Lab::start(&cp);
+    web_budget(&cp);
+    let boots = || get(&cp, &["nodes"], "{range .items[*]}{.metadata.name}={.status.nodeInfo.bootID} {end}");
+    let (before, boot) = (boots(), get(&cp, &["node", "cp1"], "{.status.nodeInfo.bootID}"));
+    let (_controller, log) = controller(&cp, &lab.talosconfig, &["--drain-timeout", "8"]);
+    let module = "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: br-netfilter\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 60\n  patch: |\n    machine:\n      kernel:\n        modules:\n          - name: br_netfilter\n";
+    let (code, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "-f", "-"], Some(module));
+    assert_eq!(code, 0, "{err}");
+    let (admin, tc) = (lab.admin.as_str(), lab.tc.as_str());
+    let apply = ["config", "apply", "--cluster", "lab", "--kubeconfig", admin, "--talosconfig", tc];
+    wait_for(30, "the controller leaves the patch for a rollout (RebootRequired)", || {
+        let (code, out, err) = ichor(&[&apply[..], &["--dry-run"]].concat());
+        if code == 0 && out.contains("cp1") { Ok(()) } else { Err(format!("{code} {out}{err}")) }
+    });
+    let (code, out, err) = ichor(&[&apply[..], &["--yes"]].concat());
+    assert!(code == 0 && out.contains("Created TalosOperation ichor-system/config-rollout"), "{out}{err}");
+    let name = out.split("ichor-system/").nth(1).and_then(|r| r.split('.').next()).unwrap().to_string();
+    let op = ["talosoperation", name.as_str(), "-n", "ichor-system"];
+    assert_paused_on_the_budget(&cp, &op, &boot, &log);
+    let (code, out, err) = ichor(&["operation", "resume", &name, "--kubeconfig", admin]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_for(300, "the rollout completes", || {
+        let p = get(&cp, &op, "{.status.phase}");
+        if p == Phase::Completed.name() { Ok(()) } else { Err(format!("{p} {}", get(&cp, &op, "{.status.machines}"))) }
+    });
+    let reasons = get(
+        &cp,
+        &["talosmachines", "-n", "ichor-system"],
+        "{range .items[*]}{.status.conditions[?(@.type==\"Ready\")].reason} {end}",
+    );
+    assert_eq!(reasons, "Converged Converged Converged Converged", "every machine on the patch");
+    let after = boots();
+    for (b, a) in before.split_whitespace().zip(after.split_whitespace()) {
+        assert_ne!(b, a, "every machine rebooted for its module: before {before}, after {after}");
+    }
+    let cordoned = get(&cp, &["nodes"], "{.items[*].spec.unschedulable}");
+    assert_eq!(cordoned, "", "no node left cordoned");
+    assert_rbac_denied_nothing(&std::fs::read_to_string(&log).unwrap_or_default());
     drop(lab);
 }
 
 /// A Kubernetes upgrade on kube-apiserver (issue 51): the lab from v1.36.4 to v1.37.0 with
-/// kube-proxy as Talos's bootstrap applied it, rolled by the real DaemonSet controller. The
-/// controller, as its ServiceAccount, is SIGKILLed once the first machine has been changed and
-/// started again: it takes its Lease back and the upgrade completes, every control plane's
-/// mirror pods on the new images, kube-proxy's DaemonSet on the new image and rolled out, every
-/// kubelet on v1.37.0 and no node left cordoned, RBAC denying neither process anything.
+/// kube-proxy as Talos's bootstrap applied it, rolled by the real DaemonSet controller. Two
+/// controller replicas as the ServiceAccount; the one holding the Lease is SIGKILLed once the
+/// first machine has been changed, and started again: the standby takes the Lease and the
+/// upgrade completes, every control plane's mirror pods on the new images, kube-proxy's
+/// DaemonSet on the new image and rolled out, every kubelet on v1.37.0 and no node left
+/// cordoned, RBAC denying no replica anything.
 #[test]
-fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_its_controller_killed_mid_operation() {
+fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_the_lease_holder_killed_mid_operation() {
     let Some(cp) = control_plane("kubernetes-upgrade") else { return };
     install(&cp);
     let _hook = webhook(&cp);
@@ -535,7 +604,17 @@ fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_its_controller_killed_m
             Err(format!("{s}\n{}", cp.kubectl(&["describe", "daemonset", "kube-proxy", "-n", "kube-system"]).1))
         }
     });
-    let (first, first_log) = controller_as(&cp, &lab.talosconfig, "ichor-controller-a", &[]);
+    // Two replicas, as the install's Deployment may run them: one holds the Lease and works.
+    let mut replicas = vec![
+        controller_as(&cp, &lab.talosconfig, "ichor-controller-a", &[]),
+        controller_as(&cp, &lab.talosconfig, "ichor-controller-b", &[]),
+    ];
+    let lease = ["lease", "ichor-controller", "-n", "ichor-system"];
+    let mut holder = String::new();
+    wait_for(30, "a replica holds the Lease", || {
+        holder = get(&cp, &lease, "{.spec.holderIdentity}");
+        if holder.is_empty() { Err("no holder".into()) } else { Ok(()) }
+    });
     let (admin, tc) = (lab.admin.as_str(), lab.tc.as_str());
     let up =
         ["upgrade", "kubernetes", "--cluster", "lab", "--to", "v1.37.0", "--kubeconfig", admin, "--talosconfig", tc];
@@ -543,15 +622,24 @@ fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_its_controller_killed_m
     assert_eq!(code, 0, "{out}{err}");
     let op = ["talosoperation", "upgrade-kubernetes-1-37-0", "-n", "ichor-system"];
     let log = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    let logs = |r: &[(Process, std::path::PathBuf)]| r.iter().map(|(_, l)| log(l)).collect::<Vec<_>>().join("\n");
     wait_for(120, "the first machine changed", || {
-        let m = get(&cp, &op, "{.status.machines}");
         let image = get(&cp, &["pod", "kube-apiserver-cp1", "-n", "kube-system"], "{.spec.containers[0].image}");
-        if image.ends_with(":v1.37.0") { Ok(()) } else { Err(format!("{image} {m}\n{}", log(&first_log))) }
+        if image.ends_with(":v1.37.0") { Ok(()) } else { Err(format!("{image}\n{}", logs(&replicas))) }
     });
-    drop(first);
-    assert_rbac_denied_nothing(&log(&first_log));
-    let (_second, second_log) = controller_as(&cp, &lab.talosconfig, "ichor-controller-b", &[]);
-    wait_for(300, "the upgrade completes after the restart", || {
+    // SIGKILL the holder mid-operation: no release of the Lease, the standby takes it once it
+    // expires and carries the operation on; the killed one starts again, as its pod would.
+    let at = replicas.iter().position(|(_, l)| l.ends_with(format!("{holder}.log"))).expect("the holder's log");
+    let (killed, killed_log) = replicas.remove(at);
+    drop(killed);
+    assert_rbac_denied_nothing(&log(&killed_log));
+    let survivor = if holder.ends_with("-a") { "ichor-controller-b" } else { "ichor-controller-a" };
+    wait_for(60, "the standby takes the Lease", || {
+        let h = get(&cp, &lease, "{.spec.holderIdentity}");
+        if h == survivor { Ok(()) } else { Err(h) }
+    });
+    replicas.push(controller_as(&cp, &lab.talosconfig, &format!("{holder}-restarted"), &[]));
+    wait_for(300, "the upgrade completes after the kill", || {
         let p = get(&cp, &op, "{.status.phase}");
         if p == Phase::Completed.name() {
             Ok(())
@@ -560,12 +648,11 @@ fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_its_controller_killed_m
                 "{p} {} {}\n{}",
                 get(&cp, &op, "{.status.pausedReason}"),
                 get(&cp, &op, "{.status.machines}"),
-                log(&second_log)
+                logs(&replicas)
             ))
         }
     });
-    let holder = get(&cp, &["lease", "ichor-controller", "-n", "ichor-system"], "{.spec.holderIdentity}");
-    assert_eq!(holder, "ichor-controller-b", "the restarted controller holds the Lease");
+    assert_eq!(get(&cp, &lease, "{.spec.holderIdentity}"), survivor, "the standby took the Lease and kept it");
     let images = get(
         &cp,
         &["pods", "-n", "kube-system", "-l", "k8s-app in (kube-apiserver,kube-controller-manager,kube-scheduler)"],
@@ -592,6 +679,6 @@ fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_its_controller_killed_m
     for n in ["cp1", "cp2", "cp3", "w1"] {
         assert!(nodes.contains(&format!("{n}=v1.37.0/ ")), "{n}'s kubelet on v1.37.0, uncordoned: {nodes}");
     }
-    assert_rbac_denied_nothing(&log(&second_log));
+    assert_rbac_denied_nothing(&logs(&replicas));
     drop(lab);
 }
