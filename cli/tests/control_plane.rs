@@ -342,7 +342,8 @@ fn the_controller_as_its_service_account_judges_every_machine_and_rbac_denies_it
 /// The lab cluster on kube-apiserver: its fleet simulated (each node's Talos API on loopback),
 /// the stand-in kubelets posting through kube-rs every 500 ms (`runtime::sim::kubelet`), Talos's
 /// bootstrap manifests applied as Talos applies them from the first control plane's rendering
-/// (kube-proxy, CoreDNS, the inline Cilium), the lab's resources applied with kubectl (the
+/// (kube-proxy, CoreDNS), Cilium as its bootstrap installed it (`demo::bootstrap_cilium`),
+/// the lab's resources applied with kubectl (the
 /// webhook must be up to admit them), every Node Ready. Dropping it stops the fleet and the
 /// kubelets.
 struct Lab {
@@ -389,6 +390,12 @@ impl Lab {
             operation: None,
         };
         rt.block_on(bootstrap.sync_manifests(&first, "talos")).expect("Talos's bootstrap manifests applied");
+        let cilium: String = runtime::sim::demo::bootstrap_cilium()
+            .iter()
+            .map(|o| format!("{}\n---\n", serde_json::to_string(o).unwrap()))
+            .collect();
+        let (code, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "-f", "-"], Some(&cilium));
+        assert_eq!(code, 0, "Cilium as its bootstrap manifest installed it: {err}");
         let manifests: String = files.iter().map(|(_, t)| format!("{t}\n---\n")).collect();
         wait_for(20, "the lab cluster applied (the webhook admits it)", || {
             let (code, out, err) =
@@ -448,6 +455,12 @@ fn assert_paused_on_the_budget(cp: &ControlPlane, op: &[&str], boot: &str, log: 
     assert!(left == "web-a" || left == "web-b", "one pod evicted, the one the budget keeps left: {left}");
     let (code, _, err) = cp.kubectl(&["delete", "pdb", "web", "-n", "default"]);
     assert_eq!(code, 0, "{err}");
+}
+
+/// The lab's files with `handover: disabled`: no Argo CD here to take Cilium over, Talos keeps
+/// its bootstrap manifest and Ichor's Cilium Job changes Cilium's values.
+fn without_handover() -> Vec<(String, String)> {
+    lab_files().into_iter().map(|(f, t)| (f, t.replace("handover: automatic", "handover: disabled"))).collect()
 }
 
 /// The lab cluster's manifest files (cluster, machines, patches, secrets), as read.
@@ -680,5 +693,94 @@ fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_the_lease_holder_killed
         assert!(nodes.contains(&format!("{n}=v1.37.0/ ")), "{n}'s kubelet on v1.37.0, uncordoned: {nodes}");
     }
     assert_rbac_denied_nothing(&logs(&replicas));
+    drop(lab);
+}
+
+/// A kube-proxy switch both ways on kube-apiserver (issue 51): to `replaced` and back to
+/// `enabled`, each run by Ichor's Cilium Job, whose pod the real Job controller creates and the
+/// scheduler places and the stand-in kubelet runs as Helm would (`demo::helm_run`), the Job's
+/// `Complete` written by the Job controller. Each switch completes: cilium-config says the
+/// mode, kube-proxy's DaemonSet is gone after the first and back (rolled out by the DaemonSet
+/// controller) after the second, one Job per switch, no node rebooted, RBAC denying nothing
+/// (it denied the apply that restores kube-proxy until the role had `create`: kube-apiserver
+/// authorizes an apply that creates as a create).
+#[test]
+fn a_kube_proxy_switch_both_ways_on_kube_apiserver_completes_with_the_job_controller_running_ciliums_job() {
+    let Some(cp) = control_plane("kube-proxy-switch") else { return };
+    install(&cp);
+    let _hook = webhook(&cp);
+    let lab = Lab::start_with(&cp, &without_handover());
+    let boots = || get(&cp, &["nodes"], "{.items[*].status.nodeInfo.bootID}");
+    let before = boots();
+    let (_controller, log) = controller(&cp, &lab.talosconfig, &[]);
+    let (admin, tc) = (lab.admin.as_str(), lab.tc.as_str());
+    let kpr = || get(&cp, &["configmap", "cilium-config", "-n", "kube-system"], "{.data.kube-proxy-replacement}");
+    let kube_proxy = || cp.kubectl(&["get", "daemonset", "kube-proxy", "-n", "kube-system"]).0 == 0;
+    for (mode, name) in [("replaced", "kube-proxy-replaced"), ("enabled", "kube-proxy-enabled")] {
+        let (code, out, err) = ichor(&[
+            "cni",
+            "kube-proxy",
+            mode,
+            "--cluster",
+            "lab",
+            "--yes",
+            "--kubeconfig",
+            admin,
+            "--talosconfig",
+            tc,
+        ]);
+        assert_eq!(code, 0, "{mode}: {out}{err}");
+        let op = ["talosoperation", name, "-n", "ichor-system"];
+        wait_for(60, &format!("the switch to {mode} completes"), || {
+            let p = get(&cp, &op, "{.status.phase}");
+            if p == Phase::Completed.name() {
+                Ok(())
+            } else {
+                let jobs = get(
+                    &cp,
+                    &["jobs", "-n", "kube-system"],
+                    "{range .items[*]}{.metadata.name}:{.status.conditions[*].type} {end}",
+                );
+                let status = ichor(&["status", "--cluster", "lab", "--kubeconfig", admin]).1;
+                let ds = get(
+                    &cp,
+                    &["daemonsets", "-n", "kube-system"],
+                    "{range .items[*]}{.metadata.name}:{.status.updatedNumberScheduled}/{.status.numberAvailable}/{.status.desiredNumberScheduled} {end}",
+                );
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(12).collect();
+                Err(format!("{p}; jobs {jobs}; daemonsets {ds}\n{status}\n{}", tail.join("\n")))
+            }
+        });
+        assert_eq!(kpr(), (mode == "replaced").to_string(), "cilium-config says the mode after the switch to {mode}");
+        assert_eq!(kube_proxy(), mode == "enabled", "kube-proxy's DaemonSet after the switch to {mode}");
+    }
+    wait_for(60, "kube-proxy rolled out again by the DaemonSet controller", || {
+        let s = get(
+            &cp,
+            &["daemonset", "kube-proxy", "-n", "kube-system"],
+            "{.status.numberAvailable}/{.status.desiredNumberScheduled}",
+        );
+        if s == "4/4" { Ok(()) } else { Err(s) }
+    });
+    // One Job per switch (labelled with it), each Complete through the Job controller; the
+    // values reconciler's own at most once per values' hash.
+    let jobs = get(
+        &cp,
+        &["jobs", "-n", "kube-system", "-l", "app.kubernetes.io/managed-by=ichor"],
+        r#"{range .items[*]}{.metadata.labels.ichor\.maesh\.dev/operation}|{.metadata.labels.ichor\.maesh\.dev/values-hash}|{.status.succeeded}{"\n"}{end}"#,
+    );
+    let rows: Vec<Vec<&str>> = jobs.lines().map(|l| l.split('|').collect()).collect();
+    let mut switches: Vec<&str> = rows.iter().map(|r| r[0]).filter(|o| !o.is_empty()).collect();
+    switches.sort_unstable();
+    assert_eq!(switches, ["kube-proxy-enabled", "kube-proxy-replaced"], "one Cilium Job per switch: {jobs}");
+    let mut hashes: Vec<&str> = rows.iter().filter(|r| r[0].is_empty()).map(|r| r[1]).collect();
+    let all = hashes.len();
+    hashes.sort_unstable();
+    hashes.dedup();
+    assert_eq!(hashes.len(), all, "one values Job per hash at most: {jobs}");
+    assert!(rows.iter().all(|r| r[2] == "1"), "every Job succeeded once: {jobs}");
+    assert_eq!(boots(), before, "no node rebooted for a switch");
+    assert_rbac_denied_nothing(&std::fs::read_to_string(&log).unwrap_or_default());
     drop(lab);
 }

@@ -12,6 +12,8 @@ pub struct Rule {
     pub group: &'static str,
     pub resources: &'static [&'static str],
     pub verbs: &'static [&'static str],
+    /// The objects it is limited to (`resourceNames`); empty: every object.
+    pub names: &'static [&'static str],
     pub why: &'static str,
 }
 
@@ -21,115 +23,141 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         group: "argoproj.io",
         resources: &["applications"],
         verbs: &["get"],
+        names: &[],
         why: "the CNI hand-over (ADR 0024) reads Argo CD's Application for Cilium: synced, healthy, owning the release",
     },
     Rule {
         group: "apps",
         resources: &["deployments"],
         verbs: &["get", "patch"],
+        names: &[],
         why: "the bootstrap-manifest sync applies Talos's rendering: CoreDNS's Deployment",
     },
     Rule {
         group: "",
         resources: &["services"],
         verbs: &["get", "patch"],
+        names: &[],
         why: "the bootstrap-manifest sync: CoreDNS's Service",
     },
     Rule {
         group: "rbac.authorization.k8s.io",
         resources: &["clusterroles", "roles", "rolebindings"],
         verbs: &["get", "patch"],
+        names: &[],
         why: "the bootstrap-manifest sync: the RBAC Talos renders (CSR approval, node RBAC template, CoreDNS)",
     },
     Rule {
         group: "apiextensions.k8s.io",
         resources: &["customresourcedefinitions"],
         verbs: &["get", "patch"],
+        names: &[],
         why: "the bootstrap-manifest sync: Talos's ServiceAccount CRD (with Talos API access)",
     },
     Rule {
         group: "ichor.maesh.dev",
         resources: &["talosclusters", "talosmachines", "talosconfigpatches", "talosoperations"],
         verbs: &["get", "list", "watch"],
+        names: &[],
         why: "the custom resources it reconciles and renders from",
     },
     Rule {
         group: "ichor.maesh.dev",
         resources: &["talosclusters/status", "talosmachines/status", "talosoperations/status"],
         verbs: &["get", "patch", "update"],
+        names: &[],
         why: "status: operation progress and clocks, machine conditions, status.cni.kubeProxy",
     },
     Rule {
         group: "",
         resources: &["secrets"],
         verbs: &["get", "list", "watch"],
+        names: &[],
         why: "the Talos secrets bundle a TalosCluster names (secretsRef), to render; its changes wake the machines (watched by metadata only)",
     },
     Rule {
         group: "",
         resources: &["nodes"],
         verbs: &["get", "list", "watch", "patch"],
+        names: &[],
         why: "Ready and kubelet versions; cordon and uncordon (spec.unschedulable)",
     },
     Rule {
         group: "",
         resources: &["pods"],
         verbs: &["get", "list", "watch"],
+        names: &[],
         why: "mirror pods of the control-plane components; the pods a drain evicts",
     },
     Rule {
         group: "policy",
         resources: &["poddisruptionbudgets"],
         verbs: &["list"],
+        names: &[],
         why: "a drain blocked past its deadline names the PodDisruptionBudgets that select the pod",
     },
     Rule {
         group: "",
         resources: &["pods/eviction"],
         verbs: &["create"],
+        names: &[],
         why: "drains through the Eviction API (PodDisruptionBudgets respected)",
     },
     Rule {
         group: "apps",
         resources: &["daemonsets"],
-        verbs: &["get", "list", "watch", "patch", "delete"],
-        why: "the cilium and kube-proxy rollouts; the kube-proxy switch deletes and restores kube-proxy (server-side apply as Talos)",
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+        names: &[],
+        why: "the cilium and kube-proxy rollouts; the kube-proxy switch deletes and restores kube-proxy (server-side apply as Talos; an apply that creates is authorized as a create)",
     },
     Rule {
         group: "",
         resources: &["configmaps", "serviceaccounts"],
-        verbs: &["get", "list", "watch", "patch", "delete"],
-        why: "cilium-config (watched: a change wakes the operations); the bootstrap-manifest sync and kube-proxy's own objects",
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+        names: &[],
+        why: "cilium-config (watched: a change wakes the operations); the bootstrap-manifest sync (its inventory ConfigMap created on the first sync) and kube-proxy's own objects, restored by apply",
     },
     Rule {
         group: "rbac.authorization.k8s.io",
         resources: &["clusterrolebindings"],
-        verbs: &["get", "patch", "delete"],
-        why: "the bootstrap-manifest sync and the kube-proxy ClusterRoleBinding",
+        verbs: &["get", "create", "patch", "delete"],
+        names: &[],
+        why: "the bootstrap-manifest sync and the kube-proxy ClusterRoleBinding (deleted by a switch, restored by apply)",
     },
     Rule {
         group: "batch",
         resources: &["jobs"],
         verbs: &["get", "list", "watch", "create"],
+        names: &[],
         why: "the Cilium Job, and whether it failed (watched: a Job that ends or is deleted wakes the values reconciler; it runs under its own ServiceAccount, the controller never holds Helm's rights)",
     },
     Rule {
         group: "cilium.io",
         resources: &["ciliumnetworkpolicies"],
         verbs: &["get", "patch"],
+        names: &[],
         why: "Ichor's namespace locked down once Cilium is ready (its own CiliumNetworkPolicies, field manager ichor-network-policy; --no-network-policies turns it off)",
     },
     Rule {
         group: "coordination.k8s.io",
         resources: &["leases"],
         verbs: &["get", "create", "patch", "update"],
+        names: &[],
         why: "leader election: two replicas never both act",
     },
     Rule {
         group: "events.k8s.io",
         resources: &["events"],
         verbs: &["create", "patch"],
+        names: &[],
         why: "an Event on the operation for every action and pause",
+    },
+    Rule {
+        group: "rbac.authorization.k8s.io",
+        resources: &["clusterroles"],
+        verbs: &["bind"],
+        names: &["system:node-proxier"],
+        why: "restoring kube-proxy's ClusterRoleBinding grants system:node-proxier, which the controller does not hold: kube-apiserver lets it bind that role only (escalation prevention)",
     },
 ];
 
@@ -146,8 +174,13 @@ pub fn allowed(verb: &str, group: &str, resource: &str) -> bool {
     CONTROLLER_RULES.iter().any(|r| r.group == group && r.resources.contains(&resource) && r.verbs.contains(&verb))
 }
 
+/// The in-memory API's log word for a server-side apply that created its object: kube-apiserver
+/// authorizes it as a create besides the patch.
+pub const APPLY_CREATE: &str = "APPLY-CREATE";
+
 /// The request of a log line of the in-memory API (`METHOD /path?query`) as (verb, group,
-/// resource): `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`.
+/// resource): `get`, `list`, `watch`, `create`, `update`, `patch`, `delete` (`APPLY_CREATE`
+/// lines: `create`).
 pub fn request(line: &str) -> Option<(String, String, String)> {
     let (method, uri) = line.split_once(' ')?;
     let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
@@ -176,9 +209,16 @@ pub fn request(line: &str) -> Option<(String, String, String)> {
         ("PUT", _) => "update",
         ("PATCH", _) => "patch",
         ("DELETE", _) => "delete",
+        // A server-side apply that created its object: kube-apiserver asks for create too.
+        (APPLY_CREATE, _) => "create",
         _ => return None,
     };
     Some((verb.to_string(), group.to_string(), resource))
+}
+
+/// `["a", "b"]`'s inside: each quoted, comma-separated.
+fn quoted(xs: &[&str]) -> String {
+    xs.iter().map(|x| format!("\"{x}\"")).collect::<Vec<_>>().join(", ")
 }
 
 /// The controller's ClusterRole as YAML, each rule under its reason.
@@ -190,9 +230,12 @@ pub fn cluster_role_yaml(name: &str) -> String {
             "  # {}\n  - apiGroups: [\"{}\"]\n    resources: [{}]\n    verbs: [{}]\n",
             r.why,
             r.group,
-            r.resources.iter().map(|x| format!("\"{x}\"")).collect::<Vec<_>>().join(", "),
-            r.verbs.iter().map(|x| format!("\"{x}\"")).collect::<Vec<_>>().join(", ")
+            quoted(r.resources),
+            quoted(r.verbs)
         );
+        if !r.names.is_empty() {
+            s += &format!("    resourceNames: [{}]\n", quoted(r.names));
+        }
     }
     s
 }

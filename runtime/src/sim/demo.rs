@@ -151,12 +151,11 @@ impl Demo {
         for (name, _, _) in &machines {
             api.put("", "nodes", json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}}));
         }
-        api.put("", "configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cilium-config", "namespace": "kube-system"}, "data": {"kube-proxy-replacement": "false", "ipam": "kubernetes"}}));
         // Cilium, as its bootstrap manifest installed it (the embedded chart), with its CRDs.
+        let [config, agents] = bootstrap_cilium();
+        api.put("", "configmaps", config);
         api.put("apiextensions.k8s.io", "customresourcedefinitions", super::discovery::cilium_network_policy_crd());
-        api.put("apps", "daemonsets", json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "cilium", "namespace": "kube-system"},
-            "spec": {"selector": {"matchLabels": {"k8s-app": "cilium"}}, "template": {"metadata": {"labels": {"k8s-app": "cilium"}},
-                "spec": {"containers": [{"name": "cilium-agent", "image": format!("quay.io/cilium/cilium:v{}", render::embedded::CILIUM_CHART_VERSION)}]}}}}));
+        api.put("apps", "daemonsets", agents);
         let demo = Demo { fleet, api, talos, machines, seen: Default::default() };
         // Talos's bootstrap applied kube-proxy from the first control plane's rendering.
         if let Some((_, address, _)) = demo.machines.iter().find(|m| m.2 == Role::Controlplane) {
@@ -283,6 +282,18 @@ impl Demo {
     }
 }
 
+/// Cilium as its bootstrap manifest installed it (the embedded chart, kube-proxy kept): the
+/// `cilium-config` ConfigMap and the agents' DaemonSet, as the in-memory installation holds
+/// them and the real control plane's suite applies them.
+pub fn bootstrap_cilium() -> [serde_json::Value; 2] {
+    [
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cilium-config", "namespace": "kube-system"}, "data": {"kube-proxy-replacement": "false", "ipam": "kubernetes"}}),
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "cilium", "namespace": "kube-system"},
+            "spec": {"selector": {"matchLabels": {"k8s-app": "cilium"}}, "template": {"metadata": {"labels": {"k8s-app": "cilium"}},
+                "spec": {"containers": [{"name": "cilium-agent", "image": format!("quay.io/cilium/cilium:v{}", render::embedded::CILIUM_CHART_VERSION)}]}}}}),
+    ]
+}
+
 /// The namespaces the objects are in, and Kubernetes' own, exist as Namespaces (Active), as on
 /// a cluster: `kubectl get namespaces` lists them.
 pub fn ensure_namespaces(api: &kubeapi::Api) {
@@ -356,64 +367,105 @@ pub fn run_cilium_jobs(api: &kubeapi::Api) {
         }
         let name = job.pointer("/metadata/name").and_then(|n| n.as_str()).unwrap_or_default().to_string();
         let namespace = key.2.clone();
-        let fault = api.get("", "configmaps", "kube-system", HELM_FAULT_CONFIGMAP).map(|c| {
-            c.pointer("/data/message").and_then(|m| m.as_str()).unwrap_or("Error: UPGRADE FAILED").to_string()
-        });
         job["metadata"]["annotations"] = json!({"sim/ran": "true"});
-        if let Some(message) = fault {
-            fail_job(api, &mut job, &name, &namespace, &message);
-            continue;
-        }
-        let args = job.pointer("/spec/template/spec/containers/0/args").cloned().unwrap_or_default();
-        let replaced = args.as_array().is_some_and(|a| a.iter().any(|x| x == "--kube-proxy=replaced"));
-        let take_ownership = args.as_array().is_some_and(|a| a.iter().any(|x| x == "--take-ownership"));
-        // Helm installs over objects of its release only: without --take-ownership an object
-        // in no release (or another's) stops the Job with Helm's words, and nothing changes.
-        let ds = api.get("apps", "daemonsets", "kube-system", "cilium");
-        let annotation = |k: &str| {
-            ds.as_ref()
-                .and_then(|d| d.pointer(&format!("/metadata/annotations/{}", k.replace('/', "~1"))))
-                .and_then(|v| v.as_str())
-                .map(String::from)
-        };
-        let in_release = annotation("meta.helm.sh/release-name").as_deref() == Some("cilium")
-            && annotation("meta.helm.sh/release-namespace").as_deref() == Some("kube-system");
-        if ds.is_some() && !in_release && !take_ownership {
-            let message = "Error: UPGRADE FAILED: Unable to continue with update: DaemonSet \"cilium\" in namespace \"kube-system\" exists and cannot be imported into the current release: invalid ownership metadata; label validation error: missing key \"app.kubernetes.io/managed-by\": must be set to \"Helm\"; annotation validation error: missing key \"meta.helm.sh/release-name\": must be set to \"cilium\"; annotation validation error: missing key \"meta.helm.sh/release-namespace\": must be set to \"kube-system\"";
-            fail_job(api, &mut job, &name, &namespace, message);
-            continue;
-        }
-        if let Some(mut cm) = api.get("", "configmaps", "kube-system", "cilium-config") {
-            let mut data = cm.get("data").cloned().filter(|d| d.is_object()).unwrap_or_else(|| json!({}));
-            for (k, v) in [
-                ("kube-proxy-replacement", replaced.to_string()),
-                ("k8s-service-host", "localhost".into()),
-                ("k8s-service-port", "7445".into()),
-                ("ipam", "kubernetes".into()),
-            ] {
-                data[k] = json!(v);
+        let ran = helm_run(
+            &job,
+            api.get("apps", "daemonsets", "kube-system", "cilium").as_ref(),
+            api.get("", "configmaps", "kube-system", "cilium-config").as_ref(),
+            helm_fault(api.get("", "configmaps", "kube-system", HELM_FAULT_CONFIGMAP).as_ref()),
+        );
+        match ran {
+            HelmRun::Failed(message) => fail_job(api, &mut job, &name, &namespace, &message),
+            HelmRun::Installed { config, daemonset } => {
+                if let Some(cm) = config {
+                    api.put("", "configmaps", cm);
+                }
+                if let Some(ds) = daemonset {
+                    api.put("apps", "daemonsets", ds);
+                }
+                job["status"] = json!({"succeeded": 1, "conditions": [
+                    {"type": "SuccessCriteriaMet", "status": "True"},
+                    {"type": "Complete", "status": "True"}]});
+                api.put("batch", "jobs", job);
             }
-            cm["data"] = data;
-            api.put("", "configmaps", cm);
         }
-        if let Some(mut cilium) = ds {
-            // The values' hash in the pod template, as a changed value changes the agents' spec.
-            let hash = job.pointer("/metadata/labels/ichor.maesh.dev~1values-hash").cloned().unwrap_or_default();
-            cilium["spec"]["template"]["metadata"]["annotations"] =
-                json!({"kpr": replaced.to_string(), "values": hash});
-            // Helm's ownership: the release's annotations and label on what it installed.
-            cilium["metadata"]["annotations"]["meta.helm.sh/release-name"] = json!("cilium");
-            cilium["metadata"]["annotations"]["meta.helm.sh/release-namespace"] = json!("kube-system");
-            cilium["metadata"]["labels"]["app.kubernetes.io/managed-by"] = json!("Helm");
-            api.put("apps", "daemonsets", cilium);
-        }
-        // Every Job installs the embedded chart: the agents run its version from now on.
-        run_cilium(api, render::embedded::CILIUM_CHART_VERSION);
-        job["status"] = json!({"succeeded": 1, "conditions": [
-            {"type": "SuccessCriteriaMet", "status": "True"},
-            {"type": "Complete", "status": "True"}]});
-        api.put("batch", "jobs", job);
     }
+}
+
+/// Helm's words while the fault ConfigMap (`HELM_FAULT_CONFIGMAP`) exists: its `message`.
+pub fn helm_fault(configmap: Option<&serde_json::Value>) -> Option<String> {
+    configmap
+        .map(|c| c.pointer("/data/message").and_then(|m| m.as_str()).unwrap_or("Error: UPGRADE FAILED").to_string())
+}
+
+/// What one run of Ichor's Cilium Job did (`helm_run`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum HelmRun {
+    /// Helm stopped with these words; nothing changed.
+    Failed(String),
+    /// Helm installed the release: the new cilium-config and cilium DaemonSet to write (each
+    /// when it exists).
+    Installed { config: Option<serde_json::Value>, daemonset: Option<serde_json::Value> },
+}
+
+/// What Helm does when Ichor's Cilium Job `job` runs, on plain data: with `fault` (Helm's
+/// words) it fails; without `--take-ownership`, a cilium DaemonSet in no release (or
+/// another's) stops it with Helm's words; else cilium-config says the Job's kube-proxy mode and
+/// the API server address, and the agents get the values' hash in their template, Helm's
+/// ownership marks and the embedded chart's image. The in-memory API's stand-in
+/// (`run_cilium_jobs`) and the kubelets' on a real one (`kubelet::Kubelets`) both write this.
+pub fn helm_run(
+    job: &serde_json::Value,
+    daemonset: Option<&serde_json::Value>,
+    config: Option<&serde_json::Value>,
+    fault: Option<String>,
+) -> HelmRun {
+    if let Some(message) = fault {
+        return HelmRun::Failed(message);
+    }
+    let args = job.pointer("/spec/template/spec/containers/0/args").cloned().unwrap_or_default();
+    let replaced = args.as_array().is_some_and(|a| a.iter().any(|x| x == "--kube-proxy=replaced"));
+    let take_ownership = args.as_array().is_some_and(|a| a.iter().any(|x| x == "--take-ownership"));
+    // Helm installs over objects of its release only: without --take-ownership an object in no
+    // release (or another's) stops the Job with Helm's words, and nothing changes.
+    let annotation = |k: &str| {
+        daemonset
+            .and_then(|d| d.pointer(&format!("/metadata/annotations/{}", k.replace('/', "~1"))))
+            .and_then(|v| v.as_str())
+            .map(String::from)
+    };
+    let in_release = annotation("meta.helm.sh/release-name").as_deref() == Some("cilium")
+        && annotation("meta.helm.sh/release-namespace").as_deref() == Some("kube-system");
+    if daemonset.is_some() && !in_release && !take_ownership {
+        return HelmRun::Failed("Error: UPGRADE FAILED: Unable to continue with update: DaemonSet \"cilium\" in namespace \"kube-system\" exists and cannot be imported into the current release: invalid ownership metadata; label validation error: missing key \"app.kubernetes.io/managed-by\": must be set to \"Helm\"; annotation validation error: missing key \"meta.helm.sh/release-name\": must be set to \"cilium\"; annotation validation error: missing key \"meta.helm.sh/release-namespace\": must be set to \"kube-system\"".into());
+    }
+    let config = config.cloned().map(|mut cm| {
+        let mut data = cm.get("data").cloned().filter(|d| d.is_object()).unwrap_or_else(|| json!({}));
+        for (k, v) in [
+            ("kube-proxy-replacement", replaced.to_string()),
+            ("k8s-service-host", "localhost".into()),
+            ("k8s-service-port", "7445".into()),
+            ("ipam", "kubernetes".into()),
+        ] {
+            data[k] = json!(v);
+        }
+        cm["data"] = data;
+        cm
+    });
+    let daemonset = daemonset.cloned().map(|mut cilium| {
+        // The values' hash in the pod template, as a changed value changes the agents' spec.
+        let hash = job.pointer("/metadata/labels/ichor.maesh.dev~1values-hash").cloned().unwrap_or_default();
+        cilium["spec"]["template"]["metadata"]["annotations"] = json!({"kpr": replaced.to_string(), "values": hash});
+        // Helm's ownership: the release's annotations and label on what it installed.
+        cilium["metadata"]["annotations"]["meta.helm.sh/release-name"] = json!("cilium");
+        cilium["metadata"]["annotations"]["meta.helm.sh/release-namespace"] = json!("kube-system");
+        cilium["metadata"]["labels"]["app.kubernetes.io/managed-by"] = json!("Helm");
+        // Every Job installs the embedded chart: the agents run its version from now on.
+        cilium["spec"]["template"]["spec"]["containers"][0]["image"] =
+            json!(format!("quay.io/cilium/cilium:v{}", render::embedded::CILIUM_CHART_VERSION));
+        cilium
+    });
+    HelmRun::Installed { config, daemonset }
 }
 
 /// A Job of the Helm stand-in fails: its pod ends with Helm's words (`message`) and the Job

@@ -5,6 +5,8 @@
 //! `osImage`, boot ID), capacity and the labels its config sets; the control plane's mirror
 //! pods; and the pods bound to a node that is up made Running and Ready (a terminating one
 //! removed, as a kubelet confirms a deletion). A node Talos does not answer for goes Unknown.
+//! The pod of Ichor's Cilium Job runs what Helm would do (`demo::helm_run`) and ends Succeeded
+//! or Failed, for the real Job controller to count.
 //! Each post renews the node's Lease (`kube-node-lease`), the heartbeat the node lifecycle
 //! controller reads: it keeps the Node Ready and lifts the `not-ready` taint admission put on
 //! it. A fixture: nothing here is a kubelet.
@@ -214,6 +216,60 @@ impl Kubelets {
         Ok(())
     }
 
+    /// The Job `p` runs for, when it is Ichor's Cilium Job (label
+    /// `app.kubernetes.io/managed-by=ichor`).
+    async fn ichors_job(&self, p: &Pod) -> Result<Option<Json>, kube_client::Error> {
+        use k8s_openapi::api::batch::v1::Job;
+        let labels = p.metadata.labels.clone().unwrap_or_default();
+        let Some(name) = labels.get("batch.kubernetes.io/job-name").or(labels.get("job-name")) else {
+            return Ok(None);
+        };
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), p.metadata.namespace.as_deref().unwrap_or_default());
+        let job = jobs.get_opt(name).await?.map(|j| serde_json::to_value(j).unwrap_or_default());
+        Ok(job.filter(|j| j.pointer("/metadata/labels/app.kubernetes.io~1managed-by") == Some(&json!("ichor"))))
+    }
+
+    /// Runs Ichor's Cilium Job's pod `p` as Helm would (`demo::helm_run`): cilium-config and the
+    /// cilium DaemonSet written, the pod ended Succeeded; or, when Helm fails, the pod ended
+    /// Failed with Helm's words as its termination message and nothing else written. The Job
+    /// controller reads the pod's end (and retries a failed one up to the Job's backoff limit).
+    async fn run_helm(&self, p: &Pod, job: &Json) -> Result<(), kube_client::Error> {
+        use k8s_openapi::api::apps::v1::DaemonSet;
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let (ds_api, cm_api): (Api<DaemonSet>, Api<ConfigMap>) =
+            (Api::namespaced(self.client.clone(), "kube-system"), Api::namespaced(self.client.clone(), "kube-system"));
+        fn as_json<T: serde::Serialize>(v: Option<T>) -> Option<Json> {
+            v.map(|x| serde_json::to_value(x).unwrap_or_default())
+        }
+        let ds = as_json(ds_api.get_opt("cilium").await?);
+        let cm = as_json(cm_api.get_opt("cilium-config").await?);
+        let fault = as_json(cm_api.get_opt(super::demo::HELM_FAULT_CONFIGMAP).await?);
+        let ended = match super::demo::helm_run(job, ds.as_ref(), cm.as_ref(), super::demo::helm_fault(fault.as_ref()))
+        {
+            super::demo::HelmRun::Failed(message) => {
+                json!({"phase": "Failed", "containerStatuses": [{"name": "cilium", "ready": false, "restartCount": 0, "image": "ichor", "imageID": "",
+                    "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}}]})
+            }
+            super::demo::HelmRun::Installed { config, daemonset } => {
+                if let Some(cm) = config {
+                    let cm: ConfigMap = serde_json::from_value(cm).expect("a ConfigMap");
+                    cm_api.replace("cilium-config", &PostParams::default(), &cm).await?;
+                }
+                if let Some(ds) = daemonset {
+                    let ds: DaemonSet = serde_json::from_value(ds).expect("a DaemonSet");
+                    ds_api.replace("cilium", &PostParams::default(), &ds).await?;
+                }
+                json!({"phase": "Succeeded", "containerStatuses": [{"name": "cilium", "ready": false, "restartCount": 0, "image": "ichor", "imageID": "",
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]})
+            }
+        };
+        let (ns, name) =
+            (p.metadata.namespace.clone().unwrap_or_default(), p.metadata.name.clone().unwrap_or_default());
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": ended}))).await?;
+        Ok(())
+    }
+
     /// The node's heartbeat, as a kubelet renews it: the Lease `kube-node-lease/<node>`, whose
     /// renewals the node lifecycle controller reads to keep the Node Ready (and untainted).
     async fn renew_lease(&self, node: &str) -> Result<(), kube_client::Error> {
@@ -262,8 +318,16 @@ impl Kubelets {
                 }
                 continue;
             }
-            let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"); // a Pod's phase: Kubernetes' word
-            if !running {
+            let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+            // A pod's phases, Kubernetes' words: a pod that ended stays ended.
+            if phase == "Succeeded" || phase == "Failed" {
+                continue;
+            }
+            if let Some(job) = self.ichors_job(&p).await.map_err(err("reading a pod's Job"))? {
+                self.run_helm(&p, &job).await.map_err(err("running Ichor's Cilium Job"))?;
+                continue;
+            }
+            if phase != "Running" {
                 api.patch_status(&name, &PatchParams::default(), &Patch::Merge(posted(&p, true)))
                     .await
                     .map_err(err("posting a pod Running"))?;

@@ -543,7 +543,8 @@ impl Api {
         self.store.lock().ok()?.objects.get(&key).cloned()
     }
 
-    /// Every request served, as `METHOD path?query`.
+    /// Every request served, as `METHOD path?query`; an apply that created its object adds a
+    /// line `rbac::APPLY_CREATE path` (the create RBAC checks besides the patch).
     pub fn log(&self) -> Vec<String> {
         self.store.lock().map(|s| s.log.clone()).unwrap_or_default()
     }
@@ -1336,6 +1337,16 @@ impl Api {
         let current = match (&old, apply) {
             (Some(o), _) => o.clone(),
             (None, true) => {
+                // An apply that creates is authorized as a create too (kube-apiserver asks RBAC
+                // for both verbs): the log says so, for the role's drift check.
+                let (g, plural, ns, name) = key;
+                let root = if g.is_empty() {
+                    "/api/v1".to_string()
+                } else {
+                    format!("/apis/{g}/{}", w.api_version.rsplit('/').next().unwrap_or("v1"))
+                };
+                let at = if ns.is_empty() { String::new() } else { format!("/namespaces/{ns}") };
+                s.log.push(format!("{} {root}{at}/{plural}/{name}", crate::rbac::APPLY_CREATE));
                 json!({"apiVersion": w.api_version, "kind": s.kind(&key.0, &key.1), "metadata": {"name": key.3}})
             }
             (None, false) => return not_found(&self.qualified(&key.0, &key.1), &key.3),
