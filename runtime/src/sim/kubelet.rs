@@ -247,7 +247,8 @@ impl Kubelets {
         let ended = match super::demo::helm_run(job, ds.as_ref(), cm.as_ref(), super::demo::helm_fault(fault.as_ref()))
         {
             super::demo::HelmRun::Failed(message) => {
-                json!({"phase": "Failed", "containerStatuses": [{"name": "cilium", "ready": false, "restartCount": 0, "image": "ichor", "imageID": "",
+                // A pod's phase, a container's end: Kubernetes' words.
+                json!({"phase": "Failed", /* Kubernetes' word */ "containerStatuses": [{"name": "cilium", "ready": false, "restartCount": 0, "image": "ichor", "imageID": "",
                     "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}}]})
             }
             super::demo::HelmRun::Installed { config, daemonset } => {
@@ -260,7 +261,7 @@ impl Kubelets {
                     ds_api.replace("cilium", &PostParams::default(), &ds).await?;
                 }
                 json!({"phase": "Succeeded", "containerStatuses": [{"name": "cilium", "ready": false, "restartCount": 0, "image": "ichor", "imageID": "",
-                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]})
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed" /* Kubernetes' word */}}}]})
             }
         };
         let (ns, name) =
@@ -319,15 +320,17 @@ impl Kubelets {
                 continue;
             }
             let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-            // A pod's phases, Kubernetes' words: a pod that ended stays ended.
-            if phase == "Succeeded" || phase == "Failed" {
+            // A pod that ended stays ended.
+            let ended = matches!(phase.as_str(), "Succeeded" | "Failed"); // a Pod's phases: Kubernetes' words
+            if ended {
                 continue;
             }
             if let Some(job) = self.ichors_job(&p).await.map_err(err("reading a pod's Job"))? {
                 self.run_helm(&p, &job).await.map_err(err("running Ichor's Cilium Job"))?;
                 continue;
             }
-            if phase != "Running" {
+            let running = phase == "Running"; // a Pod's phase: Kubernetes' word
+            if !running {
                 api.patch_status(&name, &PatchParams::default(), &Patch::Merge(posted(&p, true)))
                     .await
                     .map_err(err("posting a pod Running"))?;

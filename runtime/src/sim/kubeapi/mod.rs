@@ -154,6 +154,15 @@ impl Store {
         (stored, shipped_crds())
     }
 
+    /// Whether `group`/`plural` is a custom resource (a CRD it holds or ships).
+    fn is_custom(&self, group: &str, plural: &str) -> bool {
+        let (stored, shipped) = self.crds();
+        stored.iter().chain(shipped).any(|crd| {
+            crd.pointer("/spec/group").and_then(Json::as_str) == Some(group)
+                && crd.pointer("/spec/names/plural").and_then(Json::as_str) == Some(plural)
+        })
+    }
+
     /// The version of the CRD that serves `group`/`plural` at `version`.
     fn crd_version(&self, group: &str, version: &str, plural: &str) -> Option<(String, Json)> {
         let (stored, shipped) = self.crds();
@@ -587,11 +596,17 @@ impl Api {
         if !key.2.is_empty() {
             m.insert("namespace".into(), json!(key.2));
         }
+        let generation = keeps_generation(&key.0, &key.1);
+        if !generation {
+            m.remove("generation");
+        }
         if created {
             s.uid += 1;
             m.insert("uid".into(), json!(format!("00000000-0000-0000-0000-{:012}", s.uid)));
             m.insert("creationTimestamp".into(), json!(now().0));
-            m.insert("generation".into(), json!(1));
+            if generation {
+                m.insert("generation".into(), json!(1));
+            }
             m.remove("deletionTimestamp");
         } else if let Some(old) = &old {
             // What the server owns: a client neither sets nor clears them.
@@ -601,10 +616,12 @@ impl Api {
                     None => m.remove(k),
                 };
             }
-            let generation = old.pointer("/metadata/generation").and_then(|g| g.as_i64()).unwrap_or(1);
-            let spec_changed = old.get("spec") != obj.get("spec");
-            let m = obj.pointer_mut("/metadata").and_then(|m| m.as_object_mut()).expect("metadata");
-            m.insert("generation".into(), json!(if spec_changed { generation + 1 } else { generation }));
+            if generation {
+                let generation = old.pointer("/metadata/generation").and_then(|g| g.as_i64()).unwrap_or(1);
+                let spec_changed = old.get("spec") != obj.get("spec");
+                let m = obj.pointer_mut("/metadata").and_then(|m| m.as_object_mut()).expect("metadata");
+                m.insert("generation".into(), json!(if spec_changed { generation + 1 } else { generation }));
+            }
         }
     }
 
@@ -1009,6 +1026,22 @@ impl Api {
             t["metadata"] = meta;
             return full(&t, StatusCode::OK);
         }
+        // A list of a built-in kind carries its items without apiVersion and kind, as
+        // kube-apiserver's does; a custom resource's items keep them.
+        let items: Vec<Json> = if s.is_custom(group, plural) {
+            items
+        } else {
+            items
+                .into_iter()
+                .map(|mut o| {
+                    if let Some(m) = o.as_object_mut() {
+                        m.remove("apiVersion");
+                        m.remove("kind");
+                    }
+                    o
+                })
+                .collect()
+        };
         full(
             &json!({"apiVersion": api_version, "kind": format!("{}List", s.kind(group, plural)), "metadata": meta, "items": items}),
             StatusCode::OK,
@@ -1501,10 +1534,11 @@ impl Api {
             }
             let mut next = old.clone();
             self.stamp(s, key, &mut next, false);
-            let generation = next.pointer("/metadata/generation").and_then(Json::as_i64).unwrap_or(1);
             next["metadata"]["deletionTimestamp"] = json!(now().0);
             next["metadata"]["deletionGracePeriodSeconds"] = json!(0);
-            next["metadata"]["generation"] = json!(generation + 1);
+            if let Some(generation) = next.pointer("/metadata/generation").and_then(Json::as_i64) {
+                next["metadata"]["generation"] = json!(generation + 1);
+            }
             s.objects.insert(key.clone(), next.clone());
             self.emit(s, key, "MODIFIED", next.clone());
             return full(&next, StatusCode::OK);
@@ -1515,7 +1549,20 @@ impl Api {
         s.rv += 1;
         gone["metadata"]["resourceVersion"] = json!(s.rv.to_string());
         self.emit(s, key, "DELETED", gone.clone());
-        full(&gone, StatusCode::OK)
+        // kube-apiserver answers a deletion done at once with a Status naming the object; a
+        // pod's (graceful on a real cluster) with the pod.
+        if key.0.is_empty() && key.1 == "pods" {
+            return full(&gone, StatusCode::OK);
+        }
+        let mut details =
+            json!({"name": key.3, "kind": key.1, "uid": gone.pointer("/metadata/uid").cloned().unwrap_or_default()});
+        if !key.0.is_empty() {
+            details["group"] = json!(key.0);
+        }
+        full(
+            &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}),
+            StatusCode::OK,
+        )
     }
 
     fn delete_collection(
@@ -1706,6 +1753,17 @@ pub fn plurals(objects: &BTreeMap<Key, Json>) -> BTreeSet<(String, String)> {
 
 /// What kube-apiserver does to a Secret on every write: `stringData` is a write-only
 /// convenience, merged into `data` (base64, its keys winning) and never stored.
+/// Whether kube-apiserver keeps `metadata.generation` for a kind: custom resources and the
+/// built-in kinds whose spec it versions (workloads, Jobs, budgets, CRDs, webhooks...); not the
+/// core kinds but pods, nor Leases, Events, RBAC or EndpointSlices.
+fn keeps_generation(group: &str, plural: &str) -> bool {
+    match group {
+        "" => matches!(plural, "pods" | "replicationcontrollers"),
+        "coordination.k8s.io" | "events.k8s.io" | "rbac.authorization.k8s.io" | "discovery.k8s.io" => false,
+        _ => true,
+    }
+}
+
 fn string_data_into_data(obj: &mut Json) {
     use base64::Engine as _;
     let Some(m) = obj.as_object_mut() else { return };

@@ -1,7 +1,9 @@
 //! What kube-apiserver does with a custom resource's schema on every write: unknown fields
 //! pruned (or, under `fieldValidation=Strict`, refused; under `Warn`, pruned with a warning),
-//! `default`s filled in, and the CRD's CEL rules (`x-kubernetes-validations`) evaluated with
-//! kube-cel, transition rules against the object as it was.
+//! `default`s filled in, the values checked against the schema (type, enum, required, bounds;
+//! with jsonschema, in kube-apiserver's words), and the CRD's CEL rules
+//! (`x-kubernetes-validations`) evaluated with kube-cel, transition rules against the object
+//! as it was.
 //!
 //! Start at `Validation::parse` (the query's mode) and `admit` (one write).
 
@@ -38,17 +40,29 @@ pub enum Refusal {
     /// Unknown fields under `Strict` (400 BadRequest).
     #[error("{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}", unknown_list(.fields))]
     Unknown { kind: String, version: String, fields: Vec<String> },
-    /// CEL rules that do not hold (422 Invalid).
+    /// Values the schema does not allow, or CEL rules that do not hold (422 Invalid).
     #[error("{qualified} \"{name}\" is invalid: {}", causes_text(.causes))]
-    Invalid { qualified: String, name: String, causes: Vec<(String, String)> },
+    Invalid { qualified: String, name: String, causes: Vec<Cause> },
+}
+
+/// One field a write is refused for, as kube-apiserver's Status `details.causes` says it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cause {
+    /// `spec.kind`.
+    pub field: String,
+    /// `FieldValueNotSupported`, `FieldValueTypeInvalid`, `FieldValueRequired`,
+    /// `FieldValueInvalid`.
+    pub reason: &'static str,
+    /// What follows the field in the message: `Unsupported value: "x": supported values: ...`.
+    pub message: String,
 }
 
 fn unknown_list(fields: &[String]) -> String {
     fields.iter().map(|f| format!("unknown field \"{f}\"")).collect::<Vec<_>>().join(", ")
 }
 
-fn causes_text(causes: &[(String, String)]) -> String {
-    let each: Vec<String> = causes.iter().map(|(f, m)| format!("{f}: Invalid value: \"object\": {m}")).collect();
+fn causes_text(causes: &[Cause]) -> String {
+    let each: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
     if each.len() == 1 { each[0].clone() } else { format!("[{}]", each.join(", ")) }
 }
 
@@ -66,7 +80,7 @@ impl Refusal {
                 let (kind, group) = qualified.split_once('.').unwrap_or((qualified, ""));
                 let causes: Vec<Json> = causes
                     .iter()
-                    .map(|(f, m)| json!({"reason": "FieldValueInvalid", "message": format!("Invalid value: \"object\": {m}"), "field": f}))
+                    .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
                     .collect();
                 (
                     422,
@@ -169,12 +183,160 @@ pub fn admit(
         vec![]
     };
     let next = kube_cel::apply_defaults(schema, &next);
-    if let Err(errs) = kube_cel::validate(schema, &next, old) {
-        let name = next.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default().to_string();
-        let causes = errs.as_slice().iter().map(|e| (e.field_path.clone(), e.message.clone())).collect();
-        return Err(Refusal::Invalid { qualified: format!("{kind}.{group}"), name, causes });
+    let name = next.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default().to_string();
+    let refused = |causes| Err(Refusal::Invalid { qualified: format!("{kind}.{group}"), name: name.clone(), causes });
+    // kube-apiserver checks the values, then the CEL rules, unless a value's type is wrong, a
+    // required one missing, one not in its enum or past a length (its "blocking" errors): then
+    // it says the rules were not checked.
+    let mut causes = values_refused(schema, &next);
+    let blocking = [
+        "FieldValueTypeInvalid",
+        "FieldValueRequired",
+        "FieldValueNotSupported",
+        "FieldValueTooLong",
+        "FieldValueTooMany",
+    ];
+    if causes.iter().any(|c| blocking.contains(&c.reason)) {
+        causes.push(Cause {
+            field: "<nil>".into(),
+            reason: "FieldValueInvalid",
+            message: "Invalid value: null: some validation rules were not checked because the object was invalid; correct the existing errors to complete validation".into(),
+        });
+    } else if let Err(errs) = kube_cel::validate(schema, &next, old) {
+        causes.extend(errs.as_slice().iter().map(|e| Cause {
+            field: e.field_path.clone(),
+            reason: "FieldValueInvalid",
+            message: format!("Invalid value: \"object\": {}", e.message),
+        }));
+    }
+    if !causes.is_empty() {
+        return refused(causes);
     }
     Ok((next, warnings))
+}
+
+/// A CRD's structural schema as JSON Schema: `nullable: true` lets null through (its `type`
+/// also `null`); the `x-kubernetes-*` extensions are keywords JSON Schema ignores.
+fn as_json_schema(schema: &Json) -> Json {
+    match schema {
+        Json::Object(m) => {
+            let mut out: serde_json::Map<String, Json> =
+                m.iter().map(|(k, v)| (k.clone(), as_json_schema(v))).collect();
+            if m.get("nullable") == Some(&json!(true))
+                && let Some(Json::String(t)) = m.get("type")
+            {
+                out.insert("type".into(), json!([t, "null"]));
+            }
+            Json::Object(out)
+        }
+        Json::Array(a) => Json::Array(a.iter().map(as_json_schema).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The values of `obj` its schema does not allow, in kube-apiserver's words: an enum's
+/// `Unsupported value`, a type's `must be of type`, a `Required value`, and the bounds'
+/// `Invalid value`.
+fn values_refused(schema: &Json, obj: &Json) -> Vec<Cause> {
+    use jsonschema::error::ValidationErrorKind as K;
+    let Ok(validator) = jsonschema::validator_for(&as_json_schema(schema)) else { return vec![] };
+    let quoted = |v: &Json| match v {
+        Json::String(s) => format!("\"{s}\""),
+        other => other.to_string(),
+    };
+    validator
+        .iter_errors(obj)
+        .map(|e| {
+            let mut field = String::new();
+            for seg in e.instance_path().as_str().split('/').skip(1) {
+                let seg = seg.replace("~1", "/").replace("~0", "~");
+                match seg.parse::<usize>() {
+                    Ok(i) => field += &format!("[{i}]"),
+                    Err(_) if field.is_empty() => field = seg,
+                    Err(_) => field += &format!(".{seg}"),
+                }
+            }
+            let value = e.instance().as_ref().clone();
+            match e.kind() {
+                K::Enum { options } => {
+                    let supported: Vec<String> = options.as_array().into_iter().flatten().map(quoted).collect();
+                    Cause {
+                        field,
+                        reason: "FieldValueNotSupported",
+                        message: format!(
+                            "Unsupported value: {}: supported values: {}",
+                            quoted(&value),
+                            supported.join(", ")
+                        ),
+                    }
+                }
+                K::Required { property } => {
+                    let property = property.as_str().unwrap_or_default();
+                    let field = if field.is_empty() { property.to_string() } else { format!("{field}.{property}") };
+                    Cause { field, reason: "FieldValueRequired", message: "Required value".into() }
+                }
+                K::Type { kind } => {
+                    let want = match kind {
+                        jsonschema::error::TypeKind::Single(t) => t.to_string(),
+                        jsonschema::error::TypeKind::Multiple(ts) => {
+                            ts.iter().map(|t| t.to_string()).find(|t| t != "null").unwrap_or_default()
+                        }
+                    };
+                    let have = match &value {
+                        Json::String(_) => "string",
+                        Json::Number(n) if n.is_i64() || n.is_u64() => "integer",
+                        Json::Number(_) => "number",
+                        Json::Bool(_) => "boolean",
+                        Json::Array(_) => "array",
+                        Json::Object(_) => "object",
+                        Json::Null => "null",
+                    };
+                    Cause {
+                        message: format!(
+                            "Invalid value: \"{have}\": {field} in body must be of type {want}: \"{have}\""
+                        ),
+                        field,
+                        reason: "FieldValueTypeInvalid",
+                    }
+                }
+                K::Pattern { pattern } => Cause {
+                    message: format!("Invalid value: {}: {field} in body should match '{pattern}'", quoted(&value)),
+                    field,
+                    reason: "FieldValueInvalid",
+                },
+                K::MaxLength { limit } => Cause {
+                    message: format!("Too long: may not be more than {limit} bytes"),
+                    field,
+                    reason: "FieldValueTooLong",
+                },
+                K::MaxItems { limit } => Cause {
+                    message: format!(
+                        "Too many: {}: must have at most {limit} items",
+                        value.as_array().map(Vec::len).unwrap_or_default()
+                    ),
+                    field,
+                    reason: "FieldValueTooMany",
+                },
+                K::Minimum { limit } => Cause {
+                    message: format!(
+                        "Invalid value: {value}: {field} in body should be greater than or equal to {limit}"
+                    ),
+                    field,
+                    reason: "FieldValueInvalid",
+                },
+                K::Maximum { limit } => Cause {
+                    message: format!("Invalid value: {value}: {field} in body should be less than or equal to {limit}"),
+                    field,
+                    reason: "FieldValueInvalid",
+                },
+                _ => Cause {
+                    message: format!("Invalid value: {}: {e}", quoted(&value)),
+                    field,
+                    reason: "FieldValueInvalid",
+                },
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
