@@ -226,6 +226,12 @@ impl ControlPlane {
             "controller-manager.kubeconfig",
         )?;
         let sched = user("the scheduler's certificate", "system:kube-scheduler", &[], "scheduler.kubeconfig")?;
+        // Auditing, as a cluster's operators run it: every request of a ServiceAccount at the
+        // Metadata level (verb, resource, code), for `ControlPlane::requests_of`.
+        write(
+            &f("audit-policy.yaml"),
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n  - level: Metadata\n    userGroups: [\"system:serviceaccounts\"]\n  - level: None\n",
+        )?;
         let ca_pem = ca.pem.clone();
         let mut cp = ControlPlane { dir: dir.clone(), procs: vec![], server, admin_kubeconfig: admin, ca_pem, ca };
         let s = |p: &Path| p.display().to_string();
@@ -264,6 +270,10 @@ impl ControlPlane {
                 "--enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,PodSecurity,NodeRestriction,DefaultStorageClass,DefaultTolerationSeconds,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy,ResourceQuota,Priority".into(),
                 "--allow-privileged=true".into(),
                 "--endpoint-reconciler-type=none".into(),
+                format!("--audit-policy-file={}", s(&f("audit-policy.yaml"))),
+                format!("--audit-log-path={}", s(&f("audit.log"))),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
             ],
         )?;
         cp.wait_for("kube-apiserver", |cp| cp.kubectl_ok(&["get", "--raw", "/readyz"]))?;
@@ -404,6 +414,36 @@ impl ControlPlane {
         let user = format!("system:serviceaccount:{namespace}:{name}");
         write(&path, &kubeconfig(&self.server, &self.ca_pem, &user, &KubeAuth::Token(out.trim().to_string())))?;
         Ok(path)
+    }
+
+    /// What `user` (`system:serviceaccount:NS:NAME`) asked kube-apiserver and was not denied,
+    /// from the audit log: (verb, API group, resource[/subresource]); an apply that created
+    /// its object counts as a `create` too, as RBAC authorized it.
+    pub fn requests_of(&self, user: &str) -> std::collections::BTreeSet<(String, String, String)> {
+        let text = std::fs::read_to_string(self.dir.join("audit.log")).unwrap_or_default();
+        let mut out = std::collections::BTreeSet::new();
+        for e in text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()) {
+            let s = |p: &str| e.pointer(p).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+            if s("/user/username") != user || s("/stage") != "ResponseComplete" {
+                continue;
+            }
+            let code = e.pointer("/responseStatus/code").and_then(|c| c.as_u64()).unwrap_or(0);
+            if code == 403 {
+                continue;
+            }
+            let (sub, resource) = (s("/objectRef/subresource"), s("/objectRef/resource"));
+            if resource.is_empty() {
+                continue;
+            }
+            let resource = if sub.is_empty() { resource } else { format!("{resource}/{sub}") };
+            let verb = s("/verb");
+            // A server-side apply that created its object was authorized as a create too.
+            if verb == "patch" && code == 201 {
+                out.insert(("create".into(), s("/objectRef/apiGroup"), resource.clone()));
+            }
+            out.insert((verb, s("/objectRef/apiGroup"), resource));
+        }
+        out
     }
 
     /// The folder holding the PKI, the kubeconfigs and each program's log.
