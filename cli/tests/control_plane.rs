@@ -672,10 +672,7 @@ fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_the_lease_holder_killed
     let Some(cp) = control_plane("kubernetes-upgrade") else { return };
     install(&cp);
     let _hook = webhook(&cp);
-    // No Argo CD here to take Cilium over: Talos keeps its bootstrap manifest (no hand-over).
-    let files: Vec<(String, String)> =
-        lab_files().into_iter().map(|(f, t)| (f, t.replace("handover: automatic", "handover: disabled"))).collect();
-    let lab = Lab::start_with(&cp, &files);
+    let lab = Lab::start_with(&cp, &without_handover());
     let ds = ["daemonset", "kube-proxy", "-n", "kube-system"];
     wait_for(60, "kube-proxy rolled out by the DaemonSet controller", || {
         let s = get(&cp, &ds, "{.status.numberAvailable}/{.status.desiredNumberScheduled}");

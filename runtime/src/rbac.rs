@@ -94,7 +94,7 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         resources: &["pods"],
         verbs: &["get", "list", "watch"],
         names: &[],
-        why: "mirror pods of the control-plane components; the pods a drain evicts",
+        why: "mirror pods of the control-plane components; the pods a drain evicts; the Lease holder's pod, for its node (in a pod, when the Lease does not name it)",
     },
     Rule {
         group: "policy",
