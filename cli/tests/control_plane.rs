@@ -174,8 +174,10 @@ const NOT_RENDERED_HERE: &[&str] =
 const IN_A_POD_ONLY: &[(&str, &str, &str)] = &[("get", "", "pods")];
 
 /// What the controller asked in the tests that reported so far, and how many reported.
-static USED: std::sync::Mutex<(std::collections::BTreeSet<(String, String, String)>, usize)> =
-    std::sync::Mutex::new((std::collections::BTreeSet::new(), 0));
+static USED: std::sync::Mutex<(Asked, usize)> = std::sync::Mutex::new((std::collections::BTreeSet::new(), 0));
+
+/// Requests as RBAC sees them: (verb, API group, resource[/subresource]).
+type Asked = std::collections::BTreeSet<(String, String, String)>;
 
 /// Adds what the controller asked this control plane (its audit log) to what the other tests'
 /// controllers asked; the last of the `CONTROLLER_TESTS` to report checks that every verb of the
