@@ -528,6 +528,23 @@ fn without_handover() -> Vec<(String, String)> {
     lab_files().into_iter().map(|(f, t)| (f, t.replace("handover: automatic", "handover: disabled"))).collect()
 }
 
+/// A kernel module patch on every machine of the lab (a reboot each), left by the machine
+/// controller for a rollout, and `ichor config apply --yes`: the rollout's name.
+fn start_module_rollout(cp: &ControlPlane, lab: &Lab) -> String {
+    let module = "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: br-netfilter\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 60\n  patch: |\n    machine:\n      kernel:\n        modules:\n          - name: br_netfilter\n";
+    let (code, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "-f", "-"], Some(module));
+    assert_eq!(code, 0, "{err}");
+    let (admin, tc) = (lab.admin.as_str(), lab.tc.as_str());
+    let apply = ["config", "apply", "--cluster", "lab", "--kubeconfig", admin, "--talosconfig", tc];
+    wait_for(30, "the controller leaves the patch for a rollout (RebootRequired)", || {
+        let (code, out, err) = ichor(&[&apply[..], &["--dry-run"]].concat());
+        if code == 0 && out.contains("cp1") { Ok(()) } else { Err(format!("{code} {out}{err}")) }
+    });
+    let (code, out, err) = ichor(&[&apply[..], &["--yes"]].concat());
+    assert!(code == 0 && out.contains("Created TalosOperation ichor-system/config-rollout"), "{out}{err}");
+    out.split("ichor-system/").nth(1).and_then(|r| r.split('.').next()).unwrap().to_string()
+}
+
 /// The lab cluster's manifest files (cluster, machines, patches, secrets), as read.
 fn lab_files() -> Vec<(String, String)> {
     let lab = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/clusters/lab-v1.14"));
@@ -622,18 +639,7 @@ fn a_config_rollout_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes
     let boots = || get(&cp, &["nodes"], "{range .items[*]}{.metadata.name}={.status.nodeInfo.bootID} {end}");
     let (before, boot) = (boots(), get(&cp, &["node", "cp1"], "{.status.nodeInfo.bootID}"));
     let (_controller, log) = controller(&cp, &lab.talosconfig, &["--drain-timeout", "8"]);
-    let module = "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: br-netfilter\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 60\n  patch: |\n    machine:\n      kernel:\n        modules:\n          - name: br_netfilter\n";
-    let (code, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "-f", "-"], Some(module));
-    assert_eq!(code, 0, "{err}");
-    let (admin, tc) = (lab.admin.as_str(), lab.tc.as_str());
-    let apply = ["config", "apply", "--cluster", "lab", "--kubeconfig", admin, "--talosconfig", tc];
-    wait_for(30, "the controller leaves the patch for a rollout (RebootRequired)", || {
-        let (code, out, err) = ichor(&[&apply[..], &["--dry-run"]].concat());
-        if code == 0 && out.contains("cp1") { Ok(()) } else { Err(format!("{code} {out}{err}")) }
-    });
-    let (code, out, err) = ichor(&[&apply[..], &["--yes"]].concat());
-    assert!(code == 0 && out.contains("Created TalosOperation ichor-system/config-rollout"), "{out}{err}");
-    let name = out.split("ichor-system/").nth(1).and_then(|r| r.split('.').next()).unwrap().to_string();
+    let (admin, name) = (lab.admin.as_str(), start_module_rollout(&cp, &lab));
     let op = ["talosoperation", name.as_str(), "-n", "ichor-system"];
     assert_paused_on_the_budget(&cp, &op, &boot, &log);
     let (code, out, err) = ichor(&["operation", "resume", &name, "--kubeconfig", admin]);
@@ -1057,4 +1063,70 @@ fn the_in_memory_api_answers_the_requests_ichor_makes_as_kube_apiserver_does() {
         "the in-memory API answers otherwise:\n{}",
         diff.unified_diff().header("kube-apiserver", "in-memory")
     );
+}
+
+/// A request RBAC refuses the controller mid-operation (issue 51's bad input): with `patch` on
+/// Nodes taken from its ClusterRole, the rollout's first cordon is refused by kube-apiserver; the
+/// operation pauses at once with the API server's words (the verb, the resource) and what to do
+/// (`ichor install`'s role), cp1 neither cordoned nor rebooted, never a retry loop seen only in
+/// the log. With the role applied again, a resume completes it.
+#[test]
+fn a_request_rbac_refuses_pauses_the_operation_naming_it_and_a_resume_completes_it_once_granted() {
+    let Some(cp) = control_plane("rbac-refused") else { return };
+    install(&cp);
+    let _hook = webhook(&cp);
+    let lab = Lab::start(&cp);
+    let role = cp.kubectl(&["get", "clusterrole", "ichor-controller", "-o", "json"]).1;
+    let mut role: serde_json::Value = serde_json::from_str(&role).unwrap();
+    for rule in role["rules"].as_array_mut().unwrap() {
+        if rule["resources"] == serde_json::json!(["nodes"]) {
+            rule["verbs"] = serde_json::json!(["list", "watch"]);
+        }
+    }
+    let (code, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &["replace", "-f", "-"], Some(&role.to_string()));
+    assert_eq!(code, 0, "taking patch on nodes from the role: {err}");
+    let boot = get(&cp, &["node", "cp1"], "{.status.nodeInfo.bootID}");
+    let (_controller, log) = controller(&cp, &lab.talosconfig, &[]);
+    let name = start_module_rollout(&cp, &lab);
+    let op = ["talosoperation", name.as_str(), "-n", "ichor-system"];
+    wait_for(60, "the rollout pauses on the refused cordon", || {
+        let p = get(&cp, &op, "{.status.phase}");
+        if p == Phase::Paused.name() {
+            Ok(())
+        } else {
+            Err(format!("{p}\n{}", std::fs::read_to_string(&log).unwrap_or_default()))
+        }
+    });
+    let reason = get(&cp, &op, "{.status.pausedReason}");
+    assert!(
+        reason.contains("cannot patch resource \"nodes\"")
+            && reason.contains("ichor install")
+            && reason.contains("resume"),
+        "the pause names the refused request and what to do: {reason}"
+    );
+    assert_eq!(get(&cp, &["node", "cp1"], "{.spec.unschedulable}"), "", "cp1 not cordoned");
+    assert_eq!(get(&cp, &["node", "cp1"], "{.status.nodeInfo.bootID}"), boot, "cp1 not rebooted");
+    let (_, status, _) = ichor(&["status", "--cluster", "lab", "--kubeconfig", &lab.admin]);
+    assert!(status.contains("cannot patch resource"), "ichor status shows it: {status}");
+    // The install's ClusterRole applied again, taking back the rules the hand edit took.
+    let (_, text, _) = ichor(&["install"]);
+    let role =
+        text.split("\n---\n").find(|d| d.contains("kind: ClusterRole\nmetadata:\n  name: ichor-controller\n")).unwrap();
+    let (code, _, err) = cp.kubectl_as(
+        &cp.admin_kubeconfig,
+        &["apply", "--server-side", "--field-manager=ichor", "--force-conflicts", "-f", "-"],
+        Some(role),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = ichor(&["operation", "resume", &name, "--kubeconfig", &lab.admin]);
+    assert_eq!(code, 0, "{out}{err}");
+    wait_for(300, "the rollout completes once the role grants the cordon", || {
+        let p = get(&cp, &op, "{.status.phase}");
+        if p == Phase::Completed.name() {
+            Ok(())
+        } else {
+            Err(format!("{p} {}", get(&cp, &op, "{.status.pausedReason}")))
+        }
+    });
+    drop(lab);
 }

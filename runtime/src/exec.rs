@@ -22,6 +22,11 @@ pub trait KubePort {
     fn fails_step(_e: &Self::Error) -> bool {
         false
     }
+    /// Whether the API server refused the controller itself (RBAC's 403): retrying cannot help,
+    /// so the operation pauses naming the request and what to do, instead of retrying unseen.
+    fn forbidden(_e: &Self::Error) -> bool {
+        false
+    }
     async fn cordon(&mut self, node: &str) -> Result<(), Self::Error>;
     /// Evicts the node's pods (PodDisruptionBudgets respected; DaemonSet and mirror pods left).
     /// With `force` (the user's consent, `spec.forceDrain`), a pod a budget still keeps at the
@@ -55,8 +60,8 @@ pub enum Performed {
     Done,
     /// A status change (a marker, a clock, a pause, the phase): `status::record` writes it.
     Recorded,
-    /// The machine's step failed (a Talos refusal, a drain past its deadline): the operation
-    /// pauses naming it.
+    /// The machine's step failed (a Talos refusal, a drain past its deadline), or, with no
+    /// machine, the API server refused the controller (RBAC): the operation pauses naming it.
     Failed { machine: String, message: String },
     /// A precondition no longer holds (the node's config changed since it was read, or the
     /// apply carries no config): nothing was done; the next reconcile plans again.
@@ -122,7 +127,8 @@ impl<K: KubePort> Executor<'_, K> {
         for (a, _) in &plan.actions {
             let p = self.perform(a).await;
             let stop = matches!(p, Performed::Interrupted { .. } | Performed::Refused { .. })
-                || matches!((a, &p), (Action::Drain { .. }, Performed::Failed { .. }));
+                || matches!((a, &p), (Action::Drain { .. }, Performed::Failed { .. }))
+                || matches!(&p, Performed::Failed { machine, .. } if machine.is_empty());
             out.actions.push((a.clone(), p));
             if stop {
                 break;
@@ -146,6 +152,7 @@ impl<K: KubePort> Executor<'_, K> {
     async fn perform_one(&mut self, a: &Action) -> Performed {
         let kube = |r: Result<(), K::Error>| match r {
             Ok(()) => Performed::Done,
+            Err(e) if K::forbidden(&e) => forbidden(&e),
             Err(e) => Performed::Interrupted { why: crate::error_chain(&e) },
         };
         match a {
@@ -178,6 +185,7 @@ impl<K: KubePort> Executor<'_, K> {
                 Err(e) if K::fails_step(&e) => {
                     Performed::Failed { machine: machine.clone(), message: crate::error_chain(&e) }
                 }
+                Err(e) if K::forbidden(&e) => forbidden(&e),
                 Err(e) => Performed::Interrupted { why: crate::error_chain(&e) },
             },
             Action::Uncordon { machine } => kube(self.kube.uncordon(machine).await),
@@ -264,6 +272,18 @@ fn write_kind(a: &Action) -> Option<crate::crashpoint::Write> {
 
 /// A Talos error: a refusal fails the machine's step (the run goes on with the rest); anything
 /// else interrupts the run. The client already withheld Talos's diff (it can hold secrets).
+/// A request RBAC refused the controller: the operation pauses with the API server's words
+/// (verb, resource, namespace) and what to do; no machine's step failed.
+fn forbidden(e: &(dyn std::error::Error + 'static)) -> Performed {
+    Performed::Failed {
+        machine: String::new(),
+        message: format!(
+            "{}; the controller's ClusterRole does not allow it: apply this version's `ichor install` (its role grants what Ichor asks for), then resume the operation",
+            crate::error_chain(e)
+        ),
+    }
+}
+
 fn talos_failed(machine: &str, e: TalosError) -> Performed {
     match e {
         TalosError::Refused { message, .. } => Performed::Failed {

@@ -392,6 +392,10 @@ impl KubePort for KubeCluster {
         matches!(e, KubeError::DrainTimedOut { .. })
     }
 
+    fn forbidden(e: &KubeError) -> bool {
+        matches!(e, KubeError::Api { source, .. } if is_status(source, 403))
+    }
+
     async fn cordon(&mut self, node: &str) -> Result<(), KubeError> {
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
         nodes

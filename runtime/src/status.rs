@@ -103,6 +103,11 @@ pub fn record(s: &ObservedState, plan: &Plan, reached: usize, failed: &[(String,
         }
     }
     for (machine, message) in failed {
+        // The API server refused the controller: the pause names it; no machine's step failed.
+        if machine.is_empty() {
+            op.paused_reason = Some(message.clone());
+            continue;
+        }
         let p = op.machines.entry(machine.clone()).or_insert_with(|| MachineProgress {
             phase: MachinePhase::Failed,
             stage: None,
