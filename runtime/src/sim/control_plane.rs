@@ -74,10 +74,22 @@ impl Drop for ControlPlane {
     }
 }
 
-/// A free TCP port on loopback (bound, then released for the program to take).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+/// `N` free TCP ports on loopback, all bound at once so that none repeats (one at a time, the
+/// system handed the same port out twice: etcd's client and peer URLs collided), then released
+/// for the programs to take.
+fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<std::net::TcpListener> =
+        (0..N).filter_map(|_| std::net::TcpListener::bind("127.0.0.1:0").ok()).collect();
+    let mut ports = [0; N];
+    for (p, l) in ports.iter_mut().zip(&held) {
+        *p = l.local_addr().map(|a| a.port()).unwrap_or(0);
+    }
+    ports
 }
+
+/// How many times a control plane is started afresh when a program found its port taken in
+/// between (another test's program took it after it was released).
+const START_ATTEMPTS: u32 = 3;
 
 fn key(what: &'static str) -> Result<KeyPair, ControlPlaneError> {
     KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(|source| ControlPlaneError::Pki { what, source })
@@ -186,8 +198,24 @@ fn tail(path: &Path, n: usize) -> String {
 impl ControlPlane {
     /// Builds (if needed) and starts a control plane in a new folder under the system's temp
     /// folder, named after `name`; returns once kube-apiserver is ready, the controller manager
-    /// has made the default ServiceAccount and the scheduler runs.
+    /// has made the default ServiceAccount and the scheduler runs. A program that found its
+    /// port taken meanwhile starts the whole control plane again on fresh ports (up to
+    /// `START_ATTEMPTS` times).
     pub fn start(name: &str) -> Result<ControlPlane, ControlPlaneError> {
+        let mut attempt = 1;
+        loop {
+            match ControlPlane::start_once(name) {
+                Err(ControlPlaneError::NotReady { tail, .. })
+                    if tail.contains("address already in use") && attempt < START_ATTEMPTS =>
+                {
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    fn start_once(name: &str) -> Result<ControlPlane, ControlPlaneError> {
         let bins: Vec<PathBuf> = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"]
             .iter()
             .map(|p| kubebin::bin(p))
@@ -197,7 +225,7 @@ impl ControlPlane {
         std::fs::create_dir_all(dir.join("etcd"))
             .map_err(|source| ControlPlaneError::Write { path: dir.display().to_string(), source })?;
         let ca = Ca::new()?;
-        let (etcd_port, etcd_peer, api_port) = (free_port(), free_port(), free_port());
+        let [etcd_port, etcd_peer, api_port] = free_ports::<3>();
         let server = format!("https://127.0.0.1:{api_port}");
         let f = |n: &str| dir.join(n);
         write(&f("ca.crt"), &ca.pem)?;
