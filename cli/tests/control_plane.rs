@@ -1004,10 +1004,6 @@ fn comparable(answer: Result<String, kube_client::Error>, look: Look) -> String 
                 if let Some(items) = v.get_mut("items").and_then(|i| i.as_array_mut()) {
                     items.iter_mut().for_each(strip);
                 }
-                if let Some(spec) = v.get_mut("spec").and_then(|s| s.as_object_mut()) {
-                    // The lease's times, the pod's defaults the API server fills in.
-                    spec.remove("renewTime");
-                }
             }
             strip(&mut v);
             if let (Look::Fields(fields), Some(m)) = (look, v.as_object_mut()) {

@@ -26,46 +26,61 @@ fn time<R>(budget: Duration, mut f: impl FnMut() -> R) -> Duration {
     samples[samples.len() / 2]
 }
 
-/// An upgrade in its kubelet stage: 3 control planes done, `workers` workers pending.
-fn cluster(workers: usize) -> ObservedState {
+/// A cluster of 3 control planes and `workers` workers mid-operation: each control plane's
+/// line from `cp(i)`, each worker's from `worker(i)`, then the operation's text.
+fn snapshot(
+    workers: usize,
+    cp: impl Fn(usize) -> String,
+    worker: impl Fn(usize) -> String,
+    operation: &str,
+) -> ObservedState {
     let mut text = String::from(
         "now: \"2026-11-29T10:00:00Z\"\ncluster:\n  name: big\n  kubernetesVersion: v1.36.5\n  releaseSetKubernetes: v1.36.5\n  cni: {preset: cilium, kubeProxy: replaced, handover: disabled}\n  statusKubeProxy: replaced\nmachines:\n",
     );
     for i in 1..=3 {
-        text += &format!(
-            "  - {{name: cp{i}, role: controlplane, talosVersion: v1.14.3, kubeletVersion: v1.36.5, ready: true}}\n"
-        );
+        text += &format!("  - {}\n", cp(i));
     }
     for i in 0..workers {
-        text += &format!(
-            "  - {{name: w{i:05}, role: worker, talosVersion: v1.14.3, kubeletVersion: v1.36.4, ready: true, pending: [{{path: KubeletConfig.image, class: reboot-required, appliedBy: kubernetes, new: \"ghcr.io/siderolabs/kubelet:v1.36.5\"}}]}}\n"
-        );
+        text += &format!("  - {}\n", worker(i));
     }
-    text += "operation:\n  name: upgrade\n  kind: kubernetes\n  targetKubernetes: v1.36.5\n  maxUnavailable: 10\n  phase: Running\n  done: [manifestsSynced]\n";
+    text += operation;
     ObservedState::parse(&text).expect("bench snapshot parses")
+}
+
+/// An upgrade in its kubelet stage: 3 control planes done, `workers` workers pending.
+fn cluster(workers: usize) -> ObservedState {
+    snapshot(
+        workers,
+        |i| format!("{{name: cp{i}, role: controlplane, talosVersion: v1.14.3, kubeletVersion: v1.36.5, ready: true}}"),
+        |i| {
+            format!(
+                "{{name: w{i:05}, role: worker, talosVersion: v1.14.3, kubeletVersion: v1.36.4, ready: true, pending: [{{path: KubeletConfig.image, class: reboot-required, appliedBy: kubernetes, new: \"ghcr.io/siderolabs/kubelet:v1.36.5\"}}]}}"
+            )
+        },
+        "operation:\n  name: upgrade\n  kind: kubernetes\n  targetKubernetes: v1.36.5\n  maxUnavailable: 10\n  phase: Running\n  done: [manifestsSynced]\n",
+    )
 }
 
 /// The same cluster in a Talos upgrade's walk: control planes done, `workers` workers to go
 /// to v1.14.6 (their installer image pending, the Talos upgrade's).
 fn talos_cluster(workers: usize) -> ObservedState {
     let installer = "factory.talos.dev/metal-installer/abc:v1.14.6";
-    let mut text = String::from(
-        "now: \"2026-11-29T10:00:00Z\"\ncluster:\n  name: big\n  kubernetesVersion: v1.36.5\n  releaseSetKubernetes: v1.36.5\n  cni: {preset: cilium, kubeProxy: replaced, handover: disabled}\n  statusKubeProxy: replaced\nmachines:\n",
-    );
-    for i in 1..=3 {
-        text += &format!(
-            "  - {{name: cp{i}, role: controlplane, talosVersion: v1.14.6, osImage: \"Talos (v1.14.6)\", bootId: b-cp{i}, kubeletVersion: v1.36.5, ready: true}}\n"
-        );
-    }
-    for i in 0..workers {
-        text += &format!(
-            "  - {{name: w{i:05}, role: worker, talosVersion: v1.14.3, osImage: \"Talos (v1.14.3)\", bootId: b-{i}, kubeletVersion: v1.36.5, ready: true, pending: [{{path: UnattendedInstallConfig.installer.image, class: install-time-only, appliedBy: talos, new: \"{installer}\"}}]}}\n"
-        );
-    }
-    text += &format!(
-        "operation:\n  name: upgrade\n  kind: talos\n  targetTalos: v1.14.6\n  talosInstaller: \"{installer}\"\n  maxUnavailable: 10\n  phase: Running\n  machines: {{cp1: {{phase: Done, stage: verified, startedAt: \"2026-11-29T09:00:00Z\"}}, cp2: {{phase: Done, stage: verified, startedAt: \"2026-11-29T09:00:00Z\"}}, cp3: {{phase: Done, stage: verified, startedAt: \"2026-11-29T09:00:00Z\"}}}}\n"
-    );
-    ObservedState::parse(&text).expect("bench snapshot parses")
+    snapshot(
+        workers,
+        |i| {
+            format!(
+                "{{name: cp{i}, role: controlplane, talosVersion: v1.14.6, osImage: \"Talos (v1.14.6)\", bootId: b-cp{i}, kubeletVersion: v1.36.5, ready: true}}"
+            )
+        },
+        |i| {
+            format!(
+                "{{name: w{i:05}, role: worker, talosVersion: v1.14.3, osImage: \"Talos (v1.14.3)\", bootId: b-{i}, kubeletVersion: v1.36.5, ready: true, pending: [{{path: UnattendedInstallConfig.installer.image, class: install-time-only, appliedBy: talos, new: \"{installer}\"}}]}}"
+            )
+        },
+        &format!(
+            "operation:\n  name: upgrade\n  kind: talos\n  targetTalos: v1.14.6\n  talosInstaller: \"{installer}\"\n  maxUnavailable: 10\n  phase: Running\n  machines: {{cp1: {{phase: Done, stage: verified, startedAt: \"2026-11-29T09:00:00Z\"}}, cp2: {{phase: Done, stage: verified, startedAt: \"2026-11-29T09:00:00Z\"}}, cp3: {{phase: Done, stage: verified, startedAt: \"2026-11-29T09:00:00Z\"}}}}\n"
+        ),
+    )
 }
 
 fn main() {

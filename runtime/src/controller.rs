@@ -731,7 +731,13 @@ impl Controller {
                     decided_in,
                 });
             }
-            let after = crate::status::record(&read.snapshot, &plan, outcome.actions.len(), &outcome.failed());
+            let after = crate::status::record(
+                &read.snapshot,
+                &plan,
+                outcome.actions.len(),
+                &outcome.failed(),
+                outcome.forbidden(),
+            );
             self.write_status_until_written(namespace, operation, &read, &after).await?;
             Ok(Reconciled { snapshot: read.snapshot, plan, outcome, status: after, decided_in })
         }

@@ -60,9 +60,12 @@ pub enum Performed {
     Done,
     /// A status change (a marker, a clock, a pause, the phase): `status::record` writes it.
     Recorded,
-    /// The machine's step failed (a Talos refusal, a drain past its deadline), or, with no
-    /// machine, the API server refused the controller (RBAC): the operation pauses naming it.
+    /// The machine's step failed (a Talos refusal, a drain past its deadline): the operation
+    /// pauses naming it.
     Failed { machine: String, message: String },
+    /// The API server refused the controller itself (RBAC's 403): the run stops and the
+    /// operation pauses with the API server's words and what to do; no machine's step failed.
+    Forbidden { message: String },
     /// A precondition no longer holds (the node's config changed since it was read, or the
     /// apply carries no config): nothing was done; the next reconcile plans again.
     Refused { why: String },
@@ -87,6 +90,14 @@ impl Outcome {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The API server's refusal of the controller that stopped the run, if one did.
+    pub fn forbidden(&self) -> Option<&str> {
+        self.actions.iter().find_map(|(_, p)| match p {
+            Performed::Forbidden { message } => Some(message.as_str()),
+            _ => None,
+        })
     }
 
     /// Why the run stopped early (a transient error or a precondition), if it did.
@@ -128,7 +139,7 @@ impl<K: KubePort> Executor<'_, K> {
             let p = self.perform(a).await;
             let stop = matches!(p, Performed::Interrupted { .. } | Performed::Refused { .. })
                 || matches!((a, &p), (Action::Drain { .. }, Performed::Failed { .. }))
-                || matches!(&p, Performed::Failed { machine, .. } if machine.is_empty());
+                || matches!(p, Performed::Forbidden { .. });
             out.actions.push((a.clone(), p));
             if stop {
                 break;
@@ -275,8 +286,7 @@ fn write_kind(a: &Action) -> Option<crate::crashpoint::Write> {
 /// A request RBAC refused the controller: the operation pauses with the API server's words
 /// (verb, resource, namespace) and what to do; no machine's step failed.
 fn forbidden(e: &(dyn std::error::Error + 'static)) -> Performed {
-    Performed::Failed {
-        machine: String::new(),
+    Performed::Forbidden {
         message: format!(
             "{}; the controller's ClusterRole does not allow it: apply this version's `ichor install` (its role grants what Ichor asks for), then resume the operation",
             crate::error_chain(e)

@@ -227,6 +227,9 @@ async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action
             crate::exec::Performed::Refused { why } => {
                 publish(&ctx, &op, EventType::Warning, "PreconditionFailed", a.kind(), why.clone()).await
             }
+            crate::exec::Performed::Forbidden { message } => {
+                publish(&ctx, &op, EventType::Warning, "Forbidden", &event_action(a), message.clone()).await
+            }
             _ => {}
         }
     }
@@ -256,6 +259,7 @@ fn performed_name(p: &crate::exec::Performed) -> &'static str {
         Performed::Done => "done",
         Performed::Recorded => "recorded",
         Performed::Failed { .. } => "failed",
+        Performed::Forbidden { .. } => "forbidden",
         Performed::Refused { .. } => "refused",
         Performed::Interrupted { .. } => "interrupted",
     }

@@ -15,8 +15,15 @@ use render::api::{MachinePhase, Phase};
 /// crash at that point would leave it: no status change after it (a reboot's step is never
 /// recorded done when the reboot did not answer), and an end it did not reach is not taken
 /// (the phase stays). `failed` adds steps the executor failed (a Talos refusal): machine and
-/// message.
-pub fn record(s: &ObservedState, plan: &Plan, reached: usize, failed: &[(String, String)]) -> ObservedState {
+/// message. `forbidden`: the API server's refusal of the controller that stopped the run.
+/// Either pauses the operation with its words, unless the plan ended it.
+pub fn record(
+    s: &ObservedState,
+    plan: &Plan,
+    reached: usize,
+    failed: &[(String, String)],
+    forbidden: Option<&str>,
+) -> ObservedState {
     let cut;
     let plan = if reached < plan.actions.len() {
         let mut p = plan.clone();
@@ -103,11 +110,6 @@ pub fn record(s: &ObservedState, plan: &Plan, reached: usize, failed: &[(String,
         }
     }
     for (machine, message) in failed {
-        // The API server refused the controller: the pause names it; no machine's step failed.
-        if machine.is_empty() {
-            op.paused_reason = Some(message.clone());
-            continue;
-        }
         let p = op.machines.entry(machine.clone()).or_insert_with(|| MachineProgress {
             phase: MachinePhase::Failed,
             stage: None,
@@ -117,7 +119,12 @@ pub fn record(s: &ObservedState, plan: &Plan, reached: usize, failed: &[(String,
         p.phase = MachinePhase::Failed;
         op.paused_reason = Some(message.clone());
     }
-    // A step the executor failed pauses the operation, unless the plan ended it.
-    op.phase = if failed.is_empty() || plan.phase.is_terminal() { plan.phase } else { Phase::Paused };
+    if let Some(message) = forbidden {
+        op.paused_reason = Some(message.to_string());
+    }
+    // A step the executor failed, or a refusal of the controller, pauses the operation, unless
+    // the plan ended it.
+    let stopped = !failed.is_empty() || forbidden.is_some();
+    op.phase = if !stopped || plan.phase.is_terminal() { plan.phase } else { Phase::Paused };
     after
 }

@@ -268,7 +268,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
             // died before acting on them: ADR 0057's resume case (a marker is not truth).
             let mut starts = plan.clone();
             starts.actions.retain(|(a, _)| matches!(a, runtime::plan::Action::Start { .. }));
-            status = runtime::status::record(&s, &starts, starts.actions.len(), &[]).operation;
+            status = runtime::status::record(&s, &starts, starts.actions.len(), &[], None).operation;
             continue;
         }
         if let Crash::MidPlan(k) = c {
@@ -281,7 +281,8 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
             // Died before writing status: the next reconcile re-derives from what it sees.
             continue;
         }
-        status = runtime::status::record(&s, &plan, outcome.actions.len(), &outcome.failed()).operation;
+        status =
+            runtime::status::record(&s, &plan, outcome.actions.len(), &outcome.failed(), outcome.forbidden()).operation;
     }
     panic!("the upgrade did not complete in 300 reconciles");
 }

@@ -372,10 +372,10 @@ fn check_plans(
         check(&s, &plan, &ctx);
         // The plan's own status changes recorded, as the executor records them: planning again
         // never repeats a finished cluster-wide step or a status already set.
-        let after = runtime::status::record(&s, &plan, plan.actions.len(), &[]);
-        // A request RBAC refused (a failure with no machine): the operation pauses naming it,
-        // and no machine is recorded for it.
-        let refused = runtime::status::record(&s, &plan, 0, &[(String::new(), "refused".into())]);
+        let after = runtime::status::record(&s, &plan, plan.actions.len(), &[], None);
+        // A request RBAC refused: the operation pauses naming it, and no machine is recorded
+        // for it.
+        let refused = runtime::status::record(&s, &plan, 0, &[], Some("refused"));
         if !plan.phase.is_terminal() {
             assert_eq!(refused.operation.phase, render::api::Phase::Paused, "{}", ctx());
             assert_eq!(refused.operation.paused_reason.as_deref(), Some("refused"), "{}", ctx());

@@ -211,7 +211,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
         let mut exec = Executor { talos: &w.kube.talos.clone(), kube: &mut w.kube };
         let outcome = exec.run(&plan).await;
         assert!(outcome.failed().is_empty() && outcome.stopped().is_none(), "{outcome:?}\n{shown:#?}");
-        let after = runtime::status::record(&s, &plan, outcome.actions.len(), &outcome.failed());
+        let after = runtime::status::record(&s, &plan, outcome.actions.len(), &outcome.failed(), outcome.forbidden());
         op = after.operation;
         cluster_status = after.cluster.status_kube_proxy;
     }

@@ -283,17 +283,10 @@ impl Kubelets {
             renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
             ..Default::default()
         };
-        if leases.get_opt(node).await?.is_none() {
-            let mut lease = Lease { spec: Some(spec.clone()), ..Default::default() };
-            lease.metadata.name = Some(node.to_string());
-            match leases.create(&PostParams::default(), &lease).await {
-                Ok(_) => return Ok(()),
-                Err(kube_client::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e),
-            }
-        }
-        let spec = serde_json::to_value(&spec).expect("a LeaseSpec");
-        leases.patch(node, &PatchParams::default(), &Patch::Merge(json!({"spec": spec}))).await?;
+        // One server-side apply creates the Lease or renews it.
+        let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": node, "namespace": "kube-node-lease"}, "spec": spec});
+        leases.patch(node, &PatchParams::apply("kubelet").force(), &Patch::Apply(lease)).await?;
         Ok(())
     }
 
