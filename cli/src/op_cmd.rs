@@ -996,6 +996,12 @@ fn target_of(op: &TalosOperation) -> String {
             op.spec.target.cilium_chart.as_ref().map(|c| format!("adopt cilium on chart {c}")).unwrap_or_default()
         }
         OperationKind::Talos => op.spec.target.talos_version.clone().unwrap_or_default(),
+        OperationKind::Release => format!(
+            "release Talos {}, Kubernetes {}, cilium chart {}",
+            op.spec.target.talos_version.as_deref().unwrap_or("?"),
+            op.spec.target.kubernetes_version.as_deref().unwrap_or("?"),
+            op.spec.target.cilium_chart.as_deref().unwrap_or("?")
+        ),
     }
 }
 

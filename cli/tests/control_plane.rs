@@ -449,6 +449,7 @@ impl Lab {
             talos: fleet.talos.clone(),
             drain_timeout: std::time::Duration::from_secs(2),
             operation: None,
+            namespace: "default".into(),
         };
         rt.block_on(bootstrap.sync_manifests(&first, "talos")).expect("Talos's bootstrap manifests applied");
         let cilium: String = runtime::sim::demo::bootstrap_cilium()

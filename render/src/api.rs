@@ -27,6 +27,9 @@ pub const ABORT: &str = "ichor.maesh.dev/abort";
 /// CLI raises by one; the controller's rules resume the operation when it is above
 /// `status.resumed` (the count already acted on) and record the new count.
 pub const RESUME: &str = "ichor.maesh.dev/resume";
+/// On a TalosOperation a release rollout created for one of its stages: the release's name
+/// (`ichor upgrade cluster`; the stage's operation also has the release as its controlling owner).
+pub const RELEASE: &str = "ichor.maesh.dev/release";
 
 /// A Talos cluster: its versions, endpoint, CNI and where its secrets are.
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
@@ -542,6 +545,9 @@ pub enum OperationKind {
     /// the CNI page: "after checks on its minor version, its IPAM mode and its health").
     #[serde(rename = "cni-adopt")]
     CniAdopt,
+    /// The release set this Ichor ships, in stages (`ichor upgrade cluster`; ADR 0113): each
+    /// stage an operation of its own kind that the release creates, one at a time.
+    Release,
 }
 
 symbols!(OperationKind {
@@ -551,6 +557,7 @@ symbols!(OperationKind {
     Config => "config",
     CniUpgrade => "cni-upgrade",
     CniAdopt => "cni-adopt",
+    Release => "release",
 });
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
@@ -675,6 +682,27 @@ pub struct TalosOperationStatus {
     /// counts (a machine no step touches is in neither).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub machines_left: Vec<String>,
+    /// A release's stages, in order: the ones done, then the ones the rules plan from what the
+    /// cluster runs now (`kind: release` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<ReleaseStage>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+/// One stage of a release rollout.
+pub struct ReleaseStage {
+    /// The kind of the stage's operation (talos, config, kubernetes, cni-upgrade).
+    pub kind: OperationKind,
+    /// What it moves the cluster to (a version, a chart; empty for a config rollout).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub target: String,
+    /// The TalosOperation the release created for it, once created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
+    /// Its operation's phase (`Pending` before it is created).
+    #[serde(default)]
+    pub phase: Phase,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]

@@ -118,8 +118,11 @@ fn main() {
                 done: vec!["manifestsSynced".into()],
                 waits: vec![],
                 machines_left: vec![],
+                stages: vec![],
+                release: None,
             },
             other_operations: vec![],
+            stage_operations: vec![],
             inputs_rejected: None,
         };
         planner.plan(&s).unwrap()

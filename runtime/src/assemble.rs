@@ -12,8 +12,8 @@
 
 use crate::plan::MachineConfigs;
 use crate::state::{
-    Cluster, Cni, Intent, Machine, MachineProgress, ObservedState, Operation, OtherOperation, PendingPath, StateError,
-    StaticPod, Workload,
+    Cluster, Cni, Intent, Machine, MachineProgress, ObservedState, Operation, OtherOperation, PendingPath,
+    StageOperation, StateError, StaticPod, Workload,
 };
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use render::api::{OperationKind, Role, TalosCluster, TalosConfigPatch, TalosMachine, TalosOperation};
@@ -553,6 +553,11 @@ fn static_pods(pods: &[Arc<Pod>]) -> BTreeMap<String, BTreeMap<String, StaticPod
     out
 }
 
+/// What a release's stage moves the cluster to: its version or chart, nothing for a rollout.
+pub fn stage_target(t: &render::api::OperationTarget) -> String {
+    t.talos_version.clone().or(t.kubernetes_version.clone()).or(t.cilium_chart.clone()).unwrap_or_default()
+}
+
 /// The snapshot from what one reconcile observed, at `now`. A render that fails is a fact of the
 /// snapshot (`inputsRejected`), with no machine in it: the rules pause the operation, unless it
 /// has ended, and nothing else is done.
@@ -569,6 +574,23 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
             name: x.metadata.name.clone().unwrap_or_default(),
             kind: x.spec.kind,
             phase: x.status.as_ref().map(|s| s.phase()).unwrap_or_default(),
+        })
+        .collect();
+    // A release's stage operations (labelled with it), oldest first.
+    let label = |x: &TalosOperation| x.metadata.labels.as_ref().and_then(|l| l.get(render::api::RELEASE)).cloned();
+    let mut stages: Vec<&TalosOperation> =
+        o.operations.iter().filter(|x| label(x).as_deref() == Some(operation)).collect();
+    stages.sort_by(|a, b| {
+        (&a.metadata.creation_timestamp, &a.metadata.name).cmp(&(&b.metadata.creation_timestamp, &b.metadata.name))
+    });
+    let stage_operations = stages
+        .into_iter()
+        .map(|x| StageOperation {
+            name: x.metadata.name.clone().unwrap_or_default(),
+            kind: x.spec.kind,
+            target: stage_target(&x.spec.target),
+            phase: x.status.as_ref().map(|s| s.phase()).unwrap_or_default(),
+            paused_reason: x.status.as_ref().and_then(|s| s.paused_reason.clone()),
         })
         .collect();
     let (rendered, rejected) = match render_all(o, s) {
@@ -713,8 +735,11 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
             done: st.done.clone(),
             waits: st.waits.clone(),
             machines_left: st.machines_left.clone(),
+            stages: st.stages.clone(),
+            release: label(op),
         },
         other_operations: others,
+        stage_operations,
         inputs_rejected: rejected,
     };
     // Checked as `ichor plan --state` checks a snapshot (typed, no YAML between).

@@ -647,6 +647,7 @@ impl Controller {
                 talos: self.talos.clone(),
                 drain_timeout: self.drain_timeout,
                 operation: None,
+                namespace: namespace.to_string(),
             };
             match (Executor { talos: &self.talos, kube: &mut kube }).perform(&action).await {
                 crate::exec::Performed::Done => applied_live = v.apply_paths.clone(),
@@ -717,6 +718,7 @@ impl Controller {
                 talos: self.talos.clone(),
                 drain_timeout: self.drain_timeout,
                 operation: Some(operation.to_string()),
+                namespace: namespace.to_string(),
             };
             let mut exec = Executor { talos: &self.talos, kube: &mut kube };
             let outcome = exec.run(&plan).await;
@@ -818,6 +820,7 @@ impl Controller {
                 "resumed": (op.intent.resumed > 0).then_some(op.intent.resumed),
                 "waits": op.waits,
                 "machinesLeft": op.machines_left,
+                "stages": op.stages,
             }
         });
         let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);

@@ -26,6 +26,8 @@ pub enum Write {
     Delete,
     /// A Cilium Job created.
     JobCreate,
+    /// A release's stage started (its spec field set, its TalosOperation created).
+    StageCreate,
     /// A Node cordoned or uncordoned.
     Cordon,
     /// A Node drained (its evictions).
@@ -35,13 +37,14 @@ pub enum Write {
 }
 
 impl Write {
-    pub const ALL: [Write; 9] = [
+    pub const ALL: [Write; 10] = [
         Write::TalosApply,
         Write::TalosReboot,
         Write::TalosUpgrade,
         Write::ServerSideApply,
         Write::Delete,
         Write::JobCreate,
+        Write::StageCreate,
         Write::Cordon,
         Write::Drain,
         Write::Status,
@@ -56,6 +59,7 @@ impl Write {
             Write::ServerSideApply => "server-side-apply",
             Write::Delete => "delete",
             Write::JobCreate => "job-create",
+            Write::StageCreate => "stage-create",
             Write::Cordon => "cordon",
             Write::Drain => "drain",
             Write::Status => "status",

@@ -51,6 +51,10 @@ pub trait KubePort {
         tunnel: &str,
         take_ownership: bool,
     ) -> Result<(), Self::Error>;
+    /// A release's stage: the cluster's spec field set to the stage's version (when the stage
+    /// has one), then the stage's TalosOperation created, owned by the release. An operation of
+    /// that name already there is the stage already started: nothing to do.
+    async fn start_stage(&mut self, stage: &crate::plan::StageStart) -> Result<(), Self::Error>;
 }
 
 /// What became of one action.
@@ -210,6 +214,7 @@ impl<K: KubePort> Executor<'_, K> {
             Action::CiliumJob { name, mode, user, tunnel, take_ownership, .. } => {
                 kube(self.kube.cilium_job(name, *mode, user, tunnel, *take_ownership).await)
             }
+            Action::StartStage { stage } => kube(self.kube.start_stage(stage).await),
             // Status, waits, warnings and the end: recorded by `status::record`.
             Action::Abort { .. }
             | Action::Resume
@@ -277,6 +282,7 @@ fn write_kind(a: &Action) -> Option<crate::crashpoint::Write> {
         Action::SyncManifests { .. } | Action::RestoreKubeProxy { .. } => Write::ServerSideApply,
         Action::Delete { .. } => Write::Delete,
         Action::CiliumJob { .. } => Write::JobCreate,
+        Action::StartStage { .. } => Write::StageCreate,
         _ => return None,
     })
 }

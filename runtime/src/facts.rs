@@ -85,6 +85,11 @@ pub struct Rels {
     pub abort_requested: Input<0>,
     pub inputs_rejected: Input<1>,
     pub resume_requested: Input<0>,
+    pub stage_operation: Input<5>,
+    pub stage_recorded: Input<2>,
+    pub release_parent: Input<1>,
+    pub release_stage: Output<3>,
+    pub act_start_stage: Output<2>,
     pub act_pause: Output<3>,
     pub act_fail: Output<3>,
     pub act_set_kube_proxy_status: Output<1>,
@@ -206,6 +211,12 @@ impl Rels {
             abort_requested: b.input("abort_requested", []),
             inputs_rejected: b.input("inputs_rejected", [("reason", S)]),
             resume_requested: b.input("resume_requested", []),
+            stage_operation: b
+                .input("stage_operation", [("kind", S), ("target", S), ("name", S), ("phase", S), ("reason", S)]),
+            stage_recorded: b.input("stage_recorded", [("kind", S), ("target", S)]),
+            release_parent: b.input("release_parent", [("name", S)]),
+            release_stage: b.output("release_stage", [("order", N), ("kind", S), ("target", S)]),
+            act_start_stage: b.output("act_start_stage", [("kind", S), ("target", S)]),
             act_pause: b.output("act_pause", [("template", S), ("machine", S), ("detail", S)]),
             act_fail: b.output("act_fail", [("machine", S), ("template", S), ("detail", S)]),
             act_set_kube_proxy_status: b.output("act_set_kube_proxy_status", [("mode", S)]),
@@ -336,6 +347,20 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     for o in &s.other_operations {
         let row = [b.sym(&o.name), b.sym(o.kind.name()), b.sym(o.phase.name())];
         r.other_operation.push(&mut b, row);
+    }
+    // A release's chain: its stage operations and the stages its status holds; a stage's release.
+    for o in &s.stage_operations {
+        let reason = o.paused_reason.as_deref().unwrap_or_default();
+        let row = [b.sym(o.kind.name()), b.sym(&o.target), b.sym(&o.name), b.sym(o.phase.name()), b.sym(reason)];
+        r.stage_operation.push(&mut b, row);
+    }
+    for st in &op.stages {
+        let row = [b.sym(st.kind.name()), b.sym(&st.target)];
+        r.stage_recorded.push(&mut b, row);
+    }
+    if let Some(release) = &op.release {
+        let id = b.sym(release);
+        r.release_parent.push(&mut b, [id]);
     }
     if let Some(why) = &s.inputs_rejected {
         let id = b.sym(why);

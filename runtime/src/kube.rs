@@ -133,6 +133,8 @@ pub struct KubeCluster {
     /// The operation these writes are made for: its Cilium Jobs carry it (label
     /// `handover::OPERATION_LABEL`), so a Job a switch ran is told from the values reconciler's.
     pub operation: Option<String>,
+    /// The namespace of the operation (where a release creates its stages' operations).
+    pub namespace: String,
 }
 
 /// A kind's resource name, as the API server pluralizes it (`ConfigMap` -> `configmaps`,
@@ -531,6 +533,39 @@ impl KubePort for KubeCluster {
     ) -> Result<(), KubeError> {
         let run = CiliumJobRun { name, mode, user, tunnel, take_ownership, operation: self.operation.as_deref() };
         create_cilium_job(&self.client, &run).await
+    }
+
+    async fn start_stage(&mut self, stage: &crate::plan::StageStart) -> Result<(), KubeError> {
+        use render::api::{TalosCluster, TalosOperation};
+        let ns = &self.namespace;
+        let ops: Api<TalosOperation> = Api::namespaced(self.client.clone(), ns);
+        // Its owner: the release (its uid, read now), so the stage goes with it.
+        let release = ops
+            .get(&stage.release)
+            .await
+            .map_err(api_err(format!("reading TalosOperation {ns}/{} (the release)", stage.release)))?;
+        if let Some((field, version)) = &stage.spec_field {
+            let clusters: Api<TalosCluster> = Api::namespaced(self.client.clone(), ns);
+            clusters
+                .patch(&stage.cluster, &PatchParams::default(), &Patch::Merge(json!({"spec": {field: version}})))
+                .await
+                .map_err(api_err(format!("setting spec.{field} of TalosCluster {ns}/{}", stage.cluster)))?;
+        }
+        let mut op = stage.operation();
+        op.metadata.namespace = Some(ns.clone());
+        op.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: format!("{}/v1alpha1", render::api::GROUP),
+            kind: "TalosOperation".into(),
+            name: stage.release.clone(),
+            uid: release.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]);
+        match ops.create(&PostParams::default(), &op).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 409) => Ok(()),
+            Err(e) => Err(api_err(format!("creating TalosOperation {ns}/{}", stage.name))(e)),
+        }
     }
 }
 

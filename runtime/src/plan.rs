@@ -258,6 +258,12 @@ pub enum Action {
     StepDone {
         step: String,
     },
+    /// Start a release's stage: set the cluster's version the stage moves to (its spec field),
+    /// then create the stage's TalosOperation, labelled with the release and owned by it.
+    StartStage {
+        #[serde(flatten)]
+        stage: StageStart,
+    },
     /// Requeue and wait on a named clock: `waitingSince.<clock>` (recorded by the executor when
     /// not yet held), or `machines/<name>` (the machine's marker, recorded by its start).
     Wait {
@@ -336,6 +342,14 @@ impl fmt::Display for Action {
                 write!(f, "record the adoption on the TalosCluster (status.cni.adoption, chart {chart})")
             }
             Action::StepDone { step } => write!(f, "record step {step} as done"),
+            Action::StartStage { stage } => match &stage.spec_field {
+                Some((field, version)) => write!(
+                    f,
+                    "set TalosCluster {}'s spec.{field} to {version}, then create TalosOperation {} (kind {}) for the release's stage",
+                    stage.cluster, stage.name, stage.kind
+                ),
+                None => write!(f, "create TalosOperation {} (kind {}) for the release's stage", stage.name, stage.kind),
+            },
             Action::Wait { message, clock, .. } => {
                 write!(f, "wait: {message} [clock {clock}]")
             }
@@ -372,6 +386,7 @@ impl Action {
             Action::CiliumJob { .. } => "ciliumJob",
             Action::RecordCiliumAdoption { .. } => "recordCiliumAdoption",
             Action::StepDone { .. } => "stepDone",
+            Action::StartStage { .. } => "startStage",
             Action::Wait { .. } => "wait",
             Action::ClearClock { .. } => "clearClock",
             Action::Warn { .. } => "warn",
@@ -431,6 +446,86 @@ pub struct Plan {
     /// What the operation asks for holds already (`nothing_to_do` in rules/backbone.rules), in
     /// the rules' words: a start writes nothing and exits 0.
     pub nothing_to_do: Option<String>,
+    /// A release's stages left, in order (`release_stage` in rules/release.rules): kind and
+    /// target (empty for a config rollout).
+    pub stages: Vec<(OperationKind, String)>,
+}
+
+/// What starting a release's stage takes: the release, the stage's operation (its name, kind
+/// and target), the cluster and the spec field the stage moves, and what the stage inherits of
+/// the release's spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageStart {
+    pub release: String,
+    pub name: String,
+    pub kind: OperationKind,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub target: String,
+    pub cluster: String,
+    /// `talosVersion` or `kubernetesVersion` and the version the stage moves it to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec_field: Option<(String, String)>,
+    pub max_unavailable: i64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub force_drain: bool,
+}
+
+impl StageStart {
+    /// The stage `kind` to `target` of the snapshot's release, named `<release>-<kind>[-<target>]`
+    /// (dots as dashes), with `-2`, `-3` ... when an earlier operation of that name ended (an
+    /// aborted stage started again).
+    pub fn of(s: &ObservedState, kind: OperationKind, target: &str) -> StageStart {
+        let op = &s.operation;
+        let base = match target {
+            "" => format!("{}-{}", op.name, kind.name()),
+            t => format!("{}-{}-{}", op.name, kind.name(), t.replace('.', "-")),
+        };
+        let taken = |n: &str| s.stage_operations.iter().any(|o| o.name == n);
+        let mut name = base.clone();
+        let mut i = 2;
+        while taken(&name) {
+            name = format!("{base}-{i}");
+            i += 1;
+        }
+        let spec_field = match kind {
+            OperationKind::Talos => Some(("talosVersion".to_string(), target.to_string())),
+            OperationKind::Kubernetes => Some(("kubernetesVersion".to_string(), target.to_string())),
+            _ => None,
+        };
+        StageStart {
+            release: op.name.clone(),
+            name,
+            kind,
+            target: target.to_string(),
+            cluster: s.cluster.name.clone(),
+            spec_field,
+            max_unavailable: op.max_unavailable,
+            force_drain: op.force_drain,
+        }
+    }
+
+    /// The stage's TalosOperation as the release creates it (its owner reference is the
+    /// executor's: it needs the release's uid).
+    pub fn operation(&self) -> render::api::TalosOperation {
+        use render::api::{TalosOperation, TalosOperationSpec};
+        let mut spec = TalosOperationSpec {
+            kind: self.kind,
+            max_unavailable: i32::try_from(self.max_unavailable).unwrap_or(1),
+            force_drain: self.force_drain,
+            ..Default::default()
+        };
+        spec.cluster_ref.name = self.cluster.clone();
+        match self.kind {
+            OperationKind::Talos => spec.target.talos_version = Some(self.target.clone()),
+            OperationKind::Kubernetes => spec.target.kubernetes_version = Some(self.target.clone()),
+            OperationKind::CniUpgrade => spec.target.cilium_chart = Some(self.target.clone()),
+            _ => {}
+        }
+        let mut op = TalosOperation::new(&self.name, spec);
+        op.metadata.labels = Some([(render::api::RELEASE.to_string(), self.release.clone())].into());
+        op
+    }
 }
 
 impl Plan {
@@ -792,6 +887,14 @@ impl Planner {
         for row @ [st] in r.act_step_done.rows(&db) {
             push(Action::StepDone { step: text(st) }, proof(r.act_step_done.id(), &row));
         }
+        for row @ [k, t] in r.act_start_stage.rows(&db) {
+            let kind = OperationKind::parse(db.sym(k)).ok_or_else(|| PlanError::Decode {
+                relation: "act_start_stage",
+                value: text(k),
+                expected: "an operation kind",
+            })?;
+            push(Action::StartStage { stage: StageStart::of(s, kind, &text(t)) }, proof(r.act_start_stage.id(), &row));
+        }
         for row @ [t, d, clock, since, limit] in r.act_wait.rows(&db) {
             let (t, since, limit) = (text(t), rfc3339(num(since)), num(limit));
             let msg = self.message(
@@ -884,6 +987,17 @@ impl Planner {
         drain_refusals.sort_unstable();
         let nothing_to_do =
             r.nothing_to_do.rows(&db).map(|[t, d]| self.message(&text(t), &data(json!({"detail": text(d)})))).min();
+        let mut stages: Vec<(i64, OperationKind, String)> = vec![];
+        for [o, k, t] in r.release_stage.rows(&db) {
+            let kind = OperationKind::parse(db.sym(k)).ok_or_else(|| PlanError::Decode {
+                relation: "release_stage",
+                value: text(k),
+                expected: "an operation kind",
+            })?;
+            stages.push((num(o), kind, text(t)));
+        }
+        stages.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let stages = stages.into_iter().map(|(_, k, t)| (k, t)).collect();
         Ok(Plan {
             operation: s.operation.name.clone(),
             kind: s.operation.kind,
@@ -897,6 +1011,7 @@ impl Planner {
             checks,
             drain_refusals,
             nothing_to_do,
+            stages,
         })
     }
 

@@ -25,6 +25,9 @@ pub struct ObservedState {
     /// Other operations of the cluster (for the lock).
     #[serde(default)]
     pub other_operations: Vec<OtherOperation>,
+    /// A release's stage operations (those labelled with it), when the operation is a release.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stage_operations: Vec<StageOperation>,
     /// The custom resources did not render (or load), with every problem: the snapshot then has
     /// no machines, and the rules pause the operation unless it has ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -342,6 +345,12 @@ pub struct Operation {
     /// The machines the last plan still had work on (status.machinesLeft).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub machines_left: Vec<String>,
+    /// A release's stages held in status (status.stages).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<render::api::ReleaseStage>,
+    /// The release this operation is a stage of (its `ichor.maesh.dev/release` label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<String>,
 }
 
 fn one() -> i64 {
@@ -405,6 +414,21 @@ pub struct OtherOperation {
     pub phase: Phase,
 }
 
+/// An operation a release created for one of its stages.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StageOperation {
+    pub name: String,
+    pub kind: OperationKind,
+    /// Its target (a version, a chart; empty for a config rollout).
+    #[serde(default)]
+    pub target: String,
+    pub phase: Phase,
+    /// Why it paused, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_reason: Option<String>,
+}
+
 /// A snapshot problem, naming the field.
 /// One problem of a snapshot: the field at fault (or `line L, column C` for YAML errors).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -438,13 +462,14 @@ pub fn epoch(s: &str) -> Option<i64> {
 }
 
 /// The operation kinds the shipped rules plan (the others are the controller's, not yet rules).
-pub const KINDS: [OperationKind; 6] = [
+pub const KINDS: [OperationKind; 7] = [
     OperationKind::Kubernetes,
     OperationKind::Talos,
     OperationKind::Cni,
     OperationKind::Config,
     OperationKind::CniUpgrade,
     OperationKind::CniAdopt,
+    OperationKind::Release,
 ];
 
 /// The most a snapshot may hold once its aliases are expanded (a 5,000-machine snapshot is a

@@ -122,9 +122,45 @@ pub fn record(
     if let Some(message) = forbidden {
         op.paused_reason = Some(message.to_string());
     }
+    if s.operation.kind == render::api::OperationKind::Release {
+        op.stages = release_stages(s, plan);
+    }
     // A step the executor failed, or a refusal of the controller, pauses the operation, unless
     // the plan ended it.
     let stopped = !failed.is_empty() || forbidden.is_some();
     op.phase = if !stopped || plan.phase.is_terminal() { plan.phase } else { Phase::Paused };
     after
+}
+
+/// A release's stages as its status holds them: the ones passed (recorded before, no longer
+/// planned; kept when an operation ran them, with its phase now), then the plan's, each with the
+/// operation that runs it (the one this reconcile starts, or the newest of that stage).
+pub fn release_stages(s: &ObservedState, plan: &Plan) -> Vec<render::api::ReleaseStage> {
+    use render::api::ReleaseStage;
+    let planned = |st: &ReleaseStage| plan.stages.iter().any(|(k, t)| *k == st.kind && *t == st.target);
+    let of = |name: &str| s.stage_operations.iter().find(|o| o.name == name);
+    let mut out: Vec<ReleaseStage> = s
+        .operation
+        .stages
+        .iter()
+        .filter(|st| !planned(st))
+        .filter_map(|st| {
+            let o = of(st.operation.as_deref()?)?;
+            Some(ReleaseStage { phase: o.phase, ..st.clone() })
+        })
+        .collect();
+    for (kind, target) in &plan.stages {
+        let started = plan.actions.iter().find_map(|(a, _)| match a {
+            Action::StartStage { stage } if stage.kind == *kind && stage.target == *target => Some(stage.name.clone()),
+            _ => None,
+        });
+        let newest = s.stage_operations.iter().filter(|o| o.kind == *kind && o.target == *target).last();
+        let (operation, phase) = match (started, newest) {
+            (Some(name), _) => (Some(name), Phase::Pending),
+            (None, Some(o)) => (Some(o.name.clone()), o.phase),
+            (None, None) => (None, Phase::Pending),
+        };
+        out.push(ReleaseStage { kind: *kind, target: target.clone(), operation, phase });
+    }
+    out
 }

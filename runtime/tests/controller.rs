@@ -383,6 +383,7 @@ fn kube_port(w: &World) -> runtime::kube::KubeCluster {
         talos: w.controller.talos.clone(),
         drain_timeout: Duration::from_secs(5),
         operation: None,
+        namespace: "default".into(),
     }
 }
 

@@ -72,6 +72,9 @@ impl KubePort for Twin {
     async fn restore_manifest(&mut self, _: &str, _: &str, _: &str) -> Result<(), TwinError> {
         Err(TwinError("an upgrade restores nothing".into()))
     }
+    async fn start_stage(&mut self, s: &runtime::plan::StageStart) -> Result<(), TwinError> {
+        Err(TwinError(format!("an upgrade starts no release stage, yet {} was to start", s.name)))
+    }
     async fn cilium_job(
         &mut self,
         name: &str,
@@ -179,6 +182,8 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
         done: vec![],
         waits: vec![],
         machines_left: vec![],
+        stages: vec![],
+        release: None,
     };
     let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
     for i in 0..300 {
@@ -239,6 +244,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
             },
             operation: status.clone(),
             other_operations: vec![],
+            stage_operations: vec![],
             inputs_rejected: None,
         };
         // The snapshot the controller would dump parses back to itself.

@@ -39,8 +39,13 @@ async fn setup() -> (Fleet, kubeapi::Api, KubeCluster) {
         runtime::talos::client::Client::new(ctx, &ctx.credentials(n, "tc", now).unwrap(), Duration::from_secs(5))
             .unwrap();
     let api = kubeapi::Api::new();
-    let cluster =
-        KubeCluster { client: api.client(), talos, drain_timeout: Duration::from_millis(600), operation: None };
+    let cluster = KubeCluster {
+        client: api.client(),
+        talos,
+        drain_timeout: Duration::from_millis(600),
+        operation: None,
+        namespace: "default".into(),
+    };
     (fleet, api, cluster)
 }
 
@@ -323,6 +328,7 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
         checks: vec![],
         drain_refusals: vec![],
         nothing_to_do: None,
+        stages: vec![],
     };
     let talos = k.talos.clone();
     let before = talos.running_config("w1").await.unwrap();

@@ -84,6 +84,7 @@ async fn world() -> World {
         talos: talos.clone(),
         drain_timeout: Duration::from_secs(2),
         operation: None,
+        namespace: "default".into(),
     };
     // The cluster as Talos bootstrapped it: kube-proxy from its rendered manifests.
     kube.sync_manifests("cp1", "talos").await.unwrap();
@@ -125,6 +126,8 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
         done: vec![],
         waits: vec![],
         machines_left: vec![],
+        stages: vec![],
+        release: None,
     };
     let t0 = runtime::state::epoch("2026-11-30T12:00:00Z").unwrap();
     for i in 0..200 {
@@ -200,6 +203,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
             workload,
             operation: op.clone(),
             other_operations: vec![],
+            stage_operations: vec![],
             inputs_rejected: None,
         };
         let plan = planner.plan_complete(&s, &configs).unwrap();

@@ -164,6 +164,7 @@ impl Demo {
                 talos: demo.talos.clone(),
                 drain_timeout: Duration::from_secs(2),
                 operation: None,
+                namespace: "default".into(),
             };
             k.sync_manifests(address, "talos").await.map_err(|e| DemoError::Seed(e.to_string()))?;
         }
