@@ -170,6 +170,13 @@ Exit: 0 started (or previewed), 1 not started (refused, declined, or a Git chang
     /// in-cluster) and the nodes in the talosconfig, while holding the Lease.
     #[command(after_help = "Example:\n  ichor controller --talosconfig talosconfig --namespace ichor-system")]
     Controller(controller_cmd::ControllerArgs),
+    /// Print this Ichor's version and the release set it ships (rules/versions.rules): the Talos,
+    /// Kubernetes and Cilium chart `ichor upgrade cluster` moves a cluster to.
+    #[command(after_help = "Examples:\n  ichor version\n  ichor version -o json")]
+    Version {
+        #[arg(short, long, value_enum, default_value_t)]
+        output: Output,
+    },
     /// Print a shell completion script.
     #[command(
         after_help = "Examples:\n  source <(ichor completion bash)\n  ichor completion zsh > \"${fpath[1]}/_ichor\"\n  ichor completion fish > ~/.config/fish/completions/ichor.fish"
@@ -187,6 +194,24 @@ Exit: 0 started (or previewed), 1 not started (refused, declined, or a Git chang
 }
 
 /// `ichor completion SHELL`: clap_complete's script for the whole command tree.
+/// `ichor version`: the binary's version and its release set, read from the rules it embeds.
+fn version(output: Output) -> anyhow::Result<Report> {
+    let set = runtime::plan::Planner::embedded()?.release_set()?;
+    let stdout = match output {
+        o @ (Output::Json | Output::Yaml) => {
+            o.data(&serde_json::json!({"version": env!("CARGO_PKG_VERSION"), "releaseSet": set}))?
+        }
+        Output::Text | Output::Wide => format!(
+            "ichor {}\nrelease set (rules/versions.rules):\n  talos       {}\n  kubernetes  {}\n  cilium      {} (chart)\n",
+            env!("CARGO_PKG_VERSION"),
+            set.talos,
+            set.kubernetes,
+            set.cilium
+        ),
+    };
+    Ok(Report { stdout, ..Report::default() })
+}
+
 fn completion(shell: clap_complete::Shell) -> anyhow::Result<Report> {
     use clap::CommandFactory;
     let mut out = Vec::new();
@@ -606,6 +631,7 @@ fn main() -> ExitCode {
         }
         Command::Install(a) => install_cmd::install(&a),
         Command::Uninstall(a) => install_cmd::uninstall(&a),
+        Command::Version { output } => version(output),
         Command::Completion { shell } => completion(shell),
         Command::Man { dir } => man(dir.as_deref()),
     };

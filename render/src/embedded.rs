@@ -52,3 +52,7 @@ pub const CILIUM_CHART_PATH: &str = "/charts/cilium-1.20.0.tgz";
 
 /// The Kubernetes version of this Ichor's release set (ADR 0113): the only upgrade target.
 pub const RELEASE_SET_KUBERNETES: &str = "v1.37.0";
+
+/// The Talos version of this Ichor's release set (rules/versions.rules `release_set`; a test
+/// pins the two together).
+pub const RELEASE_SET_TALOS: &str = "v1.14.6";

@@ -583,9 +583,21 @@ pub enum PlanError {
     /// The rules derived a value this host cannot decode (a column the binding cannot type).
     #[error("the rules derived {relation}({value:?}), which is not a {expected}")]
     Decode { relation: &'static str, value: String, expected: &'static str },
+    /// The release set names a version no compatibility fact covers: each problem names the
+    /// fact (file:line:col) and why.
+    #[error("the release set does not load:\n  {}", problems.join("\n  "))]
+    ReleaseSet { problems: Vec<String> },
     /// Two actions contradict each other; the plan is not executed.
     #[error("the rules contradict themselves: {what}; nothing is executed")]
     Contradiction { what: String, proofs: Vec<String> },
+}
+
+/// The release set this Ichor ships (ADR 0113): one Talos, one Kubernetes, one Cilium chart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReleaseSet {
+    pub talos: String,
+    pub kubernetes: String,
+    pub cilium: String,
 }
 
 pub struct Planner {
@@ -639,7 +651,52 @@ impl Planner {
         let (file, keys) = render::embedded::CILIUM_KEYS;
         let cilium_keys = render::inventory::Inventory::parse(keys)
             .map_err(|source| PlanError::CiliumKeys { file: file.to_string(), source })?;
-        Ok(Planner { engine, rels, messages, cilium_keys })
+        let planner = Planner { engine, rels, messages, cilium_keys };
+        // A release set no compatibility fact covers is a load error, never a plan.
+        planner.release_set()?;
+        Ok(planner)
+    }
+
+    /// The release set this Ichor ships (`release_set` in rules/versions.rules): Talos,
+    /// Kubernetes and the Cilium chart. A version no fact covers is an error naming the fact's
+    /// file and line and why (`release_set_problem`), all of them at once.
+    pub fn release_set(&self) -> Result<ReleaseSet, PlanError> {
+        let r = &self.rels;
+        let db = self.engine.evaluate_built(self.engine.fact_builder(), EvalOptions::default())?;
+        let p = &self.engine.program;
+        let at = |component: &str, version: &str| -> String {
+            let rel = p.relation("release_set");
+            let fact = p.facts.iter().find(|(r, args, _)| {
+                Some(*r) == rel
+                    && args.first() == Some(&engine::Const::Sym(component.into()))
+                    && (version.is_empty() || args.get(1) == Some(&engine::Const::Sym(version.into())))
+            });
+            match fact {
+                Some((_, _, span)) => format!("{}:{}:{}", p.sources.name(*span), span.line, span.col),
+                None => "rules/versions.rules".to_string(),
+            }
+        };
+        let mut problems: Vec<String> = r
+            .release_set_problem
+            .rows(&db)
+            .map(|[c, v, why]| {
+                let (c, v) = (db.sym(c), db.sym(v));
+                format!("{}: release_set({c:?}, {v:?}): {}", at(c, v), db.sym(why))
+            })
+            .collect();
+        problems.sort();
+        problems.dedup();
+        if !problems.is_empty() {
+            return Err(PlanError::ReleaseSet { problems });
+        }
+        let get = |c: &str| {
+            r.release_set
+                .rows(&db)
+                .find(|[k, _]| db.sym(*k) == c)
+                .map(|[_, v]| db.sym(v).to_string())
+                .unwrap_or_default()
+        };
+        Ok(ReleaseSet { talos: get("talos"), kubernetes: get("kubernetes"), cilium: get("cilium") })
     }
 
     /// The shipped rules and templates.
