@@ -63,6 +63,10 @@ pub struct ControllerArgs {
     /// The Kubernetes version of this Ichor's release set (ADR 0113).
     #[arg(long, default_value = render::embedded::RELEASE_SET_KUBERNETES)]
     pub release_set_kubernetes: String,
+    /// The Talos version of this Ichor's release set (what `ichor upgrade cluster` moves a
+    /// cluster to).
+    #[arg(long, default_value = render::embedded::RELEASE_SET_TALOS)]
+    pub release_set_talos: String,
     /// Where /healthz, /readyz and /metrics are served.
     #[arg(long = "metrics-addr", visible_alias = "listen", default_value = "0.0.0.0:8080")]
     pub listen: String,
@@ -157,6 +161,7 @@ pub fn run_real(a: &ControllerArgs) -> Result<Report> {
             disk::classifier(None)?,
         )
         .with_release_set(&a.release_set_kubernetes)
+        .with_release_set_talos(&a.release_set_talos)
         .with_controller_node(a.node.clone())
         .with_drain_timeout(Duration::from_secs(a.drain_timeout))
         .with_service_probe(Arc::new(move || kubernetes_service_answers(probe.clone())));
@@ -258,6 +263,8 @@ pub struct SimCluster {
     pub step_latency: Duration,
     /// `--release-set-kubernetes`.
     pub release_set_kubernetes: String,
+    /// `--release-set-talos`.
+    pub release_set_talos: String,
     /// `--workers`: worker machines added to the manifests' cluster.
     pub workers: usize,
     /// `--cilium-version`: the Cilium the cluster runs at start.
@@ -400,7 +407,8 @@ pub fn sim_cluster(
         std::fs::write(talosconfig, demo.fleet.talosconfig(&["os:admin"])?)
             .with_context(|| format!("writing {}", talosconfig.display()))?;
         let served = tokio::spawn(demo.api.clone().serve_http(listener));
-        let controller = demo.controller(&sim.release_set_kubernetes, None)?;
+        let controller =
+            demo.controller(&sim.release_set_kubernetes, None)?.with_release_set_talos(&sim.release_set_talos);
         let config = RunConfig {
             namespace: namespace.clone(),
             lease_name: runtime::serve::LEASE_NAME.into(),

@@ -287,6 +287,25 @@ enum UpgradeCommand {
         #[command(flatten)]
         start: op_cmd::StartArgs,
     },
+    /// Move the cluster to the release set this Ichor ships (`ichor version`): Talos, then a
+    /// configuration rollout for pending changes that need a reboot, then Kubernetes one minor at
+    /// a time, then the Cilium chart; the fewest steps Talos and Kubernetes support together
+    /// (rules/release.rules). One TalosOperation of kind release, which creates each stage's
+    /// operation in turn; a stage already at its target is skipped.
+    #[command(
+        after_help = "Example:\n  ichor upgrade cluster --cluster lab --talosconfig talosconfig --dry-run\n\nThe path and each step's rule: ichor plan --state SNAPSHOT --explain on a snapshot of the release (ichor controller --dump-snapshots).\n\nExit: 0 started (or previewed, or nothing to do), 1 not started (refused, declined, or a Git-tracked cluster), 2 error."
+    )]
+    Cluster {
+        /// Workers each stage changes at once.
+        #[arg(long, default_value_t = 1)]
+        max_unavailable: i32,
+        /// Consent to disrupt past PodDisruptionBudgets in every stage that drains
+        /// (spec.forceDrain of each stage's operation).
+        #[arg(long)]
+        force_drain: bool,
+        #[command(flatten)]
+        start: op_cmd::StartArgs,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -378,6 +397,10 @@ enum SimCommand {
         /// upgrade may target); raise it to rehearse a second upgrade.
         #[arg(long, default_value = render::embedded::RELEASE_SET_KUBERNETES)]
         release_set_kubernetes: String,
+        /// The Talos version of the release set the simulated Ichor ships (what `ichor upgrade
+        /// cluster` moves the cluster to).
+        #[arg(long, default_value = render::embedded::RELEASE_SET_TALOS)]
+        release_set_talos: String,
         /// The Cilium the cluster runs at start (X.Y.Z, the cilium agents' image tag; default:
         /// the embedded chart's), to rehearse `ichor cni upgrade` and its refusals.
         #[arg(long, value_name = "X.Y.Z")]
@@ -584,6 +607,9 @@ fn main() -> ExitCode {
         Command::Upgrade(UpgradeCommand::Talos { to, max_unavailable, allow_downgrade, force_drain, start }) => {
             op_cmd::start(op_cmd::Start::Talos { to, max_unavailable, allow_downgrade, force_drain }, &start)
         }
+        Command::Upgrade(UpgradeCommand::Cluster { max_unavailable, force_drain, start }) => {
+            op_cmd::start(op_cmd::Start::Release { max_unavailable, force_drain }, &start)
+        }
         Command::Status { name, cluster, watch, output, kube } => {
             op_cmd::status(name.as_deref(), cluster.as_deref(), watch, output, &kube)
         }
@@ -608,6 +634,7 @@ fn main() -> ExitCode {
             api_fault,
             step_latency_ms,
             release_set_kubernetes,
+            release_set_talos,
             cilium_version,
             cilium_installed_by,
             cilium_ipam,
@@ -625,6 +652,7 @@ fn main() -> ExitCode {
                 api_faults: api_fault,
                 step_latency: std::time::Duration::from_millis(step_latency_ms),
                 release_set_kubernetes,
+                release_set_talos,
                 workers,
             };
             controller_cmd::sim_cluster(&manifests, &kubeconfig, &talosconfig, &listen, sim)

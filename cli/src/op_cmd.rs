@@ -141,6 +141,11 @@ pub enum Start {
     },
     /// `ichor cni upgrade`: the Cilium release to the embedded chart.
     CiliumUpgrade,
+    /// `ichor upgrade cluster`: the release set this Ichor ships, in stages.
+    Release {
+        max_unavailable: i32,
+        force_drain: bool,
+    },
     /// `ichor adopt`: a Cilium someone else installed, taken over into Ichor's release.
     Adopt,
 }
@@ -166,6 +171,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     let mut target = cluster.clone();
     let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };
     spec.cluster_ref.name = a.cluster.clone();
+    let mut release_note = None;
     let (op_name, spec_patch) = match &what {
         Start::Upgrade { to, max_unavailable, .. } => {
             if !regex_version(to) {
@@ -218,6 +224,26 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             spec.target.cilium_chart = Some(chart.to_string());
             (format!("cilium-upgrade-{}", chart.replace('.', "-")), json!({}))
         }
+        Start::Release { max_unavailable, .. } => {
+            if *max_unavailable < 1 {
+                bail!("--max-unavailable {max_unavailable}: at least 1 worker must be able to change at a time");
+            }
+            // The acting controller's release set (its Lease says it), else this binary's.
+            let set = match runtime::kube::controller_release_set(&client, &ns, runtime::serve::LEASE_NAME).await {
+                Some(set) => set,
+                None => {
+                    release_note = Some("no controller's Lease names its release set: the target is this ichor's (ichor version); a controller of another release set refuses it".to_string());
+                    runtime::plan::Planner::embedded()?.release_set()?
+                }
+            };
+            spec.kind = OperationKind::Release;
+            spec.target.talos_version = Some(set.talos.clone());
+            spec.target.kubernetes_version = Some(set.kubernetes.clone());
+            spec.target.cilium_chart = Some(set.cilium.clone());
+            spec.max_unavailable = *max_unavailable;
+            let dashed = |v: &str| v.trim_start_matches('v').replace('.', "-");
+            (format!("release-{}-{}", dashed(&set.talos), dashed(&set.kubernetes)), json!({}))
+        }
         Start::Adopt => {
             spec.kind = OperationKind::CniAdopt;
             spec.target.cilium_chart = Some(render::embedded::CILIUM_CHART_VERSION.to_string());
@@ -226,9 +252,10 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     };
     // The consent to go past budgets, for the operations that drain.
     spec.force_drain = match &what {
-        Start::Upgrade { force_drain, .. } | Start::Talos { force_drain, .. } | Start::Rollout { force_drain, .. } => {
-            *force_drain
-        }
+        Start::Upgrade { force_drain, .. }
+        | Start::Talos { force_drain, .. }
+        | Start::Rollout { force_drain, .. }
+        | Start::Release { force_drain, .. } => *force_drain,
         _ => false,
     };
     // An adoption keeps what the running Cilium says (cilium-config read back into the chart's
@@ -352,6 +379,14 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     for (machine, paths) in &plan.reboot_paths {
         text += &format!("  {machine}: {}\n", paths.join(", "));
     }
+    // A release's preview lists its stages, each with its target (rules/release.rules).
+    if !plan.stages.is_empty() {
+        text += "Stages, in order (each an operation of its own kind, created when its turn comes):\n";
+        for (i, (kind, target)) in plan.stages.iter().enumerate() {
+            let target = if target.is_empty() { "the changes that need a reboot".to_string() } else { target.clone() };
+            text += &format!("  {}. {kind}: {target}\n", i + 1);
+        }
+    }
     if !plan.checks.is_empty() {
         text += "Checks passed:\n";
         for c in &plan.checks {
@@ -386,6 +421,9 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             text += &format!("  - {w}\n");
         }
     }
+    if let Some(note) = release_note {
+        riding.push(note);
+    }
     if let Some(why) = unchecked {
         riding.push(format!(
             "the drains were not checked against PodDisruptionBudgets ({why}): a budget that allows no disruption pauses the operation at that machine's drain"
@@ -402,6 +440,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             "waits": waits,
             "notes": riding,
             "rebootPaths": plan.reboot_paths,
+            "stages": plan.stages.iter().map(|(k, t)| json!({"kind": k, "target": t})).collect::<Vec<_>>(),
             "drainsRefusedNow": plan.drain_refusals,
             "created": created,
         });
@@ -429,7 +468,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         }
         // Ichor's already, or every machine on the target: the rules say so (`nothing_to_do`),
         // with their reason.
-        Start::Adopt | Start::Talos { .. } => plan.nothing_to_do.is_some(),
+        Start::Adopt | Start::Talos { .. } | Start::Release { .. } => plan.nothing_to_do.is_some(),
     };
     if runs_target {
         let stdout = match &what {
@@ -448,7 +487,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 "Nothing to do: no machine of cluster {ns}/{} has a change that needs a reboot (status.rebootPaths); nothing was written.\n",
                 a.cluster
             ),
-            Start::Adopt | Start::Talos { .. } => {
+            Start::Adopt | Start::Talos { .. } | Start::Release { .. } => {
                 format!("Nothing to do: {}; nothing was written.\n", plan.nothing_to_do.as_deref().unwrap_or_default())
             }
             Start::CiliumUpgrade => format!(
@@ -488,6 +527,18 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     }
     // A Git-tracked cluster: the spec change belongs in Git, with the consent annotation.
     let tracked = git_tracked(&cluster);
+    // A release writes the cluster's versions at each stage, which a sync from Git would undo:
+    // its stages go through Git one at a time instead.
+    if tracked && matches!(what, Start::Release { .. }) {
+        return Ok(Report {
+            stdout: format!(
+                "{text}\nTalosCluster {ns}/{} is tracked by Argo CD: a release rollout sets spec.talosVersion and spec.kubernetesVersion at each stage, which a sync from Git would undo; nothing was written. Take the stages above one at a time: commit each version to Git, then start its operation (ichor upgrade talos, ichor config apply, ichor upgrade kubernetes, ichor cni upgrade).\n",
+                a.cluster
+            ),
+            findings: true,
+            ..Report::default()
+        });
+    }
     let spec_done = match &what {
         Start::Upgrade { to, .. } => &cluster.spec.kubernetes_version == to,
         Start::Talos { to, .. } => &cluster.spec.talos_version == to,
@@ -495,6 +546,8 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         // A rollout changes no spec: it applies what the spec already says; a Cilium upgrade
         // moves the release to the chart this Ichor embeds, which no spec field names.
         Start::Rollout { .. } | Start::CiliumUpgrade => true,
+        // A release sets the versions itself, stage by stage (refused above when Git owns them).
+        Start::Release { .. } => true,
         Start::Adopt => adoption.as_ref().is_none_or(|k| k.taken.is_empty() && k.tunnel.is_none()),
     };
     if tracked && !spec_done {
@@ -510,7 +563,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 mode.name(),
                 mode.name()
             ),
-            Start::Rollout { .. } | Start::CiliumUpgrade => String::new(),
+            Start::Rollout { .. } | Start::CiliumUpgrade | Start::Release { .. } => String::new(),
             Start::Adopt => serde_yaml::to_string(&spec_patch)?,
         };
         return Ok(Report { stdout: out, findings: true, ..Report::default() });
@@ -695,6 +748,12 @@ fn describe(op: &TalosOperation) -> String {
     }
     if let Some(r) = &st.paused_reason {
         s += &format!("\n  {}: {r}", if phase == Phase::Paused { "paused" } else { "reason" });
+    }
+    // A release's stages, in order, each with its operation and phase.
+    for (i, stage) in st.stages.iter().enumerate() {
+        let target = if stage.target.is_empty() { "the changes that need a reboot" } else { &stage.target };
+        let by = stage.operation.as_deref().map(|o| format!(" ({o})")).unwrap_or_default();
+        s += &format!("\n  stage {}: {} {target}: {}{by}", i + 1, stage.kind, stage.phase);
     }
     for (m, p) in &st.machines {
         s += &format!(
@@ -907,6 +966,32 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
     rt.block_on(async {
         let (client, ns) = connect(kube).await?;
         let ops: Api<TalosOperation> = Api::namespaced(client, &ns);
+        // A release's intent goes to the stage operation it follows first (a resumed release
+        // whose stage is still paused would pause again): the stage resumes or aborts with it.
+        let first = ops.get(name).await.map_err(|e| kube_error(e, &format!("TalosOperation {ns}/{name}")))?;
+        let mut stages_told = vec![];
+        if first.spec.kind == OperationKind::Release {
+            let listed = ops
+                .list(&ListParams::default().labels(&format!("{}={name}", render::api::RELEASE)))
+                .await
+                .with_context(|| format!("listing the stage operations of TalosOperation {ns}/{name}"))?;
+            for stage in listed.items {
+                let st = stage.status.clone().unwrap_or_default();
+                let due = if resume { st.phase() == Phase::Paused } else { !st.phase().is_terminal() };
+                if !due {
+                    continue;
+                }
+                let stage_name = stage.metadata.name.clone().unwrap_or_default();
+                let intent = runtime::state::Intent::of(stage.metadata.annotations.as_ref(), st.resumed);
+                let (key, value) =
+                    if resume { (RESUME, (intent.resume.max(intent.resumed) + 1).to_string()) } else { (ABORT, "true".into()) };
+                let body = json!({"metadata": {"annotations": {key: value}}});
+                ops.patch(&stage_name, &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+                    .with_context(|| format!("writing the intent on TalosOperation {ns}/{stage_name} (the release's stage)"))?;
+                stages_told.push(stage_name);
+            }
+        }
         let mut attempts = 0;
         let (op, wanted) = loop {
             let op = ops.get(name).await.map_err(|e| kube_error(e, &format!("TalosOperation {ns}/{name}")))?;
@@ -978,6 +1063,15 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
             };
             format!("Aborted TalosOperation {ns}/{name} (it was {was}); it does nothing more and holds no lock. Machines already changed stay as they are.{job_note}\n")
         };
+        let stdout = match stages_told.as_slice() {
+            [] => stdout,
+            _ if output.is_data() => stdout,
+            told => format!(
+                "{stdout}Its stage operation {} was {} with it.\n",
+                told.join(", "),
+                if resume { "resumed" } else { "aborted" }
+            ),
+        };
         Ok(Report { stdout, ..Report::default() })
     })
 }
@@ -997,7 +1091,7 @@ fn target_of(op: &TalosOperation) -> String {
         }
         OperationKind::Talos => op.spec.target.talos_version.clone().unwrap_or_default(),
         OperationKind::Release => format!(
-            "release Talos {}, Kubernetes {}, cilium chart {}",
+            "Talos {}, Kubernetes {}, cilium chart {}",
             op.spec.target.talos_version.as_deref().unwrap_or("?"),
             op.spec.target.kubernetes_version.as_deref().unwrap_or("?"),
             op.spec.target.cilium_chart.as_deref().unwrap_or("?")

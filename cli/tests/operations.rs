@@ -2816,3 +2816,144 @@ fn a_talos_upgrade_blocked_by_a_budget_names_it_uncordons_and_installs_nothing()
         assert!(w1().contains("Talos (v1.14.6)"), "{}", sim.nodes_os());
     });
 }
+
+impl Sim {
+    /// Waits (`secs` at most) until `op`'s phase is one `done` accepts.
+    fn wait_phase_of(&self, op: &str, secs: u64, done: &dyn Fn(Phase) -> bool) -> Phase {
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_secs(secs) && !done(self.phase_of(op)) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        self.phase_of(op)
+    }
+
+    /// Every Event of ichor-system in the order they happened: (what it regards, reason, note).
+    fn all_events(&self) -> Vec<(String, String, String)> {
+        let events = self.kubectl(&["get", "events.events.k8s.io", "-n", "ichor-system", "-o", "json"]).unwrap().1;
+        let events: serde_json::Value = serde_json::from_str(&events).unwrap();
+        let mut out: Vec<(String, String, String, String)> = events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                let f = |k: &str| e.pointer(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+                (f("/eventTime"), f("/regarding/name"), f("/reason"), f("/note"))
+            })
+            .collect();
+        out.sort();
+        out.into_iter().map(|(_, o, r, n)| (o, r, n)).collect()
+    }
+}
+
+/// Issue 53: `ichor upgrade cluster` through the controller as its own process, from a cluster
+/// one Talos minor and two Kubernetes minors behind the release set (lab-v1.13 at Kubernetes
+/// v1.35.9): the preview lists the path, Talos v1.14.6 then Kubernetes v1.36.4 then v1.37.0; the
+/// controller ends itself right after it creates the second stage's operation (as a SIGKILL
+/// would) and a new one resumes at that stage, creating no stage twice; every stage completes
+/// in order, no kubelet moves before every node runs the Talos the next Kubernetes needs, and
+/// the same command again is nothing to do.
+#[test]
+fn a_release_rollout_takes_talos_then_kubernetes_a_minor_at_a_time_and_resumes_after_a_kill() {
+    let manifests = std::env::temp_dir().join(format!("ichor-release-manifests-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&manifests);
+    std::fs::create_dir_all(&manifests).unwrap();
+    for e in std::fs::read_dir(root().join("examples/clusters/lab-v1.13")).unwrap() {
+        let p = e.unwrap().path();
+        let text =
+            std::fs::read_to_string(&p).unwrap().replace("kubernetesVersion: v1.36.4", "kubernetesVersion: v1.35.9");
+        std::fs::write(manifests.join(p.file_name().unwrap()), text).unwrap();
+    }
+    let sim = Sim::start_manifests("release", manifests.to_str().unwrap(), "done", &["--no-controller"]);
+    let release = "release-1-14-6-1-37-0";
+    let stage = |s: &str| format!("{release}-{s}");
+    // Armed to end itself right after its second stage create: the release stops between stages.
+    let log = sim.dir.join("crash.log");
+    let mut first = sim.replica_with(
+        "ichor-test",
+        &[("ICHOR_CRASH_AFTER", "stage-create:2")],
+        Stdio::from(std::fs::File::create(&log).unwrap()),
+    );
+    let start = std::time::Instant::now();
+    while sim.lease_holder() != "ichor-test" && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (code, out, err) = sim.ichor(&["upgrade", "cluster", "--cluster", "lab", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("  1. talos: v1.14.6\n  2. kubernetes: v1.36.4\n  3. kubernetes: v1.37.0\n"),
+        "the path in the preview:\n{out}"
+    );
+    let (code, out, err) = sim.ichor(&["upgrade", "cluster", "--cluster", "lab", "--yes"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("Created TalosOperation ichor-system/{release}")), "{out}");
+    // The first controller ends itself once the Kubernetes v1.36.4 stage exists.
+    let start = std::time::Instant::now();
+    let ended = loop {
+        if let Some(status) = first.try_wait().unwrap() {
+            break status;
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(120), "the armed controller never ended");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(text.contains("crash point: ending the process right after stage-create"), "{ended}:\n{text}");
+    let (_, created, _) =
+        sim.kubectl(&["get", "talosoperation", &stage("kubernetes-v1-36-4"), "-n", "ichor-system"]).unwrap();
+    assert!(created.contains("kubernetes-v1-36-4"), "the second stage was created before the crash");
+    // A new controller resumes: the stage already created is followed, not created again.
+    let second = sim.replica("ichor-test-2");
+    sim.check_then_stop(second, || {
+        let phase = sim.wait_phase_of(release, 150, &|p| matches!(p, Phase::Completed | Phase::Paused));
+        let (_, status, _) = sim.ichor(&["status", release]);
+        assert_eq!(phase, Phase::Completed, "{status}");
+        for (i, (s, target)) in [
+            ("talos-v1-14-6", "talos v1.14.6"),
+            ("kubernetes-v1-36-4", "kubernetes v1.36.4"),
+            ("kubernetes-v1-37-0", "kubernetes v1.37.0"),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let line = format!("stage {}: {target}: Completed ({})", i + 1, stage(s));
+            assert!(status.contains(&line), "{line} not in:\n{status}");
+            assert_eq!(sim.phase_of(&stage(s)), Phase::Completed);
+        }
+        let (_, ops, _) = sim.kubectl(&["get", "talosoperations", "-n", "ichor-system", "-o", "name"]).unwrap();
+        assert_eq!(ops.lines().count(), 4, "one release and three stages, none twice:\n{ops}");
+        // In order: each stage's first step after the last step of the one before; no kubelet
+        // step before every node's Talos step was verified.
+        let events = sim.all_events();
+        let first_of = |op: &str| events.iter().position(|(o, r, _)| o == op && r == "Start");
+        let last_of = |op: &str| events.iter().rposition(|(o, r, _)| o == op && r == "Done");
+        let (t_done, k1_start, k1_done, k2_start) = (
+            last_of(&stage("talos-v1-14-6")),
+            first_of(&stage("kubernetes-v1-36-4")),
+            last_of(&stage("kubernetes-v1-36-4")),
+            first_of(&stage("kubernetes-v1-37-0")),
+        );
+        assert!(
+            t_done < k1_start && k1_done < k2_start && t_done.is_some() && k2_start.is_some(),
+            "stages out of order ({t_done:?} {k1_start:?} {k1_done:?} {k2_start:?}):\n{events:#?}"
+        );
+        for n in ["cp1", "cp2", "cp3", "w1"] {
+            let line = sim.nodes_os().lines().find(|l| l.starts_with(n)).unwrap_or_default().to_string();
+            assert!(line.contains("Talos (v1.14.6)") && line.trim_end().ends_with("<none>"), "{n}: {line}");
+        }
+        let (_, v, _) = sim
+            .kubectl(&[
+                "get",
+                "taloscluster",
+                "lab",
+                "-n",
+                "ichor-system",
+                "-o",
+                "jsonpath={.spec.kubernetesVersion} {.spec.talosVersion}",
+            ])
+            .unwrap();
+        assert_eq!(v.trim(), "v1.37.0 v1.14.6");
+        let (code, out, _) = sim.ichor(&["upgrade", "cluster", "--cluster", "lab"]);
+        assert_eq!(code, 0);
+        assert!(out.starts_with("Nothing to do: cluster lab runs this Ichor's release set already"), "{out}");
+    });
+    let _ = std::fs::remove_dir_all(&manifests);
+}

@@ -85,6 +85,9 @@ pub struct Facts {
     pub may_write_values: bool,
     /// The cluster's other operations: name and phase.
     pub operations: Vec<(String, render::api::Phase)>,
+    /// The Kubernetes versions the cluster's releases hold as stages (`status.stages`): a
+    /// release's own spec write moves the cluster to one of them.
+    pub release_stages: Vec<(String, String)>,
     /// What rendering the cluster's machines with the written patch refuses because of it.
     pub patch_problems: Vec<String>,
 }
@@ -183,6 +186,8 @@ struct Rels {
     values_changed: engine::Input<0>,
     may_write_values: engine::Input<0>,
     other_operation: engine::Input<2>,
+    release_of_request: engine::Input<1>,
+    release_stage: engine::Input<2>,
     spec_changed: engine::Input<0>,
     refusal: engine::Output<4>,
 }
@@ -214,6 +219,8 @@ struct Decoded {
     values_changed: bool,
     values_set: bool,
     spec_changed: bool,
+    /// A TalosOperation created for a release's stage: the release it names (its label).
+    release: Option<String>,
 }
 
 fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
@@ -233,6 +240,7 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
         values_changed: false,
         values_set: false,
         spec_changed: r.object.get("spec") != r.old_object.get("spec"),
+        release: None,
     };
     match (r.kind.as_str(), r.operation.as_str()) {
         ("TalosCluster", "CREATE" | "UPDATE") => {
@@ -288,7 +296,10 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
             }
         }
         ("TalosOperation", "CREATE") => match serde_json::from_value::<TalosOperation>(r.object.clone()) {
-            Ok(op) => d.cluster = op.spec.cluster_ref.name,
+            Ok(op) => {
+                d.cluster = op.spec.cluster_ref.name;
+                d.release = op.metadata.labels.and_then(|l| l.get(render::api::RELEASE).cloned());
+            }
             Err(_) => d.undecodable = true,
         },
         ("TalosOperation", "UPDATE") => {
@@ -318,6 +329,8 @@ impl Rules {
             values_changed: b.input("ad_values_changed", []),
             may_write_values: b.input("ad_may_write_values", []),
             other_operation: b.input("ad_other_operation", [("name", S), ("phase", S)]),
+            release_of_request: b.input("ad_release_of_request", [("release", S)]),
+            release_stage: b.input("ad_release_stage", [("release", S), ("kubernetes", S)]),
             spec_changed: b.input("ad_spec_changed", []),
             refusal: b.output("ad_refusal", [("rank", N), ("template", S), ("a", S), ("b", S)]),
         };
@@ -375,6 +388,14 @@ impl Rules {
         for (name, phase) in facts.operations.iter().filter(|(n, _)| n != own) {
             let row = [b.sym(name), b.sym(phase.name())];
             rels.other_operation.push(&mut b, row);
+        }
+        if let Some(release) = &d.release {
+            let row = [b.sym(release)];
+            rels.release_of_request.push(&mut b, row);
+        }
+        for (name, version) in &facts.release_stages {
+            let row = [b.sym(name), b.sym(version)];
+            rels.release_stage.push(&mut b, row);
         }
         let db = self.engine.evaluate_built(b, engine::EvalOptions::default())?;
         let mut rows: Vec<(i64, String, String, String)> = rels

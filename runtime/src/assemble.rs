@@ -389,6 +389,8 @@ pub struct Settings<'a> {
     pub pending: &'a PendingCache,
     /// The release set's Kubernetes this Ichor ships (ADR 0113).
     pub release_set_kubernetes: &'a str,
+    /// The release set's Talos this Ichor ships.
+    pub release_set_talos: &'a str,
     /// The node the controller runs on (it goes last).
     pub controller_node: Option<&'a str>,
     /// How long a drain may wait for a PodDisruptionBudget (`ichor controller --drain-timeout`).
@@ -666,6 +668,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
             name: cluster_name,
             kubernetes_version: cluster.spec.kubernetes_version.clone(),
             release_set_kubernetes: s.release_set_kubernetes.to_string(),
+            release_set_talos: s.release_set_talos.to_string(),
             cni: Cni {
                 preset: cluster.spec.cni.preset,
                 kube_proxy: cluster.spec.cni.kube_proxy,
@@ -827,6 +830,7 @@ mod tests {
             renders,
             pending,
             release_set_kubernetes: "v1.37.0",
+            release_set_talos: "v1.14.6",
             controller_node: Some("w1"),
             drain_deadline_secs: None,
         }

@@ -115,6 +115,8 @@ pub struct Controller {
     pub classifier: Classifier,
     /// The release set's Kubernetes this Ichor ships (ADR 0113).
     pub release_set_kubernetes: String,
+    /// The release set's Talos this Ichor ships (`ichor upgrade cluster` moves a cluster to it).
+    pub release_set_talos: String,
     /// The node the controller runs on (it goes last).
     pub controller_node: Option<String>,
     /// The controller's probe of the kubernetes Service.
@@ -172,6 +174,7 @@ impl Controller {
             planner,
             classifier,
             release_set_kubernetes: render::embedded::RELEASE_SET_KUBERNETES.to_string(),
+            release_set_talos: render::embedded::RELEASE_SET_TALOS.to_string(),
             controller_node: None,
             service_answers: Arc::new(|| {
                 Box::pin(async {
@@ -225,6 +228,23 @@ impl Controller {
     pub fn with_release_set(mut self, kubernetes: &str) -> Controller {
         self.release_set_kubernetes = kubernetes.to_string();
         self
+    }
+
+    /// The release set's Talos, when not this Ichor's.
+    pub fn with_release_set_talos(mut self, talos: &str) -> Controller {
+        self.release_set_talos = talos.to_string();
+        self
+    }
+
+    /// The release set this controller moves clusters to, as its Lease states it
+    /// (`kube::RELEASE_SET_ANNOTATION`).
+    pub fn release_set_words(&self) -> String {
+        format!(
+            "talos={},kubernetes={},cilium={}",
+            self.release_set_talos,
+            self.release_set_kubernetes,
+            render::embedded::CILIUM_CHART_VERSION
+        )
     }
 
     /// The node the controller runs on (it goes last).
@@ -289,6 +309,7 @@ impl Controller {
             renders: &self.renders,
             pending: &self.cache,
             release_set_kubernetes: &self.release_set_kubernetes,
+            release_set_talos: &self.release_set_talos,
             controller_node: self.controller_node.as_deref(),
             drain_deadline_secs: Some(self.drain_timeout.as_secs()),
         }

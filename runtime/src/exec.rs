@@ -291,13 +291,17 @@ fn write_kind(a: &Action) -> Option<crate::crashpoint::Write> {
 /// else interrupts the run. The client already withheld Talos's diff (it can hold secrets).
 /// A request RBAC refused the controller: the operation pauses with the API server's words
 /// (verb, resource, namespace) and what to do; no machine's step failed.
+/// An admission webhook's denial is also a 403: the webhook's words say what to do, not RBAC.
 fn forbidden(e: &(dyn std::error::Error + 'static)) -> Performed {
-    Performed::Forbidden {
-        message: format!(
-            "{}; the controller's ClusterRole does not allow it: apply this version's `ichor install` (its role grants what Ichor asks for), then resume the operation",
-            crate::error_chain(e)
-        ),
-    }
+    let words = crate::error_chain(e);
+    let message = if words.contains("admission webhook") {
+        format!("{words}; do what it says, then resume the operation")
+    } else {
+        format!(
+            "{words}; the controller's ClusterRole does not allow it: apply this version's `ichor install` (its role grants what Ichor asks for), then resume the operation"
+        )
+    };
+    Performed::Forbidden { message }
 }
 
 fn talos_failed(machine: &str, e: TalosError) -> Performed {

@@ -50,6 +50,7 @@ pub struct Rels {
     pub node_os_image: Input<2>,
     pub target_cilium_chart: Input<1>,
     pub release_set_kubernetes: Input<1>,
+    pub release_set_talos: Input<1>,
     pub cni: Input<2>,
     pub handover_done: Input<0>,
     pub static_pod: Input<4>,
@@ -177,6 +178,7 @@ impl Rels {
             node_os_image: b.input("node_os_image", [("machine", S), ("image", S)]),
             target_cilium_chart: b.input("target_cilium_chart", [("version", S)]),
             release_set_kubernetes: b.input("release_set_kubernetes", [("version", S)]),
+            release_set_talos: b.input("release_set_talos", [("version", S)]),
             cni: b.input("cni", [("preset", S), ("handover", S)]),
             handover_done: b.input("handover_done", []),
             static_pod: b.input("static_pod", [("machine", S), ("component", S), ("image", S), ("ready", S)]),
@@ -383,6 +385,10 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     }
     let id = b.sym(&c.release_set_kubernetes);
     r.release_set_kubernetes.push(&mut b, [id]);
+    if !c.release_set_talos.is_empty() {
+        let id = b.sym(&c.release_set_talos);
+        r.release_set_talos.push(&mut b, [id]);
+    }
     let row = [b.sym(c.cni.preset.name()), b.sym(c.cni.handover.name())];
     r.cni.push(&mut b, row);
     if c.cni.handover_done {

@@ -45,6 +45,36 @@ pub const JOB_IMAGE: &str = "ghcr.io/maesh/ichor:v0.1.0";
 /// The annotation on the controller's Lease that names the node its holder runs on.
 pub const LEASE_NODE_ANNOTATION: &str = "ichor.maesh.dev/node";
 
+/// On the controller's Lease: the release set the acting controller moves clusters to
+/// (`talos=vX.Y.Z,kubernetes=vX.Y.Z,cilium=X.Y.Z`), what `ichor upgrade cluster` targets.
+pub const RELEASE_SET_ANNOTATION: &str = "ichor.maesh.dev/release-set";
+
+/// The release set the Lease names (`RELEASE_SET_ANNOTATION`), when its holder wrote one.
+pub fn lease_release_set(lease: &k8s_openapi::api::coordination::v1::Lease) -> Option<crate::plan::ReleaseSet> {
+    let words = lease.metadata.annotations.as_ref()?.get(RELEASE_SET_ANNOTATION)?;
+    let mut set = crate::plan::ReleaseSet { talos: String::new(), kubernetes: String::new(), cilium: String::new() };
+    for part in words.split(',') {
+        match part.split_once('=')? {
+            ("talos", v) => set.talos = v.to_string(),
+            ("kubernetes", v) => set.kubernetes = v.to_string(),
+            ("cilium", v) => set.cilium = v.to_string(),
+            _ => return None,
+        }
+    }
+    (!set.talos.is_empty() && !set.kubernetes.is_empty() && !set.cilium.is_empty()).then_some(set)
+}
+
+/// The release set of the controller holding the Lease `lease` of `namespace`, when it says.
+pub async fn controller_release_set(
+    client: &kube_client::Client,
+    namespace: &str,
+    lease: &str,
+) -> Option<crate::plan::ReleaseSet> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let l = Api::<Lease>::namespaced(client.clone(), namespace).get_opt(lease).await.ok().flatten()?;
+    lease_release_set(&l)
+}
+
 /// The node of the replica that acts now, from its Lease: the node the holder wrote
 /// (`LEASE_NODE_ANNOTATION`), else the node of the holder's Pod (its identity is its pod name,
 /// `pod_node` looks it up). None when nobody holds the Lease (never held, released, or not

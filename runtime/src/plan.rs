@@ -451,6 +451,21 @@ pub struct Plan {
     pub stages: Vec<(OperationKind, String)>,
 }
 
+/// A release's stages as its confirmation names them: `Talos v1.14.6, then Kubernetes v1.36.4 ...`.
+pub fn stage_words(stages: &[(OperationKind, String)]) -> String {
+    let words: Vec<String> = stages
+        .iter()
+        .map(|(k, t)| match k {
+            OperationKind::Talos => format!("Talos {t}"),
+            OperationKind::Kubernetes => format!("Kubernetes {t}"),
+            OperationKind::Config => "a configuration rollout (the changes that need a reboot)".to_string(),
+            OperationKind::CniUpgrade => format!("the Cilium chart {t}"),
+            k => format!("{k} {t}"),
+        })
+        .collect();
+    words.join(", then ")
+}
+
 /// What starting a release's stage takes: the release, the stage's operation (its name, kind
 /// and target), the cluster and the spec field the stage moves, and what the stage inherits of
 /// the release's spec.
@@ -988,6 +1003,17 @@ impl Planner {
             // Contradicting actions are always reported with their proofs.
             return if explain { Err(e) } else { self.plan_with(s, true) };
         }
+        let mut stages: Vec<(i64, OperationKind, String)> = vec![];
+        for [o, k, t] in r.release_stage.rows(&db) {
+            let kind = OperationKind::parse(db.sym(k)).ok_or_else(|| PlanError::Decode {
+                relation: "release_stage",
+                value: text(k),
+                expected: "an operation kind",
+            })?;
+            stages.push((num(o), kind, text(t)));
+        }
+        stages.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let stages: Vec<(OperationKind, String)> = stages.into_iter().map(|(_, k, t)| (k, t)).collect();
         let phase = match r.phase.rows(&db).next() {
             Some([ph]) => phase(&db, "phase", ph)?,
             None => s.operation.phase,
@@ -999,6 +1025,7 @@ impl Planner {
                 OperationKind::CniUpgrade => "ConfirmCiliumUpgrade",
                 OperationKind::CniAdopt => "ConfirmCiliumAdopt",
                 OperationKind::Talos => "ConfirmTalosUpgrade",
+                OperationKind::Release => "ConfirmRelease",
                 _ => "ConfirmUpgrade",
             };
             // The order is the rules' (`operation_order`): ranked there, listed here.
@@ -1012,6 +1039,8 @@ impl Planner {
             self.message(
                 t,
                 &data(json!({
+                    "stages": stage_words(&stages),
+                    "stageCount": stages.len(),
                     "order": names.join(", "),
                     "count": names.len(),
                     "machines": names.len(),
@@ -1044,17 +1073,6 @@ impl Planner {
         drain_refusals.sort_unstable();
         let nothing_to_do =
             r.nothing_to_do.rows(&db).map(|[t, d]| self.message(&text(t), &data(json!({"detail": text(d)})))).min();
-        let mut stages: Vec<(i64, OperationKind, String)> = vec![];
-        for [o, k, t] in r.release_stage.rows(&db) {
-            let kind = OperationKind::parse(db.sym(k)).ok_or_else(|| PlanError::Decode {
-                relation: "release_stage",
-                value: text(k),
-                expected: "an operation kind",
-            })?;
-            stages.push((num(o), kind, text(t)));
-        }
-        stages.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let stages = stages.into_iter().map(|(_, k, t)| (k, t)).collect();
         Ok(Plan {
             operation: s.operation.name.clone(),
             kind: s.operation.kind,

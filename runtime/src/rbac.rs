@@ -63,6 +63,20 @@ pub const CONTROLLER_RULES: &[Rule] = &[
     },
     Rule {
         group: "ichor.maesh.dev",
+        resources: &["talosoperations"],
+        verbs: &["create"],
+        names: &[],
+        why: "a release rollout (ichor upgrade cluster) creates each stage's operation in turn",
+    },
+    Rule {
+        group: "ichor.maesh.dev",
+        resources: &["talosclusters"],
+        verbs: &["patch"],
+        names: &[],
+        why: "a release rollout sets spec.talosVersion or spec.kubernetesVersion as each stage starts",
+    },
+    Rule {
+        group: "ichor.maesh.dev",
         resources: &["talosconfigpatches"],
         verbs: &["list", "watch"],
         names: &[],

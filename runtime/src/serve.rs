@@ -460,6 +460,7 @@ fn log_lease_changes(
     client: kube_client::Client,
     config: &RunConfig,
     node: Option<String>,
+    release_set: String,
 ) -> tokio::task::JoinHandle<()> {
     let (ns, name, me) = (config.namespace.clone(), config.lease_name.clone(), config.identity.clone());
     tokio::spawn(async move {
@@ -470,8 +471,10 @@ fn log_lease_changes(
             if was != Some(now) {
                 if now {
                     tracing::info!(lease = %format!("{ns}/{name}"), identity = %me, "holding the Lease: this replica acts");
-                    let patch =
-                        serde_json::json!({"metadata": {"annotations": {crate::kube::LEASE_NODE_ANNOTATION: node}}});
+                    let patch = serde_json::json!({"metadata": {"annotations": {
+                        crate::kube::LEASE_NODE_ANNOTATION: node,
+                        crate::kube::RELEASE_SET_ANNOTATION: release_set,
+                    }}});
                     if let Err(e) =
                         leases.patch(&name, &Default::default(), &kube_client::api::Patch::Merge(patch)).await
                     {
@@ -593,7 +596,13 @@ pub async fn run(
     };
     let lease = builder().build().await?;
     let (leader, lease_task) = drive_lease(lease, builder, client.clone(), &config.namespace, &config.lease_name);
-    let lease_log = log_lease_changes(leader.clone(), client.clone(), &config, controller.controller_node.clone());
+    let lease_log = log_lease_changes(
+        leader.clone(),
+        client.clone(),
+        &config,
+        controller.controller_node.clone(),
+        controller.release_set_words(),
+    );
     // The lists every reconcile reads come from watches from here on (see `stores`).
     let _ = controller.stores.set(crate::stores::Stores::start(&client, &config.namespace).await);
     let stores = controller.stores.get().expect("set just now");
@@ -649,6 +658,7 @@ pub async fn run(
     // kube-system DaemonSets and ConfigMaps (cilium, kube-proxy, cilium-config); a change the
     // caches hold (`runtime::stores`) of what it reads of a Node or a mirror pod (a heartbeat
     // wakes nothing).
+    let ops_of_stages = ops.clone();
     let controller_ops = kube_runtime::Controller::new(ops, watcher::Config::default());
     let store = controller_ops.store();
     let of_cluster = |store| of_cluster_in(store, |o: &TalosOperation| &o.spec.cluster_ref.name);
@@ -662,6 +672,8 @@ pub async fn run(
     let (e2, e3) = (every(store.clone()), every(store));
     let k = ctx.controller.kube.clone();
     let operations = controller_ops
+        // A release's stage operation (owned by it) wakes the release when it moves.
+        .owns(ops_of_stages, watcher::Config::default().labels(render::api::RELEASE))
         .watches(Api::<render::api::TalosCluster>::namespaced(k.clone(), &ns), watcher::Config::default(), move |c| {
             c1(c.metadata.name.unwrap_or_default())
         })

@@ -41,6 +41,9 @@ pub struct Cluster {
     pub kubernetes_version: String,
     /// The release set's Kubernetes (ADR 0113): the only target an upgrade may have.
     pub release_set_kubernetes: String,
+    /// The release set's Talos (`ichor upgrade cluster`'s target; absent in older snapshots).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub release_set_talos: String,
     pub cni: Cni,
     /// `status.cni.kubeProxy`, when a switch has set it.
     #[serde(default)]

@@ -59,12 +59,22 @@ impl Webhook {
         }
         if let Some(cluster) = n.operations_of {
             let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), &r.namespace);
-            facts.operations = ops
+            let listed: Vec<TalosOperation> = ops
                 .list(&ListParams::default())
                 .await?
                 .items
                 .into_iter()
                 .filter(|o| o.spec.cluster_ref.name == cluster)
+                .collect();
+            for o in &listed {
+                let name = o.metadata.name.clone().unwrap_or_default();
+                let stages = o.status.iter().flat_map(|s| &s.stages);
+                for st in stages.filter(|st| st.kind == render::api::OperationKind::Kubernetes) {
+                    facts.release_stages.push((name.clone(), st.target.clone()));
+                }
+            }
+            facts.operations = listed
+                .into_iter()
                 .map(|o| {
                     let phase = o.status.map(|s| s.phase()).unwrap_or_default();
                     (o.metadata.name.unwrap_or_default(), phase)
