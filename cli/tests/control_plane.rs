@@ -160,7 +160,7 @@ const CONTROLLER_USER: &str = "system:serviceaccount:ichor-system:ichor-controll
 
 /// The tests that run the controller on kube-apiserver: together their requests must use every
 /// verb of the controller's ClusterRole (`record_requests`).
-const CONTROLLER_TESTS: usize = 5;
+const CONTROLLER_TESTS: usize = 6;
 
 /// Kinds the bootstrap-manifest sync applies on a real cluster (CoreDNS's Deployment and
 /// Service, the CSR and node RBAC, Talos's ServiceAccount CRD: FACTS section 5's manifest IDs)
@@ -767,6 +767,65 @@ fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_the_lease_holder_killed
         assert!(nodes.contains(&format!("{n}=v1.37.0/ ")), "{n}'s kubelet on v1.37.0, uncordoned: {nodes}");
     }
     assert_rbac_denied_nothing(&logs(&replicas));
+    record_requests(&cp);
+    drop(lab);
+}
+
+/// A release rollout on kube-apiserver (issue 53): from the lab's Talos v1.14.3 and Kubernetes
+/// v1.36.4 to the release set, Talos v1.14.6 then Kubernetes v1.37.0, each stage an operation the
+/// controller creates (as its ServiceAccount, through the real webhook, which lets the release's
+/// own stage and spec write through): both stages and the release complete, every node on both
+/// targets, uncordoned, RBAC denying nothing.
+#[test]
+fn a_release_rollout_on_kube_apiserver_takes_talos_then_kubernetes_through_the_webhook() {
+    let Some(cp) = control_plane("release") else { return };
+    install(&cp);
+    let _hook = webhook(&cp);
+    let lab = Lab::start_with(&cp, &without_handover());
+    let ds = ["daemonset", "kube-proxy", "-n", "kube-system"];
+    wait_for(60, "kube-proxy rolled out by the DaemonSet controller", || {
+        let s = get(&cp, &ds, "{.status.numberAvailable}/{.status.desiredNumberScheduled}");
+        if s == "4/4" { Ok(()) } else { Err(s) }
+    });
+    let (_controller, log) = controller(&cp, &lab.talosconfig, &[]);
+    let lease = ["lease", "ichor-controller", "-n", "ichor-system"];
+    wait_for(30, "the controller holds the Lease and names its release set", || {
+        let set = get(&cp, &lease, "{.metadata.annotations.ichor\\.maesh\\.dev/release-set}");
+        if set == "talos=v1.14.6,kubernetes=v1.37.0,cilium=1.20.0" { Ok(()) } else { Err(set) }
+    });
+    let (admin, tc) = (lab.admin.as_str(), lab.tc.as_str());
+    let up = ["upgrade", "cluster", "--cluster", "lab", "--kubeconfig", admin, "--talosconfig", tc];
+    let (code, out, err) = ichor(&[&up[..], &["--yes"]].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("  1. talos: v1.14.6\n  2. kubernetes: v1.37.0\n"), "{out}");
+    let op = ["talosoperation", "release-1-14-6-1-37-0", "-n", "ichor-system"];
+    let text = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    wait_for(400, "the release completes", || {
+        let p = get(&cp, &op, "{.status.phase}");
+        if p == Phase::Completed.name() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{p} {} {}\n{}",
+                get(&cp, &op, "{.status.pausedReason}"),
+                get(&cp, &op, "{.status.stages}"),
+                text(&log)
+            ))
+        }
+    });
+    for stage in ["release-1-14-6-1-37-0-talos-v1-14-6", "release-1-14-6-1-37-0-kubernetes-v1-37-0"] {
+        let p = get(&cp, &["talosoperation", stage, "-n", "ichor-system"], "{.status.phase}");
+        assert_eq!(p, Phase::Completed.name(), "{stage}");
+    }
+    let nodes = get(
+        &cp,
+        &["nodes"],
+        "{range .items[*]}{.metadata.name}={.status.nodeInfo.osImage}/{.status.nodeInfo.kubeletVersion}/{.spec.unschedulable} {end}",
+    ) + " ";
+    for n in ["cp1", "cp2", "cp3", "w1"] {
+        assert!(nodes.contains(&format!("{n}=Talos (v1.14.6)/v1.37.0/ ")), "{n} on both targets, uncordoned: {nodes}");
+    }
+    assert_rbac_denied_nothing(&text(&log));
     record_requests(&cp);
     drop(lab);
 }
