@@ -81,6 +81,7 @@ fn main() {
                 name: "big".into(),
                 kubernetes_version: "v1.36.5".into(),
                 release_set_kubernetes: "v1.36.5".into(),
+                release_set_talos: "v1.14.6".into(),
                 cni: Cni {
                     preset: render::api::CniPreset::Cilium,
                     kube_proxy: render::api::KubeProxyMode::Replaced,

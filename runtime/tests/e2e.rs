@@ -215,6 +215,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
                 name: "lab".into(),
                 kubernetes_version: TARGET.into(),
                 release_set_kubernetes: TARGET.into(),
+                release_set_talos: "v1.14.6".into(),
                 cni: Cni {
                     preset: CniPreset::Cilium,
                     kube_proxy: KubeProxyMode::Enabled,

@@ -184,6 +184,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 name: "lab".into(),
                 kubernetes_version: "v1.36.4".into(),
                 release_set_kubernetes: "v1.36.4".into(),
+                release_set_talos: "v1.14.6".into(),
                 cni: Cni {
                     preset: CniPreset::Cilium,
                     kube_proxy: target,
