@@ -2923,8 +2923,8 @@ fn a_release_rollout_takes_talos_then_kubernetes_a_minor_at_a_time_and_resumes_a
         // In order: each stage's first step after the last step of the one before; no kubelet
         // step before every node's Talos step was verified.
         let events = sim.all_events();
-        let first_of = |op: &str| events.iter().position(|(o, r, _)| o == op && r == "Start");
-        let last_of = |op: &str| events.iter().rposition(|(o, r, _)| o == op && r == "Done");
+        let first_of = |op: &str| events.iter().position(|(o, r, _)| o == op && r.eq_ignore_ascii_case("start"));
+        let last_of = |op: &str| events.iter().rposition(|(o, r, _)| o == op && r.eq_ignore_ascii_case("done"));
         let (t_done, k1_start, k1_done, k2_start) = (
             last_of(&stage("talos-v1-14-6")),
             first_of(&stage("kubernetes-v1-36-4")),
@@ -2956,4 +2956,58 @@ fn a_release_rollout_takes_talos_then_kubernetes_a_minor_at_a_time_and_resumes_a
         assert!(out.starts_with("Nothing to do: cluster lab runs this Ichor's release set already"), "{out}");
     });
     let _ = std::fs::remove_dir_all(&manifests);
+}
+
+/// Issue 53: while a machine's step runs, the next machine to drain carries Ichor's
+/// `PreferNoSchedule` taint (so the pods the drain evicts prefer other nodes); a machine loses
+/// it when its own step starts, and once the operation completes no Node has it.
+#[test]
+fn the_next_machine_to_drain_carries_the_prefer_no_schedule_taint_a_step_ahead() {
+    let sim = Sim::start_args("next-taint", "done", &["--step-latency-ms", "800"]);
+    let (code, out, err) = sim.ichor(&["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--yes"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let order = ["cp1", "cp2", "cp3", "w1"];
+    let cols = "custom-columns=NODE:.metadata.name,TAINTS:.spec.taints[*].key,UNSCHEDULABLE:.spec.unschedulable";
+    // (cordoned, tainted) as seen while it runs.
+    let mut seen: Vec<(Vec<String>, Vec<String>)> = vec![];
+    let start = std::time::Instant::now();
+    while sim.phase_of("upgrade-talos-1-14-6") != Phase::Completed
+        && start.elapsed() < std::time::Duration::from_secs(120)
+    {
+        let (_, table, _) = sim.kubectl(&["get", "nodes", "-o", cols]).unwrap();
+        let (mut cordoned, mut tainted) = (vec![], vec![]);
+        for line in table.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.get(2) == Some(&"true") {
+                cordoned.push(f[0].to_string());
+            }
+            if f.get(1).is_some_and(|t| t.split(',').any(|k| k == render::api::NEXT_TAINT)) {
+                tainted.push(f[0].to_string());
+            }
+        }
+        seen.push((cordoned, tainted));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(sim.phase_of("upgrade-talos-1-14-6"), Phase::Completed);
+    // While each of the first three machines was cordoned for its step, the next one was tainted.
+    for w in order.windows(2) {
+        assert!(
+            seen.iter().any(|(c, t)| c == &[w[0].to_string()] && t == &[w[1].to_string()]),
+            "never saw {} in its step with {} tainted: {seen:?}",
+            w[0],
+            w[1]
+        );
+    }
+    // A machine in its step is never the tainted one.
+    assert!(seen.iter().all(|(c, t)| c.iter().all(|m| !t.contains(m))), "{seen:?}");
+    let start = std::time::Instant::now();
+    let mut left = String::new();
+    while start.elapsed() < std::time::Duration::from_secs(10) {
+        left = sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].spec.taints[*].key}"]).unwrap().1;
+        if !left.contains(render::api::NEXT_TAINT) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(!left.contains(render::api::NEXT_TAINT), "a taint left after the operation: {left}");
 }

@@ -20,6 +20,9 @@ pub const HOLD: &str = "ichor.maesh.dev/hold";
 /// On a Node: Ichor cordoned it for an operation's step (and uncordons it), so a step whose
 /// record was lost to a crash is still uncordoned; a cordon by someone else carries no such mark.
 pub const CORDONED: &str = "ichor.maesh.dev/cordoned";
+/// Ichor's taint (effect `PreferNoSchedule`) on the Node an operation drains next: the pods
+/// the drains before it evict prefer other nodes (issue 53; omni#846).
+pub const NEXT_TAINT: &str = "ichor.maesh.dev/next";
 /// The user's intent to end an operation (`ichor operation abort`): the controller's rules
 /// move it to `Aborted` at their next reconcile. Any value counts; abort is final.
 pub const ABORT: &str = "ichor.maesh.dev/abort";

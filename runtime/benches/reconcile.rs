@@ -72,6 +72,7 @@ fn main() {
                 awaiting_reboot: vec![],
                 unhealthy_services: vec![],
                 cordoned: false,
+                tainted: false,
             };
             snap.push(cache.machine(&classifier, &read, Some(text), rendered).unwrap());
         }

@@ -81,6 +81,8 @@ pub struct MachineRead {
     pub unhealthy_services: Vec<String>,
     /// Its Node carries Ichor's cordon mark (`render::api::CORDONED`).
     pub cordoned: bool,
+    /// Its Node carries Ichor's `PreferNoSchedule` taint (`render::api::NEXT_TAINT`).
+    pub tainted: bool,
 }
 
 /// The machine's snapshot entry; `running` is its running config, `None` when the node could
@@ -119,6 +121,7 @@ fn entry(m: &MachineRead, contract: Contract, pending: Option<Vec<PendingPath>>)
         awaiting_reboot: m.awaiting_reboot.clone(),
         unhealthy_services: m.unhealthy_services.clone(),
         cordoned: m.cordoned,
+        tainted: m.tainted,
         drain_refusals: vec![],
     }
 }
@@ -507,6 +510,8 @@ pub struct NodeRead<'a> {
     pub os_image: Option<&'a str>,
     /// Unschedulable with Ichor's cordon mark (`render::api::CORDONED`).
     pub cordoned: bool,
+    /// It carries Ichor's `PreferNoSchedule` taint (`render::api::NEXT_TAINT`).
+    pub tainted: bool,
 }
 
 pub fn node_read(n: &Node) -> NodeRead<'_> {
@@ -519,6 +524,11 @@ pub fn node_read(n: &Node) -> NodeRead<'_> {
         os_image: info.map(|i| i.os_image.as_str()).filter(|b| !b.is_empty()),
         cordoned: n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(render::api::CORDONED))
             && n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
+        tainted: n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == render::api::NEXT_TAINT)),
     }
 }
 
@@ -638,6 +648,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
             awaiting_reboot: m.status.as_ref().map(|s| s.applied_awaiting_reboot.clone()).unwrap_or_default(),
             unhealthy_services: talos.map(|t| t.unhealthy_services.clone()).unwrap_or_default(),
             cordoned: node.cordoned,
+            tainted: node.tainted,
         };
         if let Some(t) = talos {
             configs

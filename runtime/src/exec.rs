@@ -33,6 +33,9 @@ pub trait KubePort {
     /// drain's deadline is deleted instead of the drain failing.
     async fn drain(&mut self, node: &str, force: bool) -> Result<(), Self::Error>;
     async fn uncordon(&mut self, node: &str) -> Result<(), Self::Error>;
+    /// Puts Ichor's `PreferNoSchedule` taint on the Node (`on`), or takes it off; other taints
+    /// stay as they are.
+    async fn taint(&mut self, node: &str, on: bool) -> Result<(), Self::Error>;
     /// The bootstrap-manifest sync: every manifest Talos rendered on the control plane the Talos
     /// API reaches as `node`, server-side-applied under `field_manager`.
     async fn sync_manifests(&mut self, node: &str, field_manager: &str) -> Result<(), Self::Error>;
@@ -204,6 +207,8 @@ impl<K: KubePort> Executor<'_, K> {
                 Err(e) => Performed::Interrupted { why: crate::error_chain(&e) },
             },
             Action::Uncordon { machine } => kube(self.kube.uncordon(machine).await),
+            Action::Taint { machine } => kube(self.kube.taint(machine, true).await),
+            Action::Untaint { machine } => kube(self.kube.taint(machine, false).await),
             Action::SyncManifests { via, node, field_manager } => {
                 kube(self.kube.sync_manifests(reach(via, node), field_manager).await)
             }
@@ -277,7 +282,9 @@ fn write_kind(a: &Action) -> Option<crate::crashpoint::Write> {
         Action::Apply { .. } | Action::ApplyStaged { .. } => Write::TalosApply,
         Action::Reboot { .. } => Write::TalosReboot,
         Action::UpgradeTalos { .. } => Write::TalosUpgrade,
-        Action::Cordon { .. } | Action::Uncordon { .. } => Write::Cordon,
+        Action::Cordon { .. } | Action::Uncordon { .. } | Action::Taint { .. } | Action::Untaint { .. } => {
+            Write::Cordon
+        }
         Action::Drain { .. } => Write::Drain,
         Action::SyncManifests { .. } | Action::RestoreKubeProxy { .. } => Write::ServerSideApply,
         Action::Delete { .. } => Write::Delete,

@@ -51,6 +51,9 @@ pub struct Rels {
     pub target_cilium_chart: Input<1>,
     pub release_set_kubernetes: Input<1>,
     pub release_set_talos: Input<1>,
+    pub ichor_tainted: Input<1>,
+    pub act_taint: Output<1>,
+    pub act_untaint: Output<1>,
     pub cni: Input<2>,
     pub handover_done: Input<0>,
     pub static_pod: Input<4>,
@@ -179,6 +182,9 @@ impl Rels {
             target_cilium_chart: b.input("target_cilium_chart", [("version", S)]),
             release_set_kubernetes: b.input("release_set_kubernetes", [("version", S)]),
             release_set_talos: b.input("release_set_talos", [("version", S)]),
+            ichor_tainted: b.input("ichor_tainted", [("machine", S)]),
+            act_taint: b.output("act_taint", [("machine", S)]),
+            act_untaint: b.output("act_untaint", [("machine", S)]),
             cni: b.input("cni", [("preset", S), ("handover", S)]),
             handover_done: b.input("handover_done", []),
             static_pod: b.input("static_pod", [("machine", S), ("component", S), ("image", S), ("ready", S)]),
@@ -470,6 +476,9 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
         }
         if m.cordoned {
             r.ichor_cordoned.push(&mut b, [name]);
+        }
+        if m.tainted {
+            r.ichor_tainted.push(&mut b, [name]);
         }
         for d in &m.drain_refusals {
             let row = [name, b.sym(&d.budget), b.sym(&d.pods.join(", "))];

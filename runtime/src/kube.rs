@@ -454,6 +454,34 @@ impl KubePort for KubeCluster {
             .map_err(api_err(format!("uncordoning {node}")))
     }
 
+    async fn taint(&mut self, node: &str, on: bool) -> Result<(), KubeError> {
+        use k8s_openapi::api::core::v1::{Node, Taint};
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let what = if on { "tainting" } else { "untainting" };
+        let n = nodes.get(node).await.map_err(api_err(format!("{what} {node}: reading its taints")))?;
+        let mut taints: Vec<Taint> = n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+        let had = taints.iter().any(|t| t.key == render::api::NEXT_TAINT);
+        if had == on {
+            return Ok(());
+        }
+        taints.retain(|t| t.key != render::api::NEXT_TAINT);
+        if on {
+            taints.push(Taint {
+                key: render::api::NEXT_TAINT.into(),
+                effect: "PreferNoSchedule".into(),
+                ..Default::default()
+            });
+        }
+        // The list as read, on the version read: a taint another writer added meanwhile is a
+        // conflict (retried by the next reconcile), never lost.
+        let body = json!({"metadata": {"resourceVersion": n.metadata.resource_version}, "spec": {"taints": taints}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(body))
+            .await
+            .map(|_| ())
+            .map_err(api_err(format!("{what} {node} ({} PreferNoSchedule)", render::api::NEXT_TAINT)))
+    }
+
     async fn drain(&mut self, node: &str, force: bool) -> Result<(), KubeError> {
         use k8s_openapi::api::core::v1::Pod;
         let all: Api<Pod> = Api::all(self.client.clone());

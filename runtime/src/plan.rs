@@ -155,6 +155,14 @@ pub enum Action {
     Cordon {
         machine: String,
     },
+    /// Put Ichor's `PreferNoSchedule` taint on the Node drained next (`render::api::NEXT_TAINT`).
+    Taint {
+        machine: String,
+    },
+    /// Take Ichor's `PreferNoSchedule` taint off the Node.
+    Untaint {
+        machine: String,
+    },
     Drain {
         machine: String,
         /// With the user's consent (`spec.forceDrain`): what a budget still keeps at the
@@ -300,6 +308,10 @@ impl fmt::Display for Action {
                 write!(f, "pull {image} into containerd namespace {namespace} on {machine}")
             }
             Action::Cordon { machine } => write!(f, "cordon {machine}"),
+            Action::Taint { machine } => {
+                write!(f, "taint {machine} PreferNoSchedule ({}): it is drained next", render::api::NEXT_TAINT)
+            }
+            Action::Untaint { machine } => write!(f, "take {} off {machine}", render::api::NEXT_TAINT),
             Action::Drain { machine, force: false } => write!(f, "drain {machine}"),
             Action::Drain { machine, force: true } => write!(
                 f,
@@ -372,6 +384,8 @@ impl Action {
             Action::Start { .. } => "start",
             Action::PullImage { .. } => "pullImage",
             Action::Cordon { .. } => "cordon",
+            Action::Taint { .. } => "taint",
+            Action::Untaint { .. } => "untaint",
             Action::Drain { .. } => "drain",
             Action::Apply { .. } => "applyNoReboot",
             Action::ApplyStaged { .. } => "applyStaged",
@@ -401,6 +415,8 @@ impl Action {
             | Action::Start { machine, .. }
             | Action::PullImage { machine, .. }
             | Action::Cordon { machine }
+            | Action::Taint { machine }
+            | Action::Untaint { machine }
             | Action::Drain { machine, .. }
             | Action::Apply { machine, .. }
             | Action::ApplyStaged { machine, .. }
@@ -955,6 +971,12 @@ impl Planner {
         }
         for row @ [chart] in r.act_record_adoption.rows(&db) {
             push(Action::RecordCiliumAdoption { chart: text(chart) }, proof(r.act_record_adoption.id(), &row));
+        }
+        for row @ [m] in r.act_taint.rows(&db) {
+            push(Action::Taint { machine: text(m) }, proof(r.act_taint.id(), &row));
+        }
+        for row @ [m] in r.act_untaint.rows(&db) {
+            push(Action::Untaint { machine: text(m) }, proof(r.act_untaint.id(), &row));
         }
         for row @ [st] in r.act_step_done.rows(&db) {
             push(Action::StepDone { step: text(st) }, proof(r.act_step_done.id(), &row));

@@ -105,6 +105,13 @@ pub const CONTROLLER_RULES: &[Rule] = &[
     },
     Rule {
         group: "",
+        resources: &["nodes"],
+        verbs: &["get"],
+        names: &[],
+        why: "the taints of the Node drained next, read to add or remove Ichor's PreferNoSchedule one",
+    },
+    Rule {
+        group: "",
         resources: &["pods"],
         verbs: &["get", "list", "watch"],
         names: &[],

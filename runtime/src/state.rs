@@ -140,6 +140,10 @@ pub struct Machine {
     /// it, and nobody uncordoned it since.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordoned: bool,
+    /// Its Node carries Ichor's `PreferNoSchedule` taint (`ichor.maesh.dev/next`): an operation
+    /// put it on as the next machine to drain.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tainted: bool,
     /// The PodDisruptionBudgets that would refuse a drain of its Node now (a preview reads
     /// them; a reconcile does not, its step's drain finds them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -57,6 +57,9 @@ impl KubePort for Twin {
         self.cordoned.insert(node.into(), false);
         Ok(())
     }
+    async fn taint(&mut self, _: &str, _: bool) -> Result<(), TwinError> {
+        Ok(())
+    }
     async fn sync_manifests(&mut self, via: &str, field_manager: &str) -> Result<(), TwinError> {
         assert_eq!(field_manager, "talos");
         // Talos renders kube-proxy at the control plane's Kubernetes version.
@@ -129,6 +132,7 @@ fn machine_read(o: &NodeObservation, name: &str, role: Role, runs_controller: bo
         awaiting_reboot: vec![],
         unhealthy_services: vec![],
         cordoned: false,
+        tainted: false,
     }
 }
 

@@ -123,7 +123,7 @@ fn every_pair_of_versions_gets_the_shortest_path_talos_first_or_a_refusal() {
                 }
                 let mut set = FactSet::default();
                 let sym = |s: &str| Const::Sym(s.to_string());
-                set.add("operation", vec![sym("rel"), sym("release"), sym("Pending")]);
+                set.add("operation", vec![sym("rel"), sym("release"), sym(render::api::Phase::Pending.name())]);
                 set.add("target_talos", vec![sym(&show(goal.0))]);
                 set.add("target_kubernetes", vec![sym(&show(goal.1))]);
                 set.add("machine_versions", vec![sym("m"), sym(&show(tf)), sym(&show(kf))]);

@@ -159,6 +159,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 awaiting_reboot: vec![],
                 unhealthy_services: vec![],
                 cordoned: false,
+                tainted: false,
             };
             machines.push(
                 runtime::assemble::machine(
