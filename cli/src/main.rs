@@ -346,6 +346,8 @@ enum OperationCommand {
     },
 }
 
+// Parsed once per process from the command line: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum SimCommand {
     /// Serve a simulated installation until interrupted: the in-memory Kubernetes API over

@@ -1034,7 +1034,7 @@ impl Planner {
             })?;
             stages.push((num(o), kind, text(t)));
         }
-        stages.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        stages.sort_unstable_by_key(|a| a.0);
         let stages: Vec<(OperationKind, String)> = stages.into_iter().map(|(_, k, t)| (k, t)).collect();
         let phase = match r.phase.rows(&db).next() {
             Some([ph]) => phase(&db, "phase", ph)?,

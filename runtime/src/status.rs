@@ -154,7 +154,7 @@ pub fn release_stages(s: &ObservedState, plan: &Plan) -> Vec<render::api::Releas
             Action::StartStage { stage } if stage.kind == *kind && stage.target == *target => Some(stage.name.clone()),
             _ => None,
         });
-        let newest = s.stage_operations.iter().filter(|o| o.kind == *kind && o.target == *target).last();
+        let newest = s.stage_operations.iter().rfind(|o| o.kind == *kind && o.target == *target);
         let (operation, phase) = match (started, newest) {
             (Some(name), _) => (Some(name), Phase::Pending),
             (None, Some(o)) => (Some(o.name.clone()), o.phase),
