@@ -556,6 +556,41 @@ fn lab_files() -> Vec<(String, String)> {
 }
 
 /// `kubectl get ... -o jsonpath=PATH` as the admin, trimmed.
+/// Every lab node's `columns` (a jsonpath of a Node) read `want`, else the test fails naming
+/// the node and `what`.
+fn assert_every_node(cp: &ControlPlane, columns: &str, want: &str, what: &str) {
+    let nodes = get(cp, &["nodes"], &format!("{{range .items[*]}}{{.metadata.name}}={columns} {{end}}")) + " ";
+    for n in ["cp1", "cp2", "cp3", "w1"] {
+        assert!(nodes.contains(&format!("{n}={want} ")), "{n}: {what}: {nodes}");
+    }
+}
+
+/// Waits (`secs` at most) until the TalosOperation `op` (kubectl's words for it) is Completed,
+/// else fails with its phase, why it paused, its `detail` (a jsonpath) and `logs`.
+fn wait_completed(cp: &ControlPlane, secs: u64, what: &str, op: &[&str], detail: &str, logs: impl Fn() -> String) {
+    wait_for(secs, what, || {
+        let p = get(cp, op, "{.status.phase}");
+        if p == Phase::Completed.name() {
+            Ok(())
+        } else {
+            Err(format!("{p} {} {}\n{}", get(cp, op, "{.status.pausedReason}"), get(cp, op, detail), logs()))
+        }
+    });
+}
+
+/// Waits until the DaemonSet controller has kube-proxy available on the lab's four nodes.
+fn wait_kube_proxy_rolled_out(cp: &ControlPlane) {
+    let ds = ["daemonset", "kube-proxy", "-n", "kube-system"];
+    wait_for(60, "kube-proxy rolled out by the DaemonSet controller", || {
+        let s = get(cp, &ds, "{.status.numberAvailable}/{.status.desiredNumberScheduled}");
+        if s == "4/4" {
+            Ok(())
+        } else {
+            Err(format!("{s}\n{}", cp.kubectl(&["describe", "daemonset", "kube-proxy", "-n", "kube-system"]).1))
+        }
+    });
+}
+
 fn get(cp: &ControlPlane, what: &[&str], path: &str) -> String {
     let jsonpath = format!("jsonpath={path}");
     let args: Vec<&str> = ["get"].iter().copied().chain(what.iter().copied()).chain(["-o", &jsonpath]).collect();
@@ -612,14 +647,12 @@ fn a_talos_upgrade_on_kube_apiserver_pauses_on_a_budget_it_refuses_then_resumes_
         let p = get(&cp, &op, "{.status.phase}");
         if p == Phase::Completed.name() { Ok(()) } else { Err(format!("{p} {}", get(&cp, &op, "{.status.machines}"))) }
     });
-    let nodes = get(
+    assert_every_node(
         &cp,
-        &["nodes"],
-        "{range .items[*]}{.metadata.name}={.status.nodeInfo.osImage}/{.spec.unschedulable} {end}",
-    ) + " ";
-    for n in ["cp1", "cp2", "cp3", "w1"] {
-        assert!(nodes.contains(&format!("{n}=Talos (v1.14.6)/ ")), "{n} on the target, uncordoned: {nodes}");
-    }
+        "{.status.nodeInfo.osImage}/{.spec.unschedulable}",
+        "Talos (v1.14.6)/",
+        "on the target, uncordoned",
+    );
     assert_rbac_denied_nothing(&std::fs::read_to_string(&log).unwrap_or_default());
     record_requests(&cp);
     drop(lab);
@@ -683,14 +716,7 @@ fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_the_lease_holder_killed
     let _hook = webhook(&cp);
     let lab = Lab::start_with(&cp, &without_handover());
     let ds = ["daemonset", "kube-proxy", "-n", "kube-system"];
-    wait_for(60, "kube-proxy rolled out by the DaemonSet controller", || {
-        let s = get(&cp, &ds, "{.status.numberAvailable}/{.status.desiredNumberScheduled}");
-        if s == "4/4" {
-            Ok(())
-        } else {
-            Err(format!("{s}\n{}", cp.kubectl(&["describe", "daemonset", "kube-proxy", "-n", "kube-system"]).1))
-        }
-    });
+    wait_kube_proxy_rolled_out(&cp);
     // Two replicas, as the install's Deployment may run them: one holds the Lease and works.
     let mut replicas = vec![
         controller_as(&cp, &lab.talosconfig, "ichor-controller-a", &[]),
@@ -726,19 +752,7 @@ fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_the_lease_holder_killed
         if h == survivor { Ok(()) } else { Err(h) }
     });
     replicas.push(controller_as(&cp, &lab.talosconfig, &format!("{holder}-restarted"), &[]));
-    wait_for(300, "the upgrade completes after the kill", || {
-        let p = get(&cp, &op, "{.status.phase}");
-        if p == Phase::Completed.name() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{p} {} {}\n{}",
-                get(&cp, &op, "{.status.pausedReason}"),
-                get(&cp, &op, "{.status.machines}"),
-                logs(&replicas)
-            ))
-        }
-    });
+    wait_completed(&cp, 300, "the upgrade completes after the kill", &op, "{.status.machines}", || logs(&replicas));
     assert_eq!(get(&cp, &lease, "{.spec.holderIdentity}"), survivor, "the standby took the Lease and kept it");
     let images = get(
         &cp,
@@ -758,14 +772,12 @@ fn a_kubernetes_upgrade_on_kube_apiserver_completes_with_the_lease_holder_killed
         );
         if s == "4/4/4" { Ok(()) } else { Err(s) }
     });
-    let nodes = get(
+    assert_every_node(
         &cp,
-        &["nodes"],
-        "{range .items[*]}{.metadata.name}={.status.nodeInfo.kubeletVersion}/{.spec.unschedulable} {end}",
-    ) + " ";
-    for n in ["cp1", "cp2", "cp3", "w1"] {
-        assert!(nodes.contains(&format!("{n}=v1.37.0/ ")), "{n}'s kubelet on v1.37.0, uncordoned: {nodes}");
-    }
+        "{.status.nodeInfo.kubeletVersion}/{.spec.unschedulable}",
+        "v1.37.0/",
+        "kubelet on v1.37.0, uncordoned",
+    );
     assert_rbac_denied_nothing(&logs(&replicas));
     record_requests(&cp);
     drop(lab);
@@ -782,11 +794,7 @@ fn a_release_rollout_on_kube_apiserver_takes_talos_then_kubernetes_through_the_w
     install(&cp);
     let _hook = webhook(&cp);
     let lab = Lab::start_with(&cp, &without_handover());
-    let ds = ["daemonset", "kube-proxy", "-n", "kube-system"];
-    wait_for(60, "kube-proxy rolled out by the DaemonSet controller", || {
-        let s = get(&cp, &ds, "{.status.numberAvailable}/{.status.desiredNumberScheduled}");
-        if s == "4/4" { Ok(()) } else { Err(s) }
-    });
+    wait_kube_proxy_rolled_out(&cp);
     let (_controller, log) = controller(&cp, &lab.talosconfig, &[]);
     let lease = ["lease", "ichor-controller", "-n", "ichor-system"];
     wait_for(30, "the controller holds the Lease and names its release set", || {
@@ -800,31 +808,13 @@ fn a_release_rollout_on_kube_apiserver_takes_talos_then_kubernetes_through_the_w
     assert!(out.contains("  1. talos: v1.14.6\n  2. kubernetes: v1.37.0\n"), "{out}");
     let op = ["talosoperation", "release-1-14-6-1-37-0", "-n", "ichor-system"];
     let text = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
-    wait_for(400, "the release completes", || {
-        let p = get(&cp, &op, "{.status.phase}");
-        if p == Phase::Completed.name() {
-            Ok(())
-        } else {
-            Err(format!(
-                "{p} {} {}\n{}",
-                get(&cp, &op, "{.status.pausedReason}"),
-                get(&cp, &op, "{.status.stages}"),
-                text(&log)
-            ))
-        }
-    });
+    wait_completed(&cp, 400, "the release completes", &op, "{.status.stages}", || text(&log));
     for stage in ["release-1-14-6-1-37-0-talos-v1-14-6", "release-1-14-6-1-37-0-kubernetes-v1-37-0"] {
         let p = get(&cp, &["talosoperation", stage, "-n", "ichor-system"], "{.status.phase}");
         assert_eq!(p, Phase::Completed.name(), "{stage}");
     }
-    let nodes = get(
-        &cp,
-        &["nodes"],
-        "{range .items[*]}{.metadata.name}={.status.nodeInfo.osImage}/{.status.nodeInfo.kubeletVersion}/{.spec.unschedulable} {end}",
-    ) + " ";
-    for n in ["cp1", "cp2", "cp3", "w1"] {
-        assert!(nodes.contains(&format!("{n}=Talos (v1.14.6)/v1.37.0/ ")), "{n} on both targets, uncordoned: {nodes}");
-    }
+    let columns = "{.status.nodeInfo.osImage}/{.status.nodeInfo.kubeletVersion}/{.spec.unschedulable}";
+    assert_every_node(&cp, columns, "Talos (v1.14.6)/v1.37.0/", "on both targets, uncordoned");
     assert_rbac_denied_nothing(&text(&log));
     record_requests(&cp);
     drop(lab);

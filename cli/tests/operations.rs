@@ -2495,20 +2495,7 @@ fn the_simulated_cluster_admits_writes_through_ichors_webhook() {
 impl Sim {
     /// The Events regarding operation `op`, oldest first: (reason, action, note).
     fn events_of(&self, op: &str) -> Vec<(String, String, String)> {
-        let events = self.kubectl(&["get", "events.events.k8s.io", "-n", "ichor-system", "-o", "json"]).unwrap().1;
-        let events: serde_json::Value = serde_json::from_str(&events).unwrap();
-        let mut out: Vec<(String, String, String, String)> = events["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|e| e.pointer("/regarding/name").and_then(|n| n.as_str()) == Some(op))
-            .map(|e| {
-                let f = |k: &str| e[k].as_str().unwrap_or_default().to_string();
-                (f("eventTime"), f("reason"), f("action"), f("note"))
-            })
-            .collect();
-        out.sort();
-        out.into_iter().map(|(_, r, a, n)| (r, a, n)).collect()
+        self.all_events().into_iter().filter(|e| e.0 == op).map(|(_, r, a, n)| (r, a, n)).collect()
     }
 
     /// A pod `default/web` on w1 and a PodDisruptionBudget that lets none of it go.
@@ -2827,21 +2814,22 @@ impl Sim {
         self.phase_of(op)
     }
 
-    /// Every Event of ichor-system in the order they happened: (what it regards, reason, note).
-    fn all_events(&self) -> Vec<(String, String, String)> {
+    /// Every Event of ichor-system in the order they happened: (what it regards, reason, action,
+    /// note).
+    fn all_events(&self) -> Vec<(String, String, String, String)> {
         let events = self.kubectl(&["get", "events.events.k8s.io", "-n", "ichor-system", "-o", "json"]).unwrap().1;
         let events: serde_json::Value = serde_json::from_str(&events).unwrap();
-        let mut out: Vec<(String, String, String, String)> = events["items"]
+        let mut out: Vec<(String, String, String, String, String)> = events["items"]
             .as_array()
             .into_iter()
             .flatten()
             .map(|e| {
                 let f = |k: &str| e.pointer(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
-                (f("/eventTime"), f("/regarding/name"), f("/reason"), f("/note"))
+                (f("/eventTime"), f("/regarding/name"), f("/reason"), f("/action"), f("/note"))
             })
             .collect();
         out.sort();
-        out.into_iter().map(|(_, o, r, n)| (o, r, n)).collect()
+        out.into_iter().map(|(_, o, r, a, n)| (o, r, a, n)).collect()
     }
 }
 
@@ -2923,8 +2911,8 @@ fn a_release_rollout_takes_talos_then_kubernetes_a_minor_at_a_time_and_resumes_a
         // In order: each stage's first step after the last step of the one before; no kubelet
         // step before every node's Talos step was verified.
         let events = sim.all_events();
-        let first_of = |op: &str| events.iter().position(|(o, r, _)| o == op && r.eq_ignore_ascii_case("start"));
-        let last_of = |op: &str| events.iter().rposition(|(o, r, _)| o == op && r.eq_ignore_ascii_case("done"));
+        let first_of = |op: &str| events.iter().position(|(o, r, _, _)| o == op && r.eq_ignore_ascii_case("start"));
+        let last_of = |op: &str| events.iter().rposition(|(o, r, _, _)| o == op && r.eq_ignore_ascii_case("done"));
         let (t_done, k1_start, k1_done, k2_start) = (
             last_of(&stage("talos-v1-14-6")),
             first_of(&stage("kubernetes-v1-36-4")),
