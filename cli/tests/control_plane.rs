@@ -1124,9 +1124,12 @@ fn a_request_rbac_refuses_pauses_the_operation_naming_it_and_a_resume_completes_
     let lab = Lab::start(&cp);
     let role = cp.kubectl(&["get", "clusterrole", "ichor-controller", "-o", "json"]).1;
     let mut role: serde_json::Value = serde_json::from_str(&role).unwrap();
+    // `patch` taken from every rule on Nodes (the cordon's, and the next machine's taint's).
     for rule in role["rules"].as_array_mut().unwrap() {
         if rule["resources"] == serde_json::json!(["nodes"]) {
-            rule["verbs"] = serde_json::json!(["list", "watch"]);
+            let verbs: Vec<serde_json::Value> =
+                rule["verbs"].as_array().unwrap().iter().filter(|v| *v != "patch").cloned().collect();
+            rule["verbs"] = serde_json::json!(verbs);
         }
     }
     let (code, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &["replace", "-f", "-"], Some(&role.to_string()));
@@ -1135,7 +1138,7 @@ fn a_request_rbac_refuses_pauses_the_operation_naming_it_and_a_resume_completes_
     let (_controller, log) = controller(&cp, &lab.talosconfig, &[]);
     let name = start_module_rollout(&cp, &lab);
     let op = ["talosoperation", name.as_str(), "-n", "ichor-system"];
-    wait_for(60, "the rollout pauses on the refused cordon", || {
+    wait_for(60, "the rollout pauses on the refused Node patch (the next machine's taint, before any cordon)", || {
         let p = get(&cp, &op, "{.status.phase}");
         if p == Phase::Paused.name() {
             Ok(())

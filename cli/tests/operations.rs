@@ -2999,3 +2999,67 @@ fn the_next_machine_to_drain_carries_the_prefer_no_schedule_taint_a_step_ahead()
     }
     assert!(!left.contains(render::api::NEXT_TAINT), "a taint left after the operation: {left}");
 }
+
+/// Issue 53: outside every maintenance window nothing starts and `ichor status` says when the
+/// next opens; a window admission refuses is refused with its field path; once a window is open
+/// the operation runs to Completed.
+#[test]
+fn outside_every_maintenance_window_nothing_starts_and_status_says_when_the_next_opens() {
+    let sim = Sim::start_args("windows", "done", &[]);
+    let patch = |windows: &str| {
+        sim.kubectl(&[
+            "patch",
+            "taloscluster",
+            "lab",
+            "-n",
+            "ichor-system",
+            "--type",
+            "merge",
+            "-p",
+            &format!("{{\"spec\":{{\"maintenanceWindows\":{windows}}}}}"),
+        ])
+        .unwrap()
+    };
+    // Refused at admission, every problem with its field path.
+    let (code, _, err) = patch(r#"[{"schedule":"0 25 * * *","durationMinutes":5,"timeZone":"Mars/Olympus"}]"#);
+    assert_ne!(code, 0, "a window that does not read was admitted");
+    for want in [
+        "spec.maintenanceWindows[0].durationMinutes: 5 minutes is shorter",
+        "spec.maintenanceWindows[0].schedule: \"0 25 * * *\" is not a cron schedule",
+        "spec.maintenanceWindows[0].timeZone: \"Mars/Olympus\" is not an IANA time zone",
+    ] {
+        assert!(err.contains(want), "{want} not in: {err}");
+    }
+    // A daily hour-long window twelve hours from now: closed now.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let hour = (now / 3600 + 12) % 24;
+    let day = now - now % 86_400;
+    let next = if day + hour * 3600 > now { day + hour * 3600 } else { day + 86_400 + hour * 3600 };
+    let (code, _, err) = patch(&format!(r#"[{{"schedule":"0 {hour} * * *","durationMinutes":60}}]"#));
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = sim.ichor(&["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--yes"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let op = "upgrade-talos-1-14-6";
+    let at = runtime::plan::rfc3339(next);
+    let start = std::time::Instant::now();
+    let mut status = String::new();
+    while start.elapsed() < std::time::Duration::from_secs(30) {
+        status = sim.ichor(&["status", op]).1;
+        if status.contains("waiting on MaintenanceWindow") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert!(status.contains(&format!("no machine's step starts before the next window opens at {at}")), "{status}");
+    // Nothing started meanwhile: no machine has a step, no Node is cordoned.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let (_, machines, _) =
+        sim.kubectl(&["get", "talosoperation", op, "-n", "ichor-system", "-o", "jsonpath={.status.machines}"]).unwrap();
+    assert!(matches!(machines.trim(), "" | "{}"), "a step started outside every window: {machines}");
+    assert!(!sim.nodes_os().contains("true"), "a node was cordoned outside every window:\n{}", sim.nodes_os());
+    // A window open now (every minute opens one for an hour): the upgrade runs and completes.
+    let (code, _, err) = patch(r#"[{"schedule":"* * * * *","durationMinutes":60,"timeZone":"Europe/Berlin"}]"#);
+    assert_eq!(code, 0, "{err}");
+    let phase = sim.wait_phase_of(op, 120, &|p| matches!(p, Phase::Completed | Phase::Paused));
+    assert_eq!(phase, Phase::Completed, "{}", sim.ichor(&["status", op]).1);
+}

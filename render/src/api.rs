@@ -81,6 +81,31 @@ pub struct TalosClusterSpec {
     /// metadata's; one that would make a path looser than Talos allows is refused at admission.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub config_policy: Vec<PathPolicy>,
+    /// When operations may start a machine's step: only inside one of these windows (a step
+    /// already started finishes). None: at any time. Checked at admission (the schedule, the
+    /// time zone, a duration at least one step's clock).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub maintenance_windows: Vec<MaintenanceWindow>,
+}
+
+/// A maintenance window: it opens at each time its cron schedule names, in its time zone, for
+/// its duration.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceWindow {
+    /// A five-field cron schedule (minute hour day-of-month month day-of-week), for example
+    /// `0 2 * * SAT` for Saturdays at 02:00.
+    pub schedule: String,
+    /// How long the window stays open, in minutes.
+    #[schemars(range(min = 1))]
+    pub duration_minutes: u32,
+    /// The IANA time zone the schedule is read in (`Europe/Berlin`); default UTC.
+    #[serde(default = "utc")]
+    pub time_zone: String,
+}
+
+fn utc() -> String {
+    "UTC".into()
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Hash)]

@@ -96,6 +96,7 @@ fn main() {
                 cilium_values: None,
                 cilium_tunnel: None,
                 cilium_adoption: None,
+                maintenance: None,
             },
             machines: snap,
             workload: Workload::default(),

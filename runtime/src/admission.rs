@@ -85,6 +85,8 @@ pub struct Facts {
     pub may_write_values: bool,
     /// The cluster's other operations: name and phase.
     pub operations: Vec<(String, render::api::Phase)>,
+    /// The review's clock, seconds since 1970 (a maintenance window that never fires from now).
+    pub now: i64,
     /// The Kubernetes versions the cluster's releases hold as stages (`status.stages`): a
     /// release's own spec write moves the cluster to one of them.
     pub release_stages: Vec<(String, String)>,
@@ -182,6 +184,7 @@ struct Rels {
     consent: engine::Input<1>,
     values_problem: engine::Input<1>,
     policy_problem: engine::Input<1>,
+    window_problem: engine::Input<1>,
     patch_problem: engine::Input<1>,
     values_changed: engine::Input<0>,
     may_write_values: engine::Input<0>,
@@ -215,6 +218,8 @@ struct Decoded {
     values_problems: Vec<String>,
     /// The path policies' refusals and warnings (render::policy::check).
     policy_problems: Vec<String>,
+    /// The maintenance windows' problems (runtime::window::problems).
+    window_problems: Vec<String>,
     policy_warnings: Vec<String>,
     values_changed: bool,
     values_set: bool,
@@ -223,7 +228,7 @@ struct Decoded {
     release: Option<String>,
 }
 
-fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
+fn decode(r: &Request, keys: &render::inventory::Inventory, now: i64) -> Decoded {
     let name = r.object.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default();
     let mut d = Decoded {
         kind: r.kind.clone(),
@@ -236,6 +241,7 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
         consent: None,
         values_problems: vec![],
         policy_problems: vec![],
+        window_problems: vec![],
         policy_warnings: vec![],
         values_changed: false,
         values_set: false,
@@ -277,6 +283,8 @@ fn decode(r: &Request, keys: &render::inventory::Inventory) -> Decoded {
                     (_, None) => {}
                 }
             }
+            d.window_problems =
+                crate::window::problems(&new.spec.maintenance_windows, now).iter().map(ToString::to_string).collect();
             let user = values(&Some(new.clone()));
             d.values_set = !user.is_null();
             d.values_changed = user != values(&old);
@@ -325,6 +333,7 @@ impl Rules {
             consent: b.input("ad_consent", [("mode", S)]),
             values_problem: b.input("ad_values_problem", [("problem", S)]),
             policy_problem: b.input("ad_policy_problem", [("problem", S)]),
+            window_problem: b.input("ad_window_problem", [("problem", S)]),
             patch_problem: b.input("ad_patch_problem", [("problem", S)]),
             values_changed: b.input("ad_values_changed", []),
             may_write_values: b.input("ad_may_write_values", []),
@@ -345,7 +354,7 @@ impl Rules {
         facts: &Facts,
         keys: &render::inventory::Inventory,
     ) -> Result<Verdict, AdmissionError> {
-        let d = decode(r, keys);
+        let d = decode(r, keys, facts.now);
         let rels = &self.rels;
         let mut b = self.engine.fact_builder();
         let row = [b.sym(&r.kind), b.sym(&r.operation)];
@@ -375,6 +384,10 @@ impl Rules {
         for p in &d.values_problems {
             let row = [b.sym(p)];
             rels.values_problem.push(&mut b, row);
+        }
+        for p in &d.window_problems {
+            let row = [b.sym(p)];
+            rels.window_problem.push(&mut b, row);
         }
         for p in &d.policy_problems {
             let row = [b.sym(p)];

@@ -707,6 +707,10 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .map(|c| c.tunnel_protocol.clone())
                 .filter(|t| !t.is_empty()),
             cilium_adoption: cluster.status.as_ref().and_then(|s| s.cni.as_ref()).and_then(|c| c.adoption.clone()),
+            maintenance: crate::state::MaintenanceAt::of(
+                &cluster.spec.maintenance_windows,
+                crate::state::epoch(now).unwrap_or_default(),
+            ),
         },
         machines,
         workload: if rejected.is_some() { Workload::default() } else { o.workload.clone() },

@@ -52,6 +52,10 @@ pub struct Rels {
     pub release_set_kubernetes: Input<1>,
     pub release_set_talos: Input<1>,
     pub ichor_tainted: Input<1>,
+    pub has_windows: Input<0>,
+    pub window_open: Input<0>,
+    pub window_next: Input<2>,
+    pub window_problem: Input<1>,
     pub act_taint: Output<1>,
     pub act_untaint: Output<1>,
     pub cni: Input<2>,
@@ -183,6 +187,10 @@ impl Rels {
             release_set_kubernetes: b.input("release_set_kubernetes", [("version", S)]),
             release_set_talos: b.input("release_set_talos", [("version", S)]),
             ichor_tainted: b.input("ichor_tainted", [("machine", S)]),
+            has_windows: b.input("has_windows", []),
+            window_open: b.input("window_open", []),
+            window_next: b.input("window_next", [("start", S), ("at", N)]),
+            window_problem: b.input("window_problem", [("problem", S)]),
             act_taint: b.output("act_taint", [("machine", S)]),
             act_untaint: b.output("act_untaint", [("machine", S)]),
             cni: b.input("cni", [("preset", S), ("handover", S)]),
@@ -391,6 +399,20 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     }
     let id = b.sym(&c.release_set_kubernetes);
     r.release_set_kubernetes.push(&mut b, [id]);
+    if let Some(m) = &c.maintenance {
+        r.has_windows.push(&mut b, []);
+        if m.open {
+            r.window_open.push(&mut b, []);
+        }
+        if let Some(t) = &m.next_start {
+            let row = [b.sym(t), b.num(epoch(t).unwrap_or_default())];
+            r.window_next.push(&mut b, row);
+        }
+        for p in &m.problems {
+            let id = b.sym(p);
+            r.window_problem.push(&mut b, [id]);
+        }
+    }
     if !c.release_set_talos.is_empty() {
         let id = b.sym(&c.release_set_talos);
         r.release_set_talos.push(&mut b, [id]);

@@ -40,6 +40,7 @@ pub mod stores;
 pub mod talos;
 #[cfg(feature = "io")]
 pub mod webhook;
+pub mod window;
 
 /// An error and its sources as one line (`a: b: c`): how logs, Events and status messages print
 /// an error, since each error's own text names only its layer (the chain is printed once, here

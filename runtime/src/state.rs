@@ -56,6 +56,10 @@ pub struct Cluster {
     /// spec.cni.cilium.tunnelProtocol.
     #[serde(default)]
     pub cilium_tunnel: Option<String>,
+    /// The cluster's maintenance windows at the reconcile's clock (`spec.maintenanceWindows`),
+    /// when it has some: the host reads them (`runtime::window`), the rules gate the steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<MaintenanceAt>,
     /// `status.cni.adoption`: the operation that adopted a Cilium someone else installed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cilium_adoption: Option<render::api::CiliumAdoption>,
@@ -419,6 +423,35 @@ pub struct OtherOperation {
     pub name: String,
     pub kind: OperationKind,
     pub phase: Phase,
+}
+
+/// The maintenance windows at one time: one is open, or when the next opens; or why they
+/// cannot be read (each with its field path).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MaintenanceAt {
+    #[serde(default)]
+    pub open: bool,
+    /// RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_start: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
+impl MaintenanceAt {
+    /// The windows of a spec at `now` (seconds since 1970); none when the spec has none.
+    pub fn of(windows: &[render::api::MaintenanceWindow], now: i64) -> Option<MaintenanceAt> {
+        if windows.is_empty() {
+            return None;
+        }
+        Some(match crate::window::at(windows, now) {
+            Ok(w) => {
+                MaintenanceAt { open: w.open, next_start: w.next_start.map(crate::plan::rfc3339), problems: vec![] }
+            }
+            Err(p) => MaintenanceAt { problems: p.iter().map(ToString::to_string).collect(), ..Default::default() },
+        })
+    }
 }
 
 /// An operation a release created for one of its stages.

@@ -35,7 +35,13 @@ pub struct Webhook {
 impl Webhook {
     async fn facts(&self, r: &Request) -> Result<Facts, kube_client::Error> {
         let n = needs(r);
-        let mut facts = Facts::default();
+        let mut facts = Facts {
+            now: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or_default(),
+            ..Facts::default()
+        };
         if n.values_right {
             let sar = SubjectAccessReview {
                 spec: SubjectAccessReviewSpec {

@@ -233,6 +233,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
                 cilium_values: None,
                 cilium_tunnel: None,
                 cilium_adoption: None,
+                maintenance: None,
             },
             machines,
             workload: Workload {

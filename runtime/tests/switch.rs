@@ -200,6 +200,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 cilium_values: None,
                 cilium_tunnel: None,
                 cilium_adoption: None,
+                maintenance: None,
             },
             machines,
             workload,
