@@ -440,10 +440,13 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             "waits": waits,
             "notes": riding,
             "rebootPaths": plan.reboot_paths,
-            "stages": plan.stages.iter().map(|(k, t)| json!({"kind": k, "target": t})).collect::<Vec<_>>(),
             "drainsRefusedNow": plan.drain_refusals,
             "created": created,
         });
+        // A release's preview also lists its stages.
+        if !plan.stages.is_empty() {
+            v["stages"] = json!(plan.stages.iter().map(|(k, t)| json!({"kind": k, "target": t})).collect::<Vec<_>>());
+        }
         // An adoption's preview also says its checks and what it keeps.
         if let Some(k) = &adoption {
             v["checks"] = json!(plan.checks);

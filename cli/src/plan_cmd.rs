@@ -32,7 +32,12 @@ pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) ->
     let findings = plan.actions.iter().any(|(a, _)| {
         matches!(a, Action::Wait { .. } | Action::Pause { .. } | Action::Fail { .. } | Action::Warn { .. })
     });
-    let roots: Vec<usize> = plan.actions.iter().flat_map(|(_, p)| p.iter().copied()).collect();
+    let roots: Vec<usize> = plan
+        .actions
+        .iter()
+        .flat_map(|(_, p)| p.iter().copied())
+        .chain(plan.stage_proofs.iter().flatten().copied())
+        .collect();
     let stdout = match output {
         o @ (Output::Json | Output::Yaml) => {
             let actions: Vec<serde_json::Value> = plan
@@ -54,6 +59,22 @@ pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) ->
                 "actions": actions,
                 "ciliumJobMode": plan.cilium_job_mode,
             });
+            // A release's stages left, in order (with their proofs when explained).
+            if !plan.stages.is_empty() {
+                let stages: Vec<serde_json::Value> = plan
+                    .stages
+                    .iter()
+                    .zip(&plan.stage_proofs)
+                    .map(|((k, t), p)| {
+                        let mut v = json!({"kind": k, "target": t});
+                        if explain {
+                            v["proofs"] = json!(p);
+                        }
+                        v
+                    })
+                    .collect();
+                v["stages"] = json!(stages);
+            }
             if explain {
                 // Every proof step once; actions name their proofs by id.
                 v["proofs"] = plan.proofs.to_json(&roots);
@@ -72,6 +93,17 @@ pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) ->
                 out += "Actions, in order:\n";
                 for (i, (a, proofs)) in plan.actions.iter().enumerate() {
                     out += &format!("  {}. {a}\n", i + 1);
+                    if explain && !proofs.is_empty() {
+                        let ids: Vec<String> = proofs.iter().map(|p| format!("[{p}]")).collect();
+                        out += &format!("       proof: {}\n", ids.join(" "));
+                    }
+                }
+            }
+            if !plan.stages.is_empty() {
+                out += "Stages left, in order (rules/release.rules):\n";
+                for (i, ((kind, target), proofs)) in plan.stages.iter().zip(&plan.stage_proofs).enumerate() {
+                    let target = if target.is_empty() { "the changes that need a reboot" } else { target.as_str() };
+                    out += &format!("  {}. {kind}: {target}\n", i + 1);
                     if explain && !proofs.is_empty() {
                         let ids: Vec<String> = proofs.iter().map(|p| format!("[{p}]")).collect();
                         out += &format!("       proof: {}\n", ids.join(" "));

@@ -465,6 +465,8 @@ pub struct Plan {
     /// A release's stages left, in order (`release_stage` in rules/release.rules): kind and
     /// target (empty for a config rollout).
     pub stages: Vec<(OperationKind, String)>,
+    /// Each stage's proofs in `proofs` (none unless explained): the rules that chose it.
+    pub stage_proofs: Vec<Vec<usize>>,
 }
 
 /// A release's stages as its confirmation names them: `Talos v1.14.6, then Kubernetes v1.36.4 ...`.
@@ -1013,29 +1015,38 @@ impl Planner {
         // The order of action kinds is the rules' (`action_order`); within a kind, as decoded.
         let rank: HashMap<&str, i64> = r.action_order.rows(&db).map(|[a, n]| (db.sym(a), num(n))).collect();
         actions.sort_by_key(|(a, _)| rank.get(a.kind()).copied().unwrap_or(i64::MAX));
-        let mut proofs = graph.into_inner();
-        if explain {
-            let roots: Vec<usize> = actions.iter().flat_map(|(_, p)| p.iter().copied()).collect();
-            let map = proofs.renumber(&roots);
-            for (_, ids) in &mut actions {
-                ids.iter_mut().for_each(|id| *id = map[*id].unwrap_or(0));
-            }
-        }
-        if let Err(e) = self.contradictions(&actions, &proofs, s) {
-            // Contradicting actions are always reported with their proofs.
-            return if explain { Err(e) } else { self.plan_with(s, true) };
-        }
-        let mut stages: Vec<(i64, OperationKind, String)> = vec![];
-        for [o, k, t] in r.release_stage.rows(&db) {
+        // A release's stages, in order, each with its proof (the path's rules) when explained.
+        let mut stages: Vec<(i64, OperationKind, String, Vec<usize>)> = vec![];
+        for row @ [o, k, t] in r.release_stage.rows(&db) {
             let kind = OperationKind::parse(db.sym(k)).ok_or_else(|| PlanError::Decode {
                 relation: "release_stage",
                 value: text(k),
                 expected: "an operation kind",
             })?;
-            stages.push((num(o), kind, text(t)));
+            stages.push((num(o), kind, text(t), proof(r.release_stage.id(), &row).into_iter().collect()));
         }
         stages.sort_unstable_by_key(|a| a.0);
-        let stages: Vec<(OperationKind, String)> = stages.into_iter().map(|(_, k, t)| (k, t)).collect();
+        let mut proofs = graph.into_inner();
+        if explain {
+            let roots: Vec<usize> = actions
+                .iter()
+                .flat_map(|(_, p)| p.iter().copied())
+                .chain(stages.iter().flat_map(|st| st.3.iter().copied()))
+                .collect();
+            let map = proofs.renumber(&roots);
+            for (_, ids) in &mut actions {
+                ids.iter_mut().for_each(|id| *id = map[*id].unwrap_or(0));
+            }
+            for st in &mut stages {
+                st.3.iter_mut().for_each(|id| *id = map[*id].unwrap_or(0));
+            }
+        }
+        let stage_proofs: Vec<Vec<usize>> = stages.iter().map(|st| st.3.clone()).collect();
+        let stages: Vec<(OperationKind, String)> = stages.into_iter().map(|(_, k, t, _)| (k, t)).collect();
+        if let Err(e) = self.contradictions(&actions, &proofs, s) {
+            // Contradicting actions are always reported with their proofs.
+            return if explain { Err(e) } else { self.plan_with(s, true) };
+        }
         let phase = match r.phase.rows(&db).next() {
             Some([ph]) => phase(&db, "phase", ph)?,
             None => s.operation.phase,
@@ -1109,6 +1120,7 @@ impl Planner {
             drain_refusals,
             nothing_to_do,
             stages,
+            stage_proofs,
         })
     }
 

@@ -329,6 +329,7 @@ async fn a_drain_past_its_deadline_fails_the_step_and_applies_nothing() {
         drain_refusals: vec![],
         nothing_to_do: None,
         stages: vec![],
+        stage_proofs: vec![],
     };
     let talos = k.talos.clone();
     let before = talos.running_config("w1").await.unwrap();
