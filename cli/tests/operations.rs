@@ -1073,19 +1073,7 @@ fn config_apply_previews_refuses_and_rolls_out_a_reboot_class_patch() {
         ])
         .unwrap();
     assert_eq!(code, 0, "{err}");
-    let (code, _, err) = sim
-        .kubectl(&[
-            "patch",
-            "taloscluster",
-            "lab",
-            "-n",
-            "ichor-system",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"cni":{"kubeProxy":"replaced"}}}"#,
-        ])
-        .unwrap();
+    let (code, _, err) = sim.patch_cluster(r#"{"cni":{"kubeProxy":"replaced"}}"#);
     assert_eq!(code, 0, "{err}");
     let (code, _, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--machines", "cp1", "--yes"]);
     assert_eq!(code, 1, "{err}");
@@ -2814,6 +2802,12 @@ impl Sim {
         self.phase_of(op)
     }
 
+    /// `kubectl patch` of TalosCluster lab's spec with a merge patch of `spec` (JSON).
+    fn patch_cluster(&self, spec: &str) -> (i32, String, String) {
+        let body = format!("{{\"spec\":{spec}}}");
+        self.kubectl(&["patch", "taloscluster", "lab", "-n", "ichor-system", "--type", "merge", "-p", &body]).unwrap()
+    }
+
     /// Every Event of ichor-system in the order they happened: (what it regards, reason, action,
     /// note).
     fn all_events(&self) -> Vec<(String, String, String, String)> {
@@ -3006,20 +3000,7 @@ fn the_next_machine_to_drain_carries_the_prefer_no_schedule_taint_a_step_ahead()
 #[test]
 fn outside_every_maintenance_window_nothing_starts_and_status_says_when_the_next_opens() {
     let sim = Sim::start_args("windows", "done", &[]);
-    let patch = |windows: &str| {
-        sim.kubectl(&[
-            "patch",
-            "taloscluster",
-            "lab",
-            "-n",
-            "ichor-system",
-            "--type",
-            "merge",
-            "-p",
-            &format!("{{\"spec\":{{\"maintenanceWindows\":{windows}}}}}"),
-        ])
-        .unwrap()
-    };
+    let patch = |windows: &str| sim.patch_cluster(&format!("{{\"maintenanceWindows\":{windows}}}"));
     // Refused at admission, every problem with its field path.
     let (code, _, err) = patch(r#"[{"schedule":"0 25 * * *","durationMinutes":5,"timeZone":"Mars/Olympus"}]"#);
     assert_ne!(code, 0, "a window that does not read was admitted");

@@ -665,6 +665,14 @@ fn mode(db: &Database, relation: &'static str, id: u32) -> Result<KubeProxyMode,
     })
 }
 
+fn op_kind(db: &Database, relation: &'static str, id: u32) -> Result<OperationKind, PlanError> {
+    OperationKind::parse(db.sym(id)).ok_or_else(|| PlanError::Decode {
+        relation,
+        value: db.sym(id).to_string(),
+        expected: "an operation kind",
+    })
+}
+
 fn phase(db: &Database, relation: &'static str, id: u32) -> Result<Phase, PlanError> {
     Phase::parse(db.sym(id)).ok_or_else(|| PlanError::Decode {
         relation,
@@ -984,11 +992,7 @@ impl Planner {
             push(Action::StepDone { step: text(st) }, proof(r.act_step_done.id(), &row));
         }
         for row @ [k, t] in r.act_start_stage.rows(&db) {
-            let kind = OperationKind::parse(db.sym(k)).ok_or_else(|| PlanError::Decode {
-                relation: "act_start_stage",
-                value: text(k),
-                expected: "an operation kind",
-            })?;
+            let kind = op_kind(&db, "act_start_stage", k)?;
             push(Action::StartStage { stage: StageStart::of(s, kind, &text(t)) }, proof(r.act_start_stage.id(), &row));
         }
         for row @ [t, d, clock, since, limit] in r.act_wait.rows(&db) {
@@ -1018,11 +1022,7 @@ impl Planner {
         // A release's stages, in order, each with its proof (the path's rules) when explained.
         let mut stages: Vec<(i64, OperationKind, String, Vec<usize>)> = vec![];
         for row @ [o, k, t] in r.release_stage.rows(&db) {
-            let kind = OperationKind::parse(db.sym(k)).ok_or_else(|| PlanError::Decode {
-                relation: "release_stage",
-                value: text(k),
-                expected: "an operation kind",
-            })?;
+            let kind = op_kind(&db, "release_stage", k)?;
             stages.push((num(o), kind, text(t), proof(r.release_stage.id(), &row).into_iter().collect()));
         }
         stages.sort_unstable_by_key(|a| a.0);
