@@ -157,6 +157,22 @@ pub fn start(what: Start, a: &StartArgs) -> Result<Report> {
     rt.block_on(start_async(what, a))
 }
 
+/// The problems of a cluster's maintenance windows and health checks (the kinds looked up
+/// through discovery), each with its field path: what admission refuses.
+async fn gate_problems(client: &kube_client::Client, cluster: &TalosCluster) -> Result<Vec<String>> {
+    let mut served = vec![];
+    for c in &cluster.spec.health_checks {
+        let (_, s) = runtime::kube::served_kind(client, &c.object)
+            .await
+            .with_context(|| format!("looking up kind {} {} (discovery)", c.object.api_version, c.object.kind))?;
+        served.push(((c.object.api_version.clone(), c.object.kind.clone()), s));
+    }
+    let lookup = |o: &render::api::HealthObject| runtime::health::served_in(&served, o);
+    let windows = runtime::window::problems(&cluster.spec.maintenance_windows, crate::io::now());
+    let health = runtime::health::problems(&cluster.spec.health_checks, &lookup);
+    Ok(windows.iter().chain(&health).map(ToString::to_string).collect())
+}
+
 async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
     let (client, ns) = connect(&a.kube).await?;
     let clusters: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
@@ -167,6 +183,17 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         }
         Err(e) => return Err(anyhow!(e).context(format!("--cluster: reading TalosCluster {ns}/{}", a.cluster))),
     };
+    // The gates the operator wrote, checked as admission checks them: an operation never starts
+    // (nor previews) on windows or health checks it could not honour.
+    let problems = gate_problems(&client, &cluster).await?;
+    if !problems.is_empty() {
+        bail!(
+            "TalosCluster {ns}/{}: {}; nothing was written: fix the spec (kubectl edit taloscluster {} -n {ns}) and run the command again",
+            a.cluster,
+            problems.join("; "),
+            a.cluster
+        );
+    }
     // The cluster as it will be, and the operation to create.
     let mut target = cluster.clone();
     let mut spec = TalosOperationSpec { max_unavailable: 1, ..Default::default() };

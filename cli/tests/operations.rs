@@ -3044,3 +3044,81 @@ fn outside_every_maintenance_window_nothing_starts_and_status_says_when_the_next
     let phase = sim.wait_phase_of(op, 120, &|p| matches!(p, Phase::Completed | Phase::Paused));
     assert_eq!(phase, Phase::Completed, "{}", sim.ichor(&["status", op]).1);
 }
+
+/// Issue 53's health checks: refused at admission when they cannot be evaluated; a failing one
+/// holds the next machine's step and a verified step's done, then pauses naming the check, the
+/// object and the expression's result; fixed and resumed, the upgrade completes.
+#[test]
+fn a_failing_health_check_holds_the_steps_then_pauses_naming_the_check_the_object_and_the_result() {
+    let sim = Sim::start_args("health", "done", &["--step-latency-ms", "700"]);
+    let checks = |checks: &str| sim.patch_cluster(&format!("{{\"healthChecks\":{checks}}}"));
+    let gate = |healthy: &str| {
+        let (code, _, err) = sim
+            .kubectl(&["patch", "configmap", "gate", "-n", "ichor-system", "-p", &format!(r#"{{"data":{{"healthy":"{healthy}"}}}}"#)])
+            .unwrap();
+        assert_eq!(code, 0, "{err}");
+    };
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gate, namespace: ichor-system}\ndata: {healthy: \"true\"}\n";
+    let out = kubectl_with_input(&sim, &["apply", "-f", "-"], cm);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Refused at admission, every problem with its field path.
+    let (code, _, err) = checks(
+        r#"[{"name":"a","object":{"apiVersion":"v1","kind":"ConfigMap","namespace":"ichor-system"},"expression":"object.data.healthy =="},
+            {"name":"b","object":{"apiVersion":"ceph.rook.io/v1","kind":"CephCluster","namespace":"rook-ceph","name":"c"},"expression":"1 + 1"}]"#,
+    );
+    assert_ne!(code, 0, "health checks that cannot be evaluated were admitted");
+    for want in [
+        "spec.healthChecks[0].expression: \"object.data.healthy ==\" does not compile: at 1:",
+        "spec.healthChecks[0].object: name one object (`name`) or select some (`selector`)",
+        "spec.healthChecks[1].expression: \"1 + 1\" is a number, not a boolean",
+        "spec.healthChecks[1].object.kind: the API server serves no kind CephCluster in ceph.rook.io/v1",
+    ] {
+        assert!(err.contains(want), "{want} not in: {err}");
+    }
+    let storage = r#"[{"name":"storage","object":{"apiVersion":"v1","kind":"ConfigMap","namespace":"ichor-system","name":"gate"},"expression":"object.data.healthy == \"true\"","timeoutSeconds":5}]"#;
+    let (code, _, err) = checks(storage);
+    assert_eq!(code, 0, "{err}");
+    // The preview lists the check as passing.
+    let (code, out, err) = sim.ichor(&["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--dry-run"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("health check storage: ConfigMap ichor-system/gate passes"), "{out}");
+    let (code, out, err) = sim.ichor(&["upgrade", "talos", "--cluster", "lab", "--to", "v1.14.6", "--yes"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let op = "upgrade-talos-1-14-6";
+    // The first machine's step runs: the check now fails.
+    let machines = || {
+        let (_, m, _) = sim
+            .kubectl(&["get", "talosoperation", op, "-n", "ichor-system", "-o", "jsonpath={.status.machines}"])
+            .unwrap();
+        serde_json::from_str::<serde_json::Value>(m.trim()).unwrap_or_default()
+    };
+    let start = std::time::Instant::now();
+    let first = loop {
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "no step started: {}", sim.ichor(&["status", op]).1);
+        if let Some((name, _)) = machines().as_object().and_then(|m| m.iter().next().map(|(k, v)| (k.clone(), v.clone()))) {
+            break name;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    gate("false");
+    let phase = sim.wait_phase_of(op, 120, &|p| matches!(p, Phase::Completed | Phase::Paused));
+    let (_, status, _) = sim.ichor(&["status", op]);
+    assert_eq!(phase, Phase::Paused, "{status}");
+    let (_, reason, _) = sim
+        .kubectl(&["get", "talosoperation", op, "-n", "ichor-system", "-o", "jsonpath={.status.pausedReason}"])
+        .unwrap();
+    assert!(
+        reason.contains("health check storage of cluster lab kept failing past its timeout: ConfigMap ichor-system/gate is false"),
+        "{reason}"
+    );
+    // Only the first machine has a step, and it did not count as done; no other was touched.
+    let m = machines();
+    assert_eq!(m.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()), Some(vec![first.clone()]), "{m}");
+    assert!(!m[&first]["phase"].as_str().unwrap_or_default().eq_ignore_ascii_case(Phase::Completed.name()), "{m}");
+    // Fixed and resumed: the upgrade completes.
+    gate("true");
+    let (code, out, err) = sim.ichor(&["operation", "resume", op]);
+    assert_eq!(code, 0, "{out}{err}");
+    let phase = sim.wait_phase_of(op, 180, &|p| matches!(p, Phase::Completed | Phase::Paused));
+    assert_eq!(phase, Phase::Completed, "{}", sim.ichor(&["status", op]).1);
+}

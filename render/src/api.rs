@@ -86,6 +86,55 @@ pub struct TalosClusterSpec {
     /// time zone, a duration at least one step's clock).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub maintenance_windows: Vec<MaintenanceWindow>,
+    /// What must hold in the cluster before each machine's step starts and before it counts as
+    /// done: CEL expressions over Kubernetes objects. A failing check waits up to its timeout,
+    /// then pauses the operation naming the check, the object and the result. Checked at
+    /// admission (the expression compiles and can be a boolean, the kind is served, one name or
+    /// one selector).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health_checks: Vec<HealthCheck>,
+}
+
+/// A health check the operator writes (issue 53; tuppr's CEL checks, omni#3352).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheck {
+    /// Unique among the cluster's checks: status and pauses name it.
+    pub name: String,
+    /// The objects it reads: one by name, or every one a label selector matches (at least one
+    /// must exist).
+    pub object: HealthObject,
+    /// A CEL expression over `object` (the object as the API returns it) that is `true` when
+    /// healthy, for example `object.status.ceph.health == "HEALTH_OK"`. Kubernetes's CEL
+    /// libraries are there (strings, lists, quantities, ...).
+    pub expression: String,
+    /// How long the check may fail before the operation pauses, seconds (default 600).
+    #[serde(default = "ten_minutes")]
+    #[schemars(range(min = 1))]
+    pub timeout_seconds: u32,
+}
+
+fn ten_minutes() -> u32 {
+    600
+}
+
+/// The Kubernetes objects a health check reads.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthObject {
+    /// `v1`, `apps/v1`, `ceph.rook.io/v1`, ...
+    pub api_version: String,
+    /// `ConfigMap`, `CephCluster`, ...
+    pub kind: String,
+    /// The namespace, for a namespaced kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// One object by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Or every object this label selector matches (`app=rook-ceph-mon`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
 }
 
 /// A maintenance window: it opens at each time its cron schedule names, in its time zone, for

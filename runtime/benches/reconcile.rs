@@ -97,6 +97,7 @@ fn main() {
                 cilium_tunnel: None,
                 cilium_adoption: None,
                 maintenance: None,
+                health: vec![],
             },
             machines: snap,
             workload: Workload::default(),

@@ -77,6 +77,9 @@ pub struct Needs {
     /// A TalosConfigPatch write of this cluster (name): the cluster's machines are rendered
     /// with it (`render::machine::problems_of`).
     pub renders_of: Option<String>,
+    /// The kinds a TalosCluster's health checks read (apiVersion, kind): discovery says whether
+    /// the API server serves each, and where.
+    pub kinds: Vec<(String, String)>,
 }
 
 /// What was looked up.
@@ -92,6 +95,8 @@ pub struct Facts {
     pub release_stages: Vec<(String, String)>,
     /// What rendering the cluster's machines with the written patch refuses because of it.
     pub patch_problems: Vec<String>,
+    /// What discovery said of each kind the health checks read (apiVersion, kind).
+    pub served: crate::health::ServedKinds,
 }
 
 /// The verdict: allowed, or refused with a message that names the field and what to do.
@@ -140,12 +145,17 @@ pub fn needs(r: &Request) -> Needs {
                 values_right: values(&new) != values(&old),
                 operations_of: retarget.then(|| new.as_ref().and_then(|c| c.metadata.name.clone())).flatten(),
                 renders_of: None,
+                kinds: new
+                    .iter()
+                    .flat_map(|c| &c.spec.health_checks)
+                    .map(|h| (h.object.api_version.clone(), h.object.kind.clone()))
+                    .collect(),
             }
         }
         "TalosOperation" if r.operation == "CREATE" => Needs {
             values_right: false,
             operations_of: r.object.pointer("/spec/clusterRef/name").and_then(Json::as_str).map(str::to_string),
-            renders_of: None,
+            ..Needs::default()
         },
         "TalosConfigPatch" if matches!(r.operation.as_str(), "CREATE" | "UPDATE") => Needs {
             renders_of: r.object.pointer("/spec/clusterRef/name").and_then(Json::as_str).map(str::to_string),
@@ -185,6 +195,7 @@ struct Rels {
     values_problem: engine::Input<1>,
     policy_problem: engine::Input<1>,
     window_problem: engine::Input<1>,
+    health_problem: engine::Input<1>,
     patch_problem: engine::Input<1>,
     values_changed: engine::Input<0>,
     may_write_values: engine::Input<0>,
@@ -220,6 +231,8 @@ struct Decoded {
     policy_problems: Vec<String>,
     /// The maintenance windows' problems (runtime::window::problems).
     window_problems: Vec<String>,
+    /// The health checks' problems (runtime::health::problems).
+    health_problems: Vec<String>,
     policy_warnings: Vec<String>,
     values_changed: bool,
     values_set: bool,
@@ -228,7 +241,8 @@ struct Decoded {
     release: Option<String>,
 }
 
-fn decode(r: &Request, keys: &render::inventory::Inventory, now: i64) -> Decoded {
+fn decode(r: &Request, keys: &render::inventory::Inventory, facts: &Facts) -> Decoded {
+    let now = facts.now;
     let name = r.object.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default();
     let mut d = Decoded {
         kind: r.kind.clone(),
@@ -242,6 +256,7 @@ fn decode(r: &Request, keys: &render::inventory::Inventory, now: i64) -> Decoded
         values_problems: vec![],
         policy_problems: vec![],
         window_problems: vec![],
+        health_problems: vec![],
         policy_warnings: vec![],
         values_changed: false,
         values_set: false,
@@ -285,6 +300,9 @@ fn decode(r: &Request, keys: &render::inventory::Inventory, now: i64) -> Decoded
             }
             d.window_problems =
                 crate::window::problems(&new.spec.maintenance_windows, now).iter().map(ToString::to_string).collect();
+            let served = |o: &render::api::HealthObject| crate::health::served_in(&facts.served, o);
+            d.health_problems =
+                crate::health::problems(&new.spec.health_checks, &served).iter().map(ToString::to_string).collect();
             let user = values(&Some(new.clone()));
             d.values_set = !user.is_null();
             d.values_changed = user != values(&old);
@@ -334,6 +352,7 @@ impl Rules {
             values_problem: b.input("ad_values_problem", [("problem", S)]),
             policy_problem: b.input("ad_policy_problem", [("problem", S)]),
             window_problem: b.input("ad_window_problem", [("problem", S)]),
+            health_problem: b.input("ad_health_problem", [("problem", S)]),
             patch_problem: b.input("ad_patch_problem", [("problem", S)]),
             values_changed: b.input("ad_values_changed", []),
             may_write_values: b.input("ad_may_write_values", []),
@@ -354,7 +373,7 @@ impl Rules {
         facts: &Facts,
         keys: &render::inventory::Inventory,
     ) -> Result<Verdict, AdmissionError> {
-        let d = decode(r, keys, facts.now);
+        let d = decode(r, keys, facts);
         let rels = &self.rels;
         let mut b = self.engine.fact_builder();
         let row = [b.sym(&r.kind), b.sym(&r.operation)];
@@ -388,6 +407,10 @@ impl Rules {
         for p in &d.window_problems {
             let row = [b.sym(p)];
             rels.window_problem.push(&mut b, row);
+        }
+        for p in &d.health_problems {
+            let row = [b.sym(p)];
+            rels.health_problem.push(&mut b, row);
         }
         for p in &d.policy_problems {
             let row = [b.sym(p)];

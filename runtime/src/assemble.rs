@@ -372,6 +372,9 @@ pub struct Observation {
     /// What each machine's Talos said, by machine name; a machine absent here was not reached.
     pub talos: BTreeMap<String, TalosRead>,
     pub workload: Workload,
+    /// The cluster's health checks over the objects read (`runtime::health::evaluate`): read
+    /// only for an operation that has not ended.
+    pub health: Vec<crate::health::HealthAt>,
 }
 
 /// What a reconcile assembled: the snapshot, and what completes the plan's applies.
@@ -711,6 +714,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 &cluster.spec.maintenance_windows,
                 crate::state::epoch(now).unwrap_or_default(),
             ),
+            health: o.health.clone(),
         },
         machines,
         workload: if rejected.is_some() { Workload::default() } else { o.workload.clone() },
@@ -836,6 +840,7 @@ mod tests {
             kube_system_pods: vec![],
             talos,
             workload: Workload::default(),
+            health: vec![],
         }
     }
 

@@ -369,6 +369,9 @@ impl Controller {
             .collect();
         let operation = op.metadata.name.clone().unwrap_or_default();
         let workload = read_workload(&self.kube, (self.service_answers)().await, &operation).await?;
+        // The checks gate steps: read only while the operation may still take one.
+        let ended = op.status.as_ref().is_some_and(|s| s.phase().is_terminal());
+        let health = if ended { vec![] } else { crate::kube::read_health(&self.kube, &cluster.spec.health_checks).await };
         Ok(Observation {
             operation: op.clone(),
             cluster: cluster.clone(),
@@ -381,6 +384,7 @@ impl Controller {
             kube_system_pods,
             talos,
             workload,
+            health,
         })
     }
 

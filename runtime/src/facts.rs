@@ -56,6 +56,9 @@ pub struct Rels {
     pub window_open: Input<0>,
     pub window_next: Input<2>,
     pub window_problem: Input<1>,
+    pub health_check: Input<2>,
+    pub health_failing: Input<3>,
+    pub health_passed: Input<2>,
     pub act_taint: Output<1>,
     pub act_untaint: Output<1>,
     pub cni: Input<2>,
@@ -191,6 +194,9 @@ impl Rels {
             window_open: b.input("window_open", []),
             window_next: b.input("window_next", [("start", S), ("at", N)]),
             window_problem: b.input("window_problem", [("problem", S)]),
+            health_check: b.input("health_check", [("check", S), ("timeout", N)]),
+            health_failing: b.input("health_failing", [("check", S), ("object", S), ("result", S)]),
+            health_passed: b.input("health_passed", [("check", S), ("object", S)]),
             act_taint: b.output("act_taint", [("machine", S)]),
             act_untaint: b.output("act_untaint", [("machine", S)]),
             cni: b.input("cni", [("preset", S), ("handover", S)]),
@@ -411,6 +417,19 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
         for p in &m.problems {
             let id = b.sym(p);
             r.window_problem.push(&mut b, [id]);
+        }
+    }
+    for h in &c.health {
+        let row = [b.sym(&h.name), b.num(h.timeout_seconds)];
+        r.health_check.push(&mut b, row);
+        for res in &h.results {
+            if res.passed {
+                let row = [b.sym(&h.name), b.sym(&res.object)];
+                r.health_passed.push(&mut b, row);
+            } else {
+                let row = [b.sym(&h.name), b.sym(&res.object), b.sym(&res.result)];
+                r.health_failing.push(&mut b, row);
+            }
         }
     }
     if !c.release_set_talos.is_empty() {

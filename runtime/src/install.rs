@@ -449,6 +449,39 @@ subjects:
 "
     ));
     docs.push(format!(
+        "# What the health checks (spec.healthChecks) may read: the rules of every ClusterRole labelled\n\
+         # {agg}: \"true\" (kube-controller-manager aggregates them).\n\
+         # Grant get and list on the kinds your checks read with one, for example:\n\
+         #   apiVersion: rbac.authorization.k8s.io/v1\n\
+         #   kind: ClusterRole\n\
+         #   metadata: {{name: ichor-health-ceph, labels: {{{agg}: \"true\"}}}}\n\
+         #   rules: [{{apiGroups: [ceph.rook.io], resources: [cephclusters], verbs: [get, list]}}]\n\
+         apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: ichor-health-checks
+aggregationRule:
+  clusterRoleSelectors:
+    - matchLabels:
+        {agg}: \"true\"
+rules: []
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: ichor-health-checks
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: ichor-health-checks
+subjects:
+  - kind: ServiceAccount
+    name: ichor-controller
+    namespace: {ns}
+",
+        agg = crate::rbac::HEALTH_CHECKS_AGGREGATE
+    ));
+    docs.push(format!(
         "# {JOB_SERVICE_ACCOUNT_WHY}. It is the one near-cluster-admin identity\n\
          # Ichor ships (the CNI page); nothing else here is bound to cluster-admin.\n\
          apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: ichor-cni\n  namespace: kube-system\n"

@@ -40,6 +40,7 @@ pub mod stores;
 pub mod talos;
 #[cfg(feature = "io")]
 pub mod webhook;
+pub mod health;
 pub mod window;
 
 /// An error and its sources as one line (`a: b: c`): how logs, Events and status messages print

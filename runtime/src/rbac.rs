@@ -17,6 +17,12 @@ pub struct Rule {
     pub why: &'static str,
 }
 
+/// The label that adds a ClusterRole's rules to what the controller may read for the health
+/// checks (`spec.healthChecks`): the install's `ichor-health-checks` ClusterRole aggregates every
+/// ClusterRole that carries it, so an operator grants `get` and `list` on the kinds their checks
+/// read without touching Ichor's own role.
+pub const HEALTH_CHECKS_AGGREGATE: &str = "ichor.maesh.dev/aggregate-to-health-checks";
+
 /// The controller's ClusterRole.
 pub const CONTROLLER_RULES: &[Rule] = &[
     Rule {

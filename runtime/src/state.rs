@@ -60,6 +60,11 @@ pub struct Cluster {
     /// when it has some: the host reads them (`runtime::window`), the rules gate the steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<MaintenanceAt>,
+    /// The cluster's health checks at the reconcile (`spec.healthChecks`), each object's result:
+    /// the host reads the objects and evaluates the CEL (`runtime::health`), the rules gate the
+    /// steps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub health: Vec<crate::health::HealthAt>,
     /// `status.cni.adoption`: the operation that adopted a Cilium someone else installed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cilium_adoption: Option<render::api::CiliumAdoption>,

@@ -24,10 +24,10 @@ pub struct WindowsAt {
     pub next_start: Option<i64>,
 }
 
-/// A window that cannot be read or is refused: its field path and why.
+/// A spec field refused (a maintenance window, a health check): its field path and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: {message}")]
-pub struct WindowProblem {
+pub struct FieldProblem {
     pub path: String,
     pub message: String,
 }
@@ -39,9 +39,9 @@ struct Read {
     minutes: i64,
 }
 
-fn read(i: usize, w: &MaintenanceWindow) -> Result<Read, Vec<WindowProblem>> {
+fn read(i: usize, w: &MaintenanceWindow) -> Result<Read, Vec<FieldProblem>> {
     let at =
-        |field: &str, message: String| WindowProblem { path: format!("spec.maintenanceWindows[{i}].{field}"), message };
+        |field: &str, message: String| FieldProblem { path: format!("spec.maintenanceWindows[{i}].{field}"), message };
     let mut problems = vec![];
     let cron = Cron::from_str(&w.schedule)
         .map_err(|e| {
@@ -67,11 +67,11 @@ fn read(i: usize, w: &MaintenanceWindow) -> Result<Read, Vec<WindowProblem>> {
 
 /// Every problem of `windows` at once, as admission refuses them: a schedule or a time zone that
 /// does not parse, a window shorter than one step's clock, a schedule that never fires.
-pub fn problems(windows: &[MaintenanceWindow], now: i64) -> Vec<WindowProblem> {
+pub fn problems(windows: &[MaintenanceWindow], now: i64) -> Vec<FieldProblem> {
     let mut out = vec![];
     for (i, w) in windows.iter().enumerate() {
         if w.duration_minutes < STEP_CLOCK_MINUTES {
-            out.push(WindowProblem {
+            out.push(FieldProblem {
                 path: format!("spec.maintenanceWindows[{i}].durationMinutes"),
                 message: format!(
                     "{} minutes is shorter than one machine's step may take ({STEP_CLOCK_MINUTES} minutes, a reboot's clock): make the window at least that long",
@@ -83,7 +83,7 @@ pub fn problems(windows: &[MaintenanceWindow], now: i64) -> Vec<WindowProblem> {
             Err(p) => out.extend(p),
             Ok(r) => {
                 if next(&r, now).is_none() {
-                    out.push(WindowProblem {
+                    out.push(FieldProblem {
                         path: format!("spec.maintenanceWindows[{i}].schedule"),
                         message: format!("{:?} never fires: no operation could ever start", w.schedule),
                     });
@@ -115,7 +115,7 @@ fn open(r: &Read, t: i64) -> bool {
 
 /// The windows at `t` (seconds since 1970): open if one is, else when the next opens. Windows
 /// that do not read are every problem at once.
-pub fn at(windows: &[MaintenanceWindow], t: i64) -> Result<WindowsAt, Vec<WindowProblem>> {
+pub fn at(windows: &[MaintenanceWindow], t: i64) -> Result<WindowsAt, Vec<FieldProblem>> {
     let mut read_all = vec![];
     let mut problems = vec![];
     for (i, w) in windows.iter().enumerate() {

@@ -234,6 +234,7 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
                 cilium_tunnel: None,
                 cilium_adoption: None,
                 maintenance: None,
+                health: vec![],
             },
             machines,
             workload: Workload {

@@ -201,6 +201,7 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 cilium_tunnel: None,
                 cilium_adoption: None,
                 maintenance: None,
+                health: vec![],
             },
             machines,
             workload,
