@@ -40,6 +40,11 @@ pub struct InstallArgs {
     /// (repeat it; the controller's `--metrics-from`).
     #[arg(long, value_name = "CIDR", conflicts_with = "no_network_policies")]
     pub metrics_from: Vec<String>,
+    /// Add the monitoring manifests: a Service over the metrics port, a ServiceMonitor, a
+    /// PrometheusRule with Ichor's alerts and a Grafana dashboard (ConfigMap). They need the
+    /// Prometheus Operator's CRDs (monitoring.coreos.com).
+    #[arg(long, conflicts_with = "rotate_certs")]
+    pub monitoring: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -52,6 +57,9 @@ pub struct UninstallArgs {
     /// Delete the CRDs too, last: every Ichor resource goes with them.
     #[arg(long)]
     pub crds: bool,
+    /// The installation has the monitoring manifests (`ichor install --monitoring`).
+    #[arg(long)]
+    pub monitoring: bool,
 }
 
 pub fn install(a: &InstallArgs) -> Result<Report> {
@@ -80,6 +88,7 @@ pub fn install(a: &InstallArgs) -> Result<Report> {
         tls,
         talosconfig,
         network_policies,
+        monitoring: a.monitoring,
     };
     let stdout = if a.rotate_certs { runtime::install::rotate_yaml(&o) } else { runtime::install::install_yaml(&o) };
     Ok(Report { stdout, ..Report::default() })
@@ -99,6 +108,7 @@ pub fn uninstall(a: &UninstallArgs) -> Result<Report> {
         tls,
         talosconfig: Some(String::new()),
         network_policies: Some(vec![]),
+        monitoring: a.monitoring,
     };
     let crds = if a.crds { Some(crate::render_cmd::crds_cmd()?.stdout) } else { None };
     let stdout = runtime::install::uninstall_yaml(&runtime::install::install_yaml(&o), crds.as_deref());

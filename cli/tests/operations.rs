@@ -114,12 +114,17 @@ impl Sim {
 
     /// A replica with more environment (`ICHOR_CRASH_AFTER`) and its stderr sent to `stderr`.
     fn replica_with(&self, identity: &str, env: &[(&str, &str)], stderr: Stdio) -> Child {
+        self.replica_serving(identity, env, stderr, "127.0.0.1:0")
+    }
+
+    /// A replica serving /metrics at `metrics` (HOST:PORT).
+    fn replica_serving(&self, identity: &str, env: &[(&str, &str)], stderr: Stdio, metrics: &str) -> Child {
         let server = self.server();
         let (host, port) = server.rsplit_once(':').unwrap();
         Command::new(env!("CARGO_BIN_EXE_ichor"))
             .env("KUBERNETES_SERVICE_HOST", host)
             .env("KUBERNETES_SERVICE_PORT", port)
-            .args(["controller", "--namespace", "ichor-system", "--metrics-addr", "127.0.0.1:0", "--kubeconfig"])
+            .args(["controller", "--namespace", "ichor-system", "--metrics-addr", metrics, "--kubeconfig"])
             .arg(self.dir.join("kubeconfig"))
             .arg("--talosconfig")
             .arg(self.dir.join("talosconfig"))
@@ -3054,11 +3059,20 @@ fn a_failing_health_check_holds_the_steps_then_pauses_naming_the_check_the_objec
     let checks = |checks: &str| sim.patch_cluster(&format!("{{\"healthChecks\":{checks}}}"));
     let gate = |healthy: &str| {
         let (code, _, err) = sim
-            .kubectl(&["patch", "configmap", "gate", "-n", "ichor-system", "-p", &format!(r#"{{"data":{{"healthy":"{healthy}"}}}}"#)])
+            .kubectl(&[
+                "patch",
+                "configmap",
+                "gate",
+                "-n",
+                "ichor-system",
+                "-p",
+                &format!(r#"{{"data":{{"healthy":"{healthy}"}}}}"#),
+            ])
             .unwrap();
         assert_eq!(code, 0, "{err}");
     };
-    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gate, namespace: ichor-system}\ndata: {healthy: \"true\"}\n";
+    let cm =
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gate, namespace: ichor-system}\ndata: {healthy: \"true\"}\n";
     let out = kubectl_with_input(&sim, &["apply", "-f", "-"], cm);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // Refused at admission, every problem with its field path.
@@ -3094,8 +3108,14 @@ fn a_failing_health_check_holds_the_steps_then_pauses_naming_the_check_the_objec
     };
     let start = std::time::Instant::now();
     let first = loop {
-        assert!(start.elapsed() < std::time::Duration::from_secs(60), "no step started: {}", sim.ichor(&["status", op]).1);
-        if let Some((name, _)) = machines().as_object().and_then(|m| m.iter().next().map(|(k, v)| (k.clone(), v.clone()))) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "no step started: {}",
+            sim.ichor(&["status", op]).1
+        );
+        if let Some((name, _)) =
+            machines().as_object().and_then(|m| m.iter().next().map(|(k, v)| (k.clone(), v.clone())))
+        {
             break name;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -3108,7 +3128,9 @@ fn a_failing_health_check_holds_the_steps_then_pauses_naming_the_check_the_objec
         .kubectl(&["get", "talosoperation", op, "-n", "ichor-system", "-o", "jsonpath={.status.pausedReason}"])
         .unwrap();
     assert!(
-        reason.contains("health check storage of cluster lab kept failing past its timeout: ConfigMap ichor-system/gate is false"),
+        reason.contains(
+            "health check storage of cluster lab kept failing past its timeout: ConfigMap ichor-system/gate is false"
+        ),
         "{reason}"
     );
     // Only the first machine has a step, and it did not count as done; no other was touched.
@@ -3121,4 +3143,221 @@ fn a_failing_health_check_holds_the_steps_then_pauses_naming_the_check_the_objec
     assert_eq!(code, 0, "{out}{err}");
     let phase = sim.wait_phase_of(op, 180, &|p| matches!(p, Phase::Completed | Phase::Paused));
     assert_eq!(phase, Phase::Completed, "{}", sim.ichor(&["status", op]).1);
+}
+
+/// Every metric name a PromQL expression reads (its vector and matrix selectors).
+fn promql_metrics(e: &promql_parser::parser::Expr, out: &mut Vec<String>) {
+    use promql_parser::parser::Expr;
+    match e {
+        Expr::VectorSelector(v) => out.extend(v.name.clone()),
+        Expr::MatrixSelector(m) => out.extend(m.vs.name.clone()),
+        Expr::Aggregate(a) => {
+            promql_metrics(&a.expr, out);
+            if let Some(p) = &a.param {
+                promql_metrics(p, out);
+            }
+        }
+        Expr::Unary(u) => promql_metrics(&u.expr, out),
+        Expr::Binary(b) => {
+            promql_metrics(&b.lhs, out);
+            promql_metrics(&b.rhs, out);
+        }
+        Expr::Paren(p) => promql_metrics(&p.expr, out),
+        Expr::Subquery(s) => promql_metrics(&s.expr, out),
+        Expr::Call(c) => c.args.args.iter().for_each(|a| promql_metrics(a, out)),
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => {}
+    }
+}
+
+/// The names a Prometheus text exposition serves: every sample's, and each family's (`# TYPE`)
+/// with the suffixes its type adds (a counter's `_total`, a histogram's `_bucket`, `_sum`,
+/// `_count`).
+fn exposition_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split_whitespace();
+            let (Some(name), Some(kind)) = (it.next(), it.next()) else { continue };
+            names.insert(name.to_string());
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total"],
+                "histogram" => &["_bucket", "_sum", "_count"],
+                _ => &[],
+            };
+            names.extend(suffixes.iter().map(|s| format!("{name}{s}")));
+        } else if line.starts_with("ichor_") {
+            names.insert(line.split(['{', ' ']).next().unwrap_or_default().to_string());
+        }
+    }
+    names
+}
+
+/// Issue 53's signals: `ichor install --monitoring` adds a metrics Service, a ServiceMonitor, a
+/// PrometheusRule and a Grafana dashboard; each is its type's shape, every alert's and panel's
+/// expression parses as PromQL, and every metric they read is one a running controller serves
+/// (scraped through an upgrade a health check holds at first: a gauge has series only while
+/// something is in its state).
+#[test]
+fn the_monitoring_manifests_read_only_metrics_a_running_controller_exports() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ichor")).args(["install", "--monitoring"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &serde_json::Value| !v.is_null())
+        .collect();
+    let named = |name: &str| docs.iter().find(|d| d["metadata"]["name"] == name).cloned().unwrap_or_default();
+    // The Service selects the controller's pods on the port the Deployment names.
+    let service = named("ichor-controller-metrics");
+    let typed: k8s_openapi::api::core::v1::Service = serde_json::from_value(service.clone()).unwrap();
+    assert_eq!(serde_json::to_value(&typed).unwrap(), service, "the Service drops a field");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "http");
+    assert!(text.contains("- name: http\n              containerPort: 8080"), "the controller's port is named http");
+    let monitor = docs.iter().find(|d| d["kind"] == "ServiceMonitor").cloned().expect("a ServiceMonitor");
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "http");
+    assert_eq!(monitor["spec"]["selector"]["matchLabels"], service["spec"]["selector"]);
+    let rule = docs.iter().find(|d| d["kind"] == "PrometheusRule").cloned().expect("a PrometheusRule");
+    // The ServiceMonitor and the PrometheusRule decoded strictly into the Prometheus Operator's
+    // own API types (tests/kube/cmd/monitoring-check): no unknown field, no value of a wrong type.
+    let check = runtime::sim::kubebin::bin("monitoring-check").unwrap_or_else(|e| panic!("monitoring-check: {e}"));
+    let mut child =
+        Command::new(check).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let checked = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&checked.stdout);
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stderr));
+    assert!(
+        said.contains("ServiceMonitor ichor-controller: valid") && said.contains("PrometheusRule ichor: valid"),
+        "{said}"
+    );
+    // Each `for` as the operator's CRD pattern reads a duration.
+    let duration = regex::Regex::new(
+        "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+    )
+    .unwrap();
+    for r in rule["spec"]["groups"][0]["rules"].as_array().unwrap() {
+        assert!(duration.is_match(r["for"].as_str().unwrap()), "{}: for {}", r["alert"], r["for"]);
+    }
+    let dashboard = named("ichor-dashboard");
+    let typed: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(dashboard.clone()).unwrap();
+    let board: serde_json::Value = serde_json::from_str(&typed.data.unwrap()["ichor.json"]).unwrap();
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    // Every expression, the alerts' and the panels', and the metrics they read.
+    let mut exprs: Vec<(String, String)> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["alert"].as_str().unwrap().to_string(), r["expr"].as_str().unwrap().to_string()))
+        .collect();
+    assert!(exprs.len() >= 9, "{exprs:?}");
+    for p in board["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            exprs.push((p["title"].as_str().unwrap().to_string(), t["expr"].as_str().unwrap().to_string()));
+        }
+    }
+    let reads = |what: &str, expr: &str| {
+        let parsed =
+            promql_parser::parser::parse(expr).unwrap_or_else(|e| panic!("{what}: {expr:?} is not PromQL: {e}"));
+        let mut used = vec![];
+        promql_metrics(&parsed, &mut used);
+        assert!(!used.is_empty(), "{what}: {expr} reads no metric");
+        used
+    };
+    let wanted: std::collections::BTreeSet<String> = exprs.iter().flat_map(|(w, e)| reads(w, e)).collect();
+    // A running controller, through a config rollout a health check holds at first. Before it,
+    // a kernel module patch waits for a reboot on every machine, and cp1 was given it without one
+    // (as `talosctl apply-config --mode no-reboot` would): applied, in effect at its next boot.
+    let sim = Sim::start_args("monitoring", "done", &["--no-controller", "--step-latency-ms", "300"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut controller = sim.replica_serving("ichor-test", &[], Stdio::null(), &addr);
+    // (Once the controller recorded cp1's boot: what changes within it waits for the next.)
+    let start = std::time::Instant::now();
+    while sim
+        .kubectl(&["get", "talosmachine", "cp1", "-n", "ichor-system", "-o", "jsonpath={.status.boot.id}"])
+        .unwrap()
+        .1
+        .is_empty()
+    {
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "cp1's boot was never recorded");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    apply_module_patch(&sim);
+    sim.apply_module_without_reboot("cp1");
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gate, namespace: ichor-system}\ndata: {healthy: \"false\"}\n";
+    let applied = kubectl_with_input(&sim, &["apply", "-f", "-"], cm);
+    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    let (code, _, err) = sim.patch_cluster(
+        r#"{"healthChecks":[{"name":"storage","object":{"apiVersion":"v1","kind":"ConfigMap","namespace":"ichor-system","name":"gate"},"expression":"object.data.healthy == \"true\""}]}"#,
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = sim.ichor(&["config", "apply", "--cluster", "lab", "--yes"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let scrape = || -> String {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(&addr) else { return String::new() };
+        let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body);
+        body
+    };
+    let (mut names, mut last, mut opened) = (std::collections::BTreeSet::new(), String::new(), false);
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(120) && !wanted.is_subset(&names) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let metrics = scrape();
+        names.extend(exposition_names(&metrics));
+        // The check's wait was served: the gate opens and the upgrade goes on.
+        if !opened && metrics.contains("ichor_operation_waits{") {
+            let gate = kubectl_with_input(&sim, &["apply", "-f", "-"], &cm.replace("\"false\"", "\"true\""));
+            assert!(gate.status.success(), "{}", String::from_utf8_lossy(&gate.stderr));
+            opened = true;
+        }
+        last = metrics;
+    }
+    controller.kill().unwrap();
+    controller.wait().unwrap();
+    let missing: Vec<&String> = wanted.difference(&names).collect();
+    assert!(missing.is_empty(), "never served: {missing:?}; the last scrape:\n{last}");
+    for (what, expr) in &exprs {
+        for m in reads(what, expr) {
+            assert!(
+                names.contains(&m),
+                "{what}: {expr} reads {m}, which the controller never served; the last scrape:\n{last}"
+            );
+        }
+    }
+}
+
+impl Sim {
+    /// Gives `machine` the module patch's change straight through its Talos API, in mode
+    /// no-reboot (Talos 1.14 takes it into the running config at once; it is in effect only at
+    /// the next boot).
+    fn apply_module_without_reboot(&self, machine: &str) {
+        let (_, address, _) = self
+            .kubectl(&["get", "talosmachine", machine, "-n", "ichor-system", "-o", "jsonpath={.spec.address}"])
+            .unwrap();
+        let file = self.dir.join("talosconfig");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let cfg = runtime::talos::config::TalosConfig::parse(&text, "talosconfig").unwrap();
+        let (name, ctx) = cfg.context(None, "talosconfig").unwrap();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        let creds = ctx.credentials(name, "talosconfig", now).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let client = runtime::talos::client::Client::new(ctx, &creds, std::time::Duration::from_secs(15)).unwrap();
+            let running = client.running_config(&address).await.unwrap();
+            let mut docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&running)
+                .map(|d| serde::Deserialize::deserialize(d).unwrap())
+                .collect();
+            let main = docs.iter_mut().find(|d| d.get("machine").is_some()).expect("the v1alpha1 document");
+            main["machine"]["kernel"] = serde_yaml::from_str("modules: [{name: br_netfilter}]").unwrap();
+            let config: Vec<String> = docs.iter().map(|d| serde_yaml::to_string(d).unwrap()).collect();
+            client
+                .apply(&address, config.join("---\n").as_bytes(), runtime::talos::client::ApplyMode::NoReboot, false)
+                .await
+                .unwrap();
+        });
+    }
 }

@@ -371,7 +371,8 @@ impl Controller {
         let workload = read_workload(&self.kube, (self.service_answers)().await, &operation).await?;
         // The checks gate steps: read only while the operation may still take one.
         let ended = op.status.as_ref().is_some_and(|s| s.phase().is_terminal());
-        let health = if ended { vec![] } else { crate::kube::read_health(&self.kube, &cluster.spec.health_checks).await };
+        let health =
+            if ended { vec![] } else { crate::kube::read_health(&self.kube, &cluster.spec.health_checks).await };
         Ok(Observation {
             operation: op.clone(),
             cluster: cluster.clone(),

@@ -99,7 +99,8 @@ pub fn not_boolean(expression: &cel::IdedExpr) -> Option<&'static str> {
 pub fn problems(checks: &[HealthCheck], served: &dyn Fn(&HealthObject) -> Option<Served>) -> Vec<FieldProblem> {
     let mut out = vec![];
     for (i, c) in checks.iter().enumerate() {
-        let at = |field: &str, message: String| FieldProblem { path: format!("spec.healthChecks[{i}].{field}"), message };
+        let at =
+            |field: &str, message: String| FieldProblem { path: format!("spec.healthChecks[{i}].{field}"), message };
         if c.name.is_empty() {
             out.push(at("name", "a check needs a name: status and pauses name it".into()));
         } else if checks[..i].iter().any(|o| o.name == c.name) {
@@ -117,9 +118,10 @@ pub fn problems(checks: &[HealthCheck], served: &dyn Fn(&HealthObject) -> Option
                 // Macros bind their own variables (`c` in `list.exists(c, ...)`): those are known.
                 let bound = |v: &str| c.expression.replace(' ', "").contains(&format!("({v},"));
                 let refs = p.references();
-                let unknown = refs.variables().into_iter().find(|v| {
-                    *v != "object" && !v.starts_with('@') && !v.starts_with("__") && !bound(v)
-                });
+                let unknown = refs
+                    .variables()
+                    .into_iter()
+                    .find(|v| *v != "object" && !v.starts_with('@') && !v.starts_with("__") && !bound(v));
                 if let Some(v) = unknown {
                     out.push(at("expression", format!("{v:?} is not known: the object is `object`")));
                 }
@@ -141,10 +143,9 @@ pub fn problems(checks: &[HealthCheck], served: &dyn Fn(&HealthObject) -> Option
                 "object.kind",
                 format!("the API server serves no kind {} in {}: {why}", o.kind, o.api_version),
             )),
-            Some(Served::ClusterScoped) if o.namespace.is_some() => out.push(at(
-                "object.namespace",
-                format!("{} is cluster-scoped: leave the namespace out", o.kind),
-            )),
+            Some(Served::ClusterScoped) if o.namespace.is_some() => {
+                out.push(at("object.namespace", format!("{} is cluster-scoped: leave the namespace out", o.kind)))
+            }
             Some(Served::Namespaced) if o.namespace.is_none() => {
                 out.push(at("object.namespace", format!("{} is namespaced: say which namespace", o.kind)))
             }
@@ -158,7 +159,8 @@ pub fn problems(checks: &[HealthCheck], served: &dyn Fn(&HealthObject) -> Option
 /// requirement a key with an optional operator and values.
 pub fn selector(s: &str) -> Result<(), String> {
     let key = regex::Regex::new(r"^!?[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$").expect("a regex");
-    let set = regex::Regex::new(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])? +(in|notin) +\([^()]*\)$").expect("a regex");
+    let set =
+        regex::Regex::new(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])? +(in|notin) +\([^()]*\)$").expect("a regex");
     let mut depth = 0;
     let mut parts = vec![];
     let mut cur = String::new();
@@ -184,7 +186,9 @@ pub fn selector(s: &str) -> Result<(), String> {
             key.is_match(p)
         };
         if !ok {
-            return Err(format!("{p:?} in {s:?} is not a label selector requirement (key=value, key!=value, key in (a,b), key, !key)"));
+            return Err(format!(
+                "{p:?} in {s:?} is not a label selector requirement (key=value, key!=value, key in (a,b), key, !key)"
+            ));
         }
     }
     Ok(())
@@ -294,7 +298,10 @@ mod tests {
         let ok = json!({"metadata": {"name": "gate"}, "data": {"healthy": "true"}});
         let bad = json!({"metadata": {"name": "gate"}, "data": {"healthy": "no"}});
         let at = evaluate(&c, Ok(vec![ok.clone()]));
-        assert_eq!(at.results, vec![HealthResult { object: "ConfigMap default/gate".into(), passed: true, result: "true".into() }]);
+        assert_eq!(
+            at.results,
+            vec![HealthResult { object: "ConfigMap default/gate".into(), passed: true, result: "true".into() }]
+        );
         assert_eq!(at.timeout_seconds, 60);
         assert_eq!(evaluate(&c, Ok(vec![bad])).results[0].result, "false");
         // A field the object lacks is an error, named.
@@ -315,7 +322,12 @@ mod tests {
     fn kubernetes_cel_libraries_are_there() {
         let c = check(
             r#"object.status.conditions.exists(c, c.type == "Ready" && c.status == "True") && object.metadata.name.startsWith("n")"#,
-            HealthObject { api_version: "v1".into(), kind: "Node".into(), name: Some("n1".into()), ..Default::default() },
+            HealthObject {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: Some("n1".into()),
+                ..Default::default()
+            },
         );
         let node = json!({"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
         assert!(evaluate(&c, Ok(vec![node])).results[0].passed);

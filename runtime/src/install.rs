@@ -28,6 +28,9 @@ pub struct Install {
     /// `talosconfig`), shipped as the Secret `ichor-talosconfig`; without it the comment at the
     /// top gives the command that creates the Secret.
     pub talosconfig: Option<String>,
+    /// Add the monitoring manifests (`runtime::monitoring`: a metrics Service, a ServiceMonitor,
+    /// a PrometheusRule, a Grafana dashboard); they need the Prometheus Operator's CRDs.
+    pub monitoring: bool,
 }
 
 /// Where the webhook's serving certificate comes from.
@@ -732,6 +735,9 @@ spec:
 "
     ));
     docs.push(webhook_configuration(o));
+    if o.monitoring {
+        docs.extend(crate::monitoring::manifests(ns));
+    }
     docs.join("---\n")
 }
 

@@ -989,6 +989,93 @@ pub fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
     }
 }
 
+/// How long reading one health check's objects may take (discovery and the read): past it the
+/// check fails this reconcile, naming the deadline.
+pub const HEALTH_READ_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Whether the API server serves a health check's kind (discovery), and where.
+pub async fn served_kind(
+    client: &kube_client::Client,
+    o: &render::api::HealthObject,
+) -> Result<(ApiResource, crate::health::Served), kube_client::Error> {
+    let (group, version) = o.api_version.split_once('/').unwrap_or(("", &o.api_version));
+    match kube_client::discovery::pinned_kind(client, &GroupVersionKind::gvk(group, version, &o.kind)).await {
+        Ok((ar, caps)) => {
+            let scope = if caps.scope == kube_client::discovery::Scope::Namespaced {
+                crate::health::Served::Namespaced
+            } else {
+                crate::health::Served::ClusterScoped
+            };
+            Ok((ar, scope))
+        }
+        // Discovery answers a group or kind it does not serve with 404 or an unknown kind.
+        Err(kube_client::Error::Api(s)) if s.code == 404 => Ok((
+            ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &o.kind)),
+            crate::health::Served::No(format!("the API server serves no group version {}", o.api_version)),
+        )),
+        Err(kube_client::Error::Discovery(e)) => Ok((
+            ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &o.kind)),
+            crate::health::Served::No(e.to_string()),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// The objects a health check names (one GET, or one LIST with its selector), each as the API
+/// returns it; or why they could not be read.
+async fn health_objects(client: &kube_client::Client, o: &render::api::HealthObject) -> Result<Vec<Json>, String> {
+    let (ar, served) =
+        served_kind(client, o).await.map_err(|e| format!("discovery of {} {}: {e}", o.api_version, o.kind))?;
+    let api: Api<DynamicObject> = match (&served, &o.namespace) {
+        (crate::health::Served::No(why), _) => return Err(format!("not served: {why}")),
+        (crate::health::Served::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &ar),
+        _ => Api::all_with(client.clone(), &ar),
+    };
+    let to_json = |d: DynamicObject| serde_json::to_value(d).map_err(|e| e.to_string());
+    match (&o.name, &o.selector) {
+        (Some(name), _) => match api.get_opt(name).await {
+            Ok(Some(d)) => Ok(vec![to_json(d)?]),
+            Ok(None) => Err("not found".into()),
+            Err(e) => Err(forbidden_or(e, "get", &ar, "reading it")),
+        },
+        (None, selector) => {
+            let lp = ListParams { label_selector: selector.clone(), ..ListParams::default() };
+            let list = api.list(&lp).await.map_err(|e| forbidden_or(e, "list", &ar, "listing them"))?;
+            list.items.into_iter().map(to_json).collect()
+        }
+    }
+}
+
+/// A read refused by RBAC says which right the controller lacks and how to grant it.
+fn forbidden_or(e: kube_client::Error, verb: &str, ar: &ApiResource, doing: &str) -> String {
+    match e {
+        kube_client::Error::Api(s) if s.code == 403 => format!(
+            "the controller may not {verb} {}{}: grant it with a ClusterRole labelled {}: \"true\"",
+            ar.plural,
+            if ar.group.is_empty() { String::new() } else { format!(".{}", ar.group) },
+            crate::rbac::HEALTH_CHECKS_AGGREGATE
+        ),
+        e => format!("{doing}: {e}"),
+    }
+}
+
+/// Every health check of a cluster, its objects read (each check under `HEALTH_READ_DEADLINE`)
+/// and its CEL evaluated.
+pub async fn read_health(
+    client: &kube_client::Client,
+    checks: &[render::api::HealthCheck],
+) -> Vec<crate::health::HealthAt> {
+    let mut out = vec![];
+    for c in checks {
+        let read = match tokio::time::timeout(HEALTH_READ_DEADLINE, health_objects(client, &c.object)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("reading it took longer than {} s", HEALTH_READ_DEADLINE.as_secs())),
+        };
+        out.push(crate::health::evaluate(c, read));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1028,87 +1115,4 @@ mod tests {
         assert_eq!(lease_holder_node(&lease("", 100, Some("w1")), 101, pod), None);
         assert_eq!(lease_holder_node(&Lease::default(), 101, pod), None);
     }
-}
-
-/// How long reading one health check's objects may take (discovery and the read): past it the
-/// check fails this reconcile, naming the deadline.
-pub const HEALTH_READ_DEADLINE: Duration = Duration::from_secs(10);
-
-/// Whether the API server serves a health check's kind (discovery), and where.
-pub async fn served_kind(
-    client: &kube_client::Client,
-    o: &render::api::HealthObject,
-) -> Result<(ApiResource, crate::health::Served), kube_client::Error> {
-    let (group, version) = o.api_version.split_once('/').unwrap_or(("", &o.api_version));
-    match kube_client::discovery::pinned_kind(client, &GroupVersionKind::gvk(group, version, &o.kind)).await {
-        Ok((ar, caps)) => {
-            let scope = if caps.scope == kube_client::discovery::Scope::Namespaced {
-                crate::health::Served::Namespaced
-            } else {
-                crate::health::Served::ClusterScoped
-            };
-            Ok((ar, scope))
-        }
-        // Discovery answers a group or kind it does not serve with 404 or an unknown kind.
-        Err(kube_client::Error::Api(s)) if s.code == 404 => Ok((
-            ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &o.kind)),
-            crate::health::Served::No(format!("the API server serves no group version {}", o.api_version)),
-        )),
-        Err(kube_client::Error::Discovery(e)) => Ok((
-            ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &o.kind)),
-            crate::health::Served::No(e.to_string()),
-        )),
-        Err(e) => Err(e),
-    }
-}
-
-/// The objects a health check names (one GET, or one LIST with its selector), each as the API
-/// returns it; or why they could not be read.
-async fn health_objects(client: &kube_client::Client, o: &render::api::HealthObject) -> Result<Vec<Json>, String> {
-    let (ar, served) = served_kind(client, o).await.map_err(|e| format!("discovery of {} {}: {e}", o.api_version, o.kind))?;
-    let api: Api<DynamicObject> = match (&served, &o.namespace) {
-        (crate::health::Served::No(why), _) => return Err(format!("not served: {why}")),
-        (crate::health::Served::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &ar),
-        _ => Api::all_with(client.clone(), &ar),
-    };
-    let to_json = |d: DynamicObject| serde_json::to_value(d).map_err(|e| e.to_string());
-    match (&o.name, &o.selector) {
-        (Some(name), _) => match api.get_opt(name).await {
-            Ok(Some(d)) => Ok(vec![to_json(d)?]),
-            Ok(None) => Err("not found".into()),
-            Err(e) => Err(forbidden_or(e, "get", &ar, "reading it")),
-        },
-        (None, selector) => {
-            let lp = ListParams { label_selector: selector.clone(), ..ListParams::default() };
-            let list = api.list(&lp).await.map_err(|e| forbidden_or(e, "list", &ar, "listing them"))?;
-            list.items.into_iter().map(to_json).collect()
-        }
-    }
-}
-
-/// A read refused by RBAC says which right the controller lacks and how to grant it.
-fn forbidden_or(e: kube_client::Error, verb: &str, ar: &ApiResource, doing: &str) -> String {
-    match e {
-        kube_client::Error::Api(s) if s.code == 403 => format!(
-            "the controller may not {verb} {}{}: grant it with a ClusterRole labelled {}: \"true\"",
-            ar.plural,
-            if ar.group.is_empty() { String::new() } else { format!(".{}", ar.group) },
-            crate::rbac::HEALTH_CHECKS_AGGREGATE
-        ),
-        e => format!("{doing}: {e}"),
-    }
-}
-
-/// Every health check of a cluster, its objects read (each check under `HEALTH_READ_DEADLINE`)
-/// and its CEL evaluated.
-pub async fn read_health(client: &kube_client::Client, checks: &[render::api::HealthCheck]) -> Vec<crate::health::HealthAt> {
-    let mut out = vec![];
-    for c in checks {
-        let read = match tokio::time::timeout(HEALTH_READ_DEADLINE, health_objects(client, &c.object)).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("reading it took longer than {} s", HEALTH_READ_DEADLINE.as_secs())),
-        };
-        out.push(crate::health::evaluate(c, read));
-    }
-    out
 }

@@ -16,6 +16,7 @@ pub mod crashpoint;
 pub mod exec;
 pub mod facts;
 pub mod handover;
+pub mod health;
 #[cfg(feature = "io")]
 pub mod install;
 #[cfg(feature = "io")]
@@ -23,6 +24,7 @@ pub mod kube;
 pub mod messages;
 #[cfg(feature = "io")]
 pub mod metrics;
+pub mod monitoring;
 pub mod netpol;
 pub mod plan;
 pub mod rbac;
@@ -40,7 +42,6 @@ pub mod stores;
 pub mod talos;
 #[cfg(feature = "io")]
 pub mod webhook;
-pub mod health;
 pub mod window;
 
 /// An error and its sources as one line (`a: b: c`): how logs, Events and status messages print

@@ -78,6 +78,62 @@ pub struct MachineNameLabel {
 pub struct BuildLabel {
     pub version: String,
     pub release_set_kubernetes: String,
+    pub release_set_talos: String,
+}
+
+/// A machine's step in progress, with its stage.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct StepStartLabel {
+    pub operation: String,
+    pub cluster: String,
+    pub machine: String,
+    pub stage: String,
+}
+
+/// A cluster's component behind the release set this controller acts for.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ReleaseLabel {
+    pub cluster: String,
+    /// `talos` or `kubernetes`.
+    pub component: String,
+    /// The version the cluster's spec names.
+    pub version: String,
+    pub release_set: String,
+}
+
+/// `vX.Y.Z` as numbers (a pre-release suffix is ignored).
+fn triple(v: &str) -> Option<(u64, u64, u64)> {
+    let mut it = v.trim_start_matches('v').split(['.', '-']).map(|p| p.parse::<u64>());
+    Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
+}
+
+/// Each cluster's Talos and Kubernetes that are older than the release set (`ichor upgrade
+/// cluster` would move them). Pure.
+pub fn release_behind<'a>(
+    clusters: impl IntoIterator<Item = &'a render::api::TalosCluster>,
+    talos: &str,
+    kubernetes: &str,
+) -> Vec<ReleaseLabel> {
+    let mut out = vec![];
+    for c in clusters {
+        let name = c.metadata.name.clone().unwrap_or_default();
+        for (component, version, set) in
+            [("talos", &c.spec.talos_version, talos), ("kubernetes", &c.spec.kubernetes_version, kubernetes)]
+        {
+            if let (Some(v), Some(s)) = (triple(version), triple(set))
+                && v < s
+            {
+                out.push(ReleaseLabel {
+                    cluster: name.clone(),
+                    component: component.into(),
+                    version: version.clone(),
+                    release_set: set.into(),
+                });
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// The gauges' rows from the objects: each a label set and its value. Pure.
@@ -95,6 +151,8 @@ pub struct StateRows {
     /// Paths applied within the current boot that take effect at the next
     /// (`status.appliedAwaitingReboot`), per machine that has any.
     pub awaiting_reboot: BTreeMap<MachineNameLabel, i64>,
+    /// When each step in progress started (seconds since 1970).
+    pub step_started: BTreeMap<StepStartLabel, i64>,
 }
 
 /// Every operation and machine as the gauges count them.
@@ -112,7 +170,18 @@ pub fn state_gauges<'a>(
             rows.operations.entry(OperationLabel { kind: kind.clone(), phase: p.name().to_string() }).or_default();
         }
         *rows.operations.entry(OperationLabel { kind: kind.clone(), phase: phase.clone() }).or_default() += 1;
-        for p in st.machines.values() {
+        for (machine, p) in &st.machines {
+            if p.phase == render::api::MachinePhase::Applying
+                && let Some(t) = p.started_at.as_deref().and_then(crate::state::epoch)
+            {
+                let label = StepStartLabel {
+                    operation: o.metadata.name.clone().unwrap_or_default(),
+                    cluster: o.spec.cluster_ref.name.clone(),
+                    machine: machine.clone(),
+                    stage: p.stage.clone().unwrap_or_default(),
+                };
+                rows.step_started.insert(label, t);
+            }
             let label = StepLabel {
                 operation: o.metadata.name.clone().unwrap_or_default(),
                 kind: kind.clone(),
@@ -169,6 +238,9 @@ pub struct Metrics {
     machines: Family<MachineLabel, Gauge>,
     reboot_paths: Family<MachineNameLabel, Gauge>,
     awaiting_reboot: Family<MachineNameLabel, Gauge>,
+    step_started: Family<StepStartLabel, Gauge>,
+    release_behind: Family<ReleaseLabel, Gauge>,
+    leader: Gauge,
     build: Family<BuildLabel, Gauge>,
 }
 
@@ -188,6 +260,9 @@ impl Metrics {
             machines: Family::default(),
             reboot_paths: Family::default(),
             awaiting_reboot: Family::default(),
+            step_started: Family::default(),
+            release_behind: Family::default(),
+            leader: Gauge::default(),
             build: Family::default(),
             registry: Registry::default(),
         };
@@ -243,14 +318,33 @@ impl Metrics {
             "Paths applied within the current boot that take effect at the next (status.appliedAwaitingReboot), per machine that has any",
             m.awaiting_reboot.clone(),
         );
+        registry.register(
+            "operation_step_started_timestamp_seconds",
+            "When each machine's step in progress started (status.machines.<name>.startedAt), by operation, cluster, machine and stage: a step's clock is 20 minutes (a reboot's), so time() minus it past that is a step stuck past its clock",
+            m.step_started.clone(),
+        );
+        registry.register(
+            "cluster_release_behind",
+            "1 for each TalosCluster's Talos or Kubernetes (spec) older than the release set this controller acts for (ichor upgrade cluster moves it)",
+            m.release_behind.clone(),
+        );
+        registry.register("leader", "1 when this replica holds the Lease and acts, 0 on a standby", m.leader.clone());
         registry.register("build_info", "This Ichor's version and release set (always 1)", m.build.clone());
-        m.build
+        let m = Metrics { registry, ..m };
+        m.set_release_set(render::embedded::RELEASE_SET_KUBERNETES, render::embedded::RELEASE_SET_TALOS);
+        m
+    }
+
+    /// Says which release set this process acts for (the controller's `--release-set-*`).
+    pub fn set_release_set(&self, kubernetes: &str, talos: &str) {
+        self.build.clear();
+        self.build
             .get_or_create(&BuildLabel {
                 version: env!("CARGO_PKG_VERSION").into(),
-                release_set_kubernetes: render::embedded::RELEASE_SET_KUBERNETES.into(),
+                release_set_kubernetes: kubernetes.into(),
+                release_set_talos: talos.into(),
             })
             .set(1);
-        Metrics { registry, ..m }
     }
 
     /// Counts one performed action.
@@ -267,6 +361,17 @@ impl Metrics {
         set_family(&self.machines, rows.machines.iter().map(|(l, n)| (l, *n)));
         set_family(&self.reboot_paths, rows.reboot_paths.iter().map(|(l, n)| (l, *n)));
         set_family(&self.awaiting_reboot, rows.awaiting_reboot.iter().map(|(l, n)| (l, *n)));
+        set_family(&self.step_started, rows.step_started.iter().map(|(l, n)| (l, *n)));
+    }
+
+    /// Sets whether this replica acts.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    /// Sets which clusters are behind the release set.
+    pub fn set_release_behind(&self, behind: &[ReleaseLabel]) {
+        set_family(&self.release_behind, behind.iter().map(|l| (l, 1)));
     }
 
     /// The text exposition, with the state gauges recomputed from `stores` first (when the

@@ -610,7 +610,9 @@ pub async fn run(
     let ready = Arc::new(AtomicBool::new(true));
     if let Some(addr) = config.listen {
         let m = metrics.clone();
+        m.set_release_set(&controller.release_set_kubernetes, &controller.release_set_talos);
         let metrics_controller = controller.clone();
+        let (metrics_leader, metrics_ns) = (leader.clone(), config.namespace.clone());
         let ready = ready.clone();
         let app = axum::Router::new()
             .route("/healthz", axum::routing::get(|| async { "ok" }))
@@ -631,7 +633,23 @@ pub async fn run(
                 "/metrics",
                 axum::routing::get(move || {
                     let (m, c) = (m.clone(), metrics_controller.clone());
-                    async move { m.encode_with(c.stores.get()) }
+                    let (leader, ns) = (*metrics_leader.borrow(), metrics_ns.clone());
+                    async move {
+                        // The clusters behind the release set, read now (kept from the last
+                        // scrape when the read fails or takes longer than 5 s).
+                        let api: Api<render::api::TalosCluster> = Api::namespaced(c.kube.clone(), &ns);
+                        let read = tokio::time::timeout(Duration::from_secs(5), api.list(&Default::default())).await;
+                        if let Ok(Ok(list)) = read {
+                            let behind = crate::metrics::release_behind(
+                                &list.items,
+                                &c.release_set_talos,
+                                &c.release_set_kubernetes,
+                            );
+                            m.set_release_behind(&behind);
+                        }
+                        m.set_leader(leader);
+                        m.encode_with(c.stores.get())
+                    }
                 }),
             );
         if let Ok(listener) = tokio::net::TcpListener::bind(addr).await {

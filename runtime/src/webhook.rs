@@ -88,7 +88,11 @@ impl Webhook {
                 .collect();
         }
         for (api_version, kind) in n.kinds {
-            let o = render::api::HealthObject { api_version: api_version.clone(), kind: kind.clone(), ..Default::default() };
+            let o = render::api::HealthObject {
+                api_version: api_version.clone(),
+                kind: kind.clone(),
+                ..Default::default()
+            };
             let (_, served) = crate::kube::served_kind(&self.kube, &o).await?;
             facts.served.push(((api_version, kind), served));
         }

@@ -22,6 +22,7 @@ fn install(tls: WebhookTls, talosconfig: Option<String>) -> Install {
         tls,
         talosconfig,
         network_policies: Some(vec![]),
+        monitoring: false,
     }
 }
 

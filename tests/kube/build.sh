@@ -16,7 +16,7 @@ if ! command -v go >/dev/null 2>&1; then
   echo "tests/kube/build.sh: go is not installed: the real control plane cannot be built" >&2
   exit 3
 fi
-programs=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+programs=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl monitoring-check)
 stamp="$( (cat "$here/go.mod" "$here/go.sum"; for p in "${programs[@]}"; do cat "$here/cmd/$p/main.go"; done; go version) | sha256sum | cut -d' ' -f1)"
 if [[ -f "$out/.stamp" && "$(cat "$out/.stamp")" == "$stamp" ]]; then
   missing=0

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 /// The programs `tests/kube/build.sh` builds.
-pub const PROGRAMS: [&str; 5] = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"];
+pub const PROGRAMS: [&str; 6] =
+    ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "monitoring-check"];
 
 /// Why a program is not there.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
