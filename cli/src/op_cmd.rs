@@ -398,6 +398,48 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
             _ => {}
         }
     }
+    // A release's stages, each previewed as its own operation would be if it started now: what
+    // it does per machine, in what order; what blocks the first (the later ones are checked
+    // when their turn comes, on the cluster the stages before them leave).
+    let mut stage_previews: Vec<(String, Vec<String>)> = vec![];
+    for (i, (kind, target)) in plan.stages.iter().enumerate() {
+        let start = runtime::plan::StageStart::of(&read.snapshot, *kind, target);
+        let mut stage_op = start.operation();
+        stage_op.metadata.namespace = Some(ns.clone());
+        let mut stage_cluster = cluster.clone();
+        match kind {
+            OperationKind::Talos => stage_cluster.spec.talos_version = target.clone(),
+            OperationKind::Kubernetes => stage_cluster.spec.kubernetes_version = target.clone(),
+            _ => {}
+        }
+        let stage_read = controller
+            .read_operation(&ns, &stage_op, &stage_cluster, &runtime::plan::rfc3339(crate::io::now()))
+            .await
+            .with_context(|| format!("reading what stage {} ({kind} {target}) needs (the preview)", i + 1))?;
+        // The versions the stages before it leave the machines on.
+        let mut stage_read = stage_read;
+        for (done_kind, done_target) in &plan.stages[..i] {
+            for m in &mut stage_read.snapshot.machines {
+                match done_kind {
+                    OperationKind::Talos => m.talos_version = done_target.clone(),
+                    OperationKind::Kubernetes => m.kubelet_version = done_target.clone(),
+                    _ => {}
+                }
+            }
+        }
+        let stage_plan = controller.planner.plan_with(&stage_read.snapshot, false)?;
+        let blocks = if i == 0 {
+            stage_plan
+                .actions
+                .iter()
+                .filter(|(a, _)| matches!(a, Action::Pause { .. } | Action::Fail { .. }))
+                .map(|(a, _)| a.to_string())
+                .collect()
+        } else {
+            vec![]
+        };
+        stage_previews.push((stage_plan.confirmation.clone().unwrap_or_default(), blocks));
+    }
     let confirmation =
         plan.confirmation.clone().unwrap_or_else(|| format!("Start {op_name} on cluster {ns}/{}.", a.cluster));
     let op_yaml = serde_yaml::to_string(&op)?;
@@ -412,6 +454,17 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         for (i, (kind, target)) in plan.stages.iter().enumerate() {
             let target = if target.is_empty() { "the changes that need a reboot".to_string() } else { target.clone() };
             text += &format!("  {}. {kind}: {target}\n", i + 1);
+            if let Some((what, blocks)) = stage_previews.get(i) {
+                if !what.is_empty() {
+                    text += &format!("     {what}\n");
+                }
+                for b in blocks {
+                    text += &format!("     It would not start now: {b}\n");
+                }
+            }
+        }
+        if plan.stages.len() > 1 {
+            text += "  (Each stage after the first is previewed on the cluster as it is now with the versions the stages before it leave; it is checked again when its turn comes.)\n";
         }
     }
     if !plan.checks.is_empty() {
@@ -472,7 +525,13 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         });
         // A release's preview also lists its stages.
         if !plan.stages.is_empty() {
-            v["stages"] = json!(plan.stages.iter().map(|(k, t)| json!({"kind": k, "target": t})).collect::<Vec<_>>());
+            v["stages"] = json!(
+                plan.stages
+                    .iter()
+                    .zip(&stage_previews)
+                    .map(|((k, t), (what, blocks))| json!({"kind": k, "target": t, "preview": what, "blocking": blocks}))
+                    .collect::<Vec<_>>()
+            );
         }
         // An adoption's preview also says its checks and what it keeps.
         if let Some(k) = &adoption {

@@ -801,11 +801,43 @@ fn a_release_rollout_on_kube_apiserver_takes_talos_then_kubernetes_through_the_w
         let set = get(&cp, &lease, "{.metadata.annotations.ichor\\.maesh\\.dev/release-set}");
         if set == "talos=v1.14.6,kubernetes=v1.37.0,cilium=1.20.0" { Ok(()) } else { Err(set) }
     });
+    // A health check on a ConfigMap: refused through the webhook while its kind is not served,
+    // then read by the controller under its ServiceAccount with the right an operator grants
+    // through the aggregated ClusterRole ichor-health-checks (kube-controller-manager
+    // aggregates it); it passes, so the release goes on, each step gated by it.
+    let patch = |checks: &str| {
+        let p = format!(r#"{{"spec":{{"healthChecks":{checks}}}}}"#);
+        cp.kubectl(&["patch", "taloscluster", "lab", "-n", "ichor-system", "--type", "merge", "-p", &p])
+    };
+    let (code, _, err) = patch(
+        r#"[{"name":"ceph","object":{"apiVersion":"ceph.rook.io/v1","kind":"CephCluster","namespace":"rook-ceph","name":"c"},"expression":"object.status.ceph.health == \"HEALTH_OK\""}]"#,
+    );
+    assert_ne!(code, 0, "a check on a kind the API server does not serve was admitted");
+    assert!(
+        err.contains("spec.healthChecks[0].object.kind: the API server serves no kind CephCluster in ceph.rook.io/v1"),
+        "{err}"
+    );
+    let gate = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: gate, namespace: ichor-system}\ndata: {healthy: \"true\"}\n---\n\
+                apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\n\
+                metadata: {name: ichor-health-gate, labels: {ichor.maesh.dev/aggregate-to-health-checks: \"true\"}}\n\
+                rules: [{apiGroups: [\"\"], resources: [configmaps], verbs: [get, list]}]\n";
+    let (code, _, err) = cp.kubectl_as(&cp.admin_kubeconfig, &["apply", "-f", "-"], Some(gate));
+    assert_eq!(code, 0, "{err}");
+    wait_for(30, "kube-controller-manager aggregates the right into ichor-health-checks", || {
+        let rules = get(&cp, &["clusterrole", "ichor-health-checks"], "{.rules}");
+        if rules.contains("configmaps") { Ok(()) } else { Err(rules) }
+    });
+    let (code, _, err) = patch(
+        r#"[{"name":"gate","object":{"apiVersion":"v1","kind":"ConfigMap","namespace":"ichor-system","name":"gate"},"expression":"object.data.healthy == \"true\""}]"#,
+    );
+    assert_eq!(code, 0, "{err}");
     let (admin, tc) = (lab.admin.as_str(), lab.tc.as_str());
     let up = ["upgrade", "cluster", "--cluster", "lab", "--kubeconfig", admin, "--talosconfig", tc];
     let (code, out, err) = ichor(&[&up[..], &["--yes"]].concat());
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("  1. talos: v1.14.6\n  2. kubernetes: v1.37.0\n"), "{out}");
+    assert!(out.contains("health check gate: ConfigMap ichor-system/gate passes"), "{out}");
+    let (first, second) = (out.find("  1. talos: v1.14.6\n     Upgrade Talos"), out.find("  2. kubernetes: v1.37.0\n"));
+    assert!(first.is_some() && first < second, "{out}");
     let op = ["talosoperation", "release-1-14-6-1-37-0", "-n", "ichor-system"];
     let text = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
     wait_completed(&cp, 400, "the release completes", &op, "{.status.stages}", || text(&log));

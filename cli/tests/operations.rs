@@ -2866,10 +2866,16 @@ fn a_release_rollout_takes_talos_then_kubernetes_a_minor_at_a_time_and_resumes_a
     }
     let (code, out, err) = sim.ichor(&["upgrade", "cluster", "--cluster", "lab", "--dry-run"]);
     assert_eq!(code, 0, "{err}");
-    assert!(
-        out.contains("  1. talos: v1.14.6\n  2. kubernetes: v1.36.4\n  3. kubernetes: v1.37.0\n"),
-        "the path in the preview:\n{out}"
-    );
+    // The path, each stage with what it does per machine (from the versions the stages before
+    // it leave), in order.
+    let lines = [
+        "  1. talos: v1.14.6\n     Upgrade Talos on cluster lab from v1.13.9 to v1.14.6: 4 machine(s)",
+        "  2. kubernetes: v1.36.4\n     Upgrade Kubernetes on cluster lab from v1.35.9 to v1.36.4.",
+        "  3. kubernetes: v1.37.0\n     Upgrade Kubernetes on cluster lab from v1.36.4 to v1.37.0.",
+    ];
+    let at: Vec<Option<usize>> = lines.iter().map(|l| out.find(l)).collect();
+    assert!(at.iter().all(Option::is_some) && at.windows(2).all(|w| w[0] < w[1]), "the path in the preview:\n{out}");
+    assert!(out.contains("in this order: cp1, cp2, cp3, w1."), "{out}");
     let (code, out, err) = sim.ichor(&["upgrade", "cluster", "--cluster", "lab", "--yes"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(&format!("Created TalosOperation ichor-system/{release}")), "{out}");
