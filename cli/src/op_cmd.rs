@@ -529,7 +529,9 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
                 plan.stages
                     .iter()
                     .zip(&stage_previews)
-                    .map(|((k, t), (what, blocks))| json!({"kind": k, "target": t, "preview": what, "blocking": blocks}))
+                    .map(
+                        |((k, t), (what, blocks))| json!({"kind": k, "target": t, "preview": what, "blocking": blocks})
+                    )
                     .collect::<Vec<_>>()
             );
         }

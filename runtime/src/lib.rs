@@ -28,6 +28,7 @@ pub mod monitoring;
 pub mod netpol;
 pub mod plan;
 pub mod rbac;
+pub mod select;
 #[cfg(feature = "io")]
 pub mod serve;
 /// The test substrate (feature `sim`): the simulated Talos fleet and its PKI, the in-memory

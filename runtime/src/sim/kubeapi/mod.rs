@@ -27,7 +27,6 @@
 mod events;
 pub mod patch;
 pub mod schema;
-pub mod select;
 pub mod table;
 
 use bytes::Bytes;
@@ -466,8 +465,12 @@ fn manager_of(q: &BTreeMap<String, String>, agent: &str) -> String {
 }
 
 /// The selectors of a list, watch or collection delete, or the 400 refusing them.
-fn selector(group: &str, plural: &str, q: &BTreeMap<String, String>) -> Result<select::Selector, Box<Response<Body>>> {
-    select::Selector::parse(
+fn selector(
+    group: &str,
+    plural: &str,
+    q: &BTreeMap<String, String>,
+) -> Result<crate::select::Selector, Box<Response<Body>>> {
+    crate::select::Selector::parse(
         group,
         plural,
         q.get("labelSelector").map(String::as_str),

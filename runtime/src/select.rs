@@ -1,6 +1,6 @@
 //! Label and field selectors as kube-apiserver parses them, for the in-memory API's lists and
-//! watches: label selectors with equality (`a=b`, `a==b`, `a!=b`), existence (`a`, `!a`) and
-//! set-based requirements (`a in (x,y)`, `a notin (x)`), field selectors on the fields each
+//! watches and the health checks' selectors (`runtime::health`): label selectors with equality
+//! (`a=b`, `a==b`, `a!=b`), existence (`a`, `!a`) and set-based requirements (`a in (x,y)`, `a notin (x)`), field selectors on the fields each
 //! kind supports (`metadata.name`, `metadata.namespace`, and per kind, `involvedObject.*` for
 //! events, `spec.nodeName` for pods ...), an unsupported field refused as the server refuses it.
 //!
