@@ -407,11 +407,7 @@ async fn start_async(what: Start, a: &StartArgs) -> Result<Report> {
         let mut stage_op = start.operation();
         stage_op.metadata.namespace = Some(ns.clone());
         let mut stage_cluster = cluster.clone();
-        match kind {
-            OperationKind::Talos => stage_cluster.spec.talos_version = target.clone(),
-            OperationKind::Kubernetes => stage_cluster.spec.kubernetes_version = target.clone(),
-            _ => {}
-        }
+        stage_cluster.spec.set_stage(*kind, target);
         let stage_read = controller
             .read_operation(&ns, &stage_op, &stage_cluster, &runtime::plan::rfc3339(crate::io::now()))
             .await

@@ -667,6 +667,37 @@ pub struct OperationTarget {
     pub cilium_chart: Option<String>,
 }
 
+impl OperationTarget {
+    /// The target of a release's stage of `kind`: a version for a Talos or Kubernetes stage,
+    /// the chart for Cilium's, nothing for the config rollout (`target` is then empty).
+    pub fn of_stage(kind: OperationKind, target: &str) -> OperationTarget {
+        let mut t = OperationTarget::default();
+        match kind {
+            OperationKind::Talos => t.talos_version = Some(target.to_string()),
+            OperationKind::Kubernetes => t.kubernetes_version = Some(target.to_string()),
+            OperationKind::CniUpgrade => t.cilium_chart = Some(target.to_string()),
+            _ => {}
+        }
+        t
+    }
+
+    /// A stage operation's target as its release's status records it (`of_stage` read back).
+    pub fn stage_value(&self) -> String {
+        self.talos_version.clone().or(self.kubernetes_version.clone()).or(self.cilium_chart.clone()).unwrap_or_default()
+    }
+}
+
+impl TalosClusterSpec {
+    /// The spec as a release's stage of `kind` leaves it: the stage's version set.
+    pub fn set_stage(&mut self, kind: OperationKind, target: &str) {
+        match kind {
+            OperationKind::Talos => self.talos_version = target.to_string(),
+            OperationKind::Kubernetes => self.kubernetes_version = target.to_string(),
+            _ => {}
+        }
+    }
+}
+
 /// The phase of a TalosOperation (ADR 0026's status-held state machine). The rules move it
 /// (`phase` in rules/backbone.rules); which phases end an operation and which hold the
 /// cluster's lock are the rules' `terminal` and `holds_lock`, which `is_terminal` and

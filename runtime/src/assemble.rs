@@ -568,11 +568,6 @@ fn static_pods(pods: &[Arc<Pod>]) -> BTreeMap<String, BTreeMap<String, StaticPod
     out
 }
 
-/// What a release's stage moves the cluster to: its version or chart, nothing for a rollout.
-pub fn stage_target(t: &render::api::OperationTarget) -> String {
-    t.talos_version.clone().or(t.kubernetes_version.clone()).or(t.cilium_chart.clone()).unwrap_or_default()
-}
-
 /// The snapshot from what one reconcile observed, at `now`. A render that fails is a fact of the
 /// snapshot (`inputsRejected`), with no machine in it: the rules pause the operation, unless it
 /// has ended, and nothing else is done.
@@ -603,7 +598,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
         .map(|x| StageOperation {
             name: x.metadata.name.clone().unwrap_or_default(),
             kind: x.spec.kind,
-            target: stage_target(&x.spec.target),
+            target: x.spec.target.stage_value(),
             phase: x.status.as_ref().map(|s| s.phase()).unwrap_or_default(),
             paused_reason: x.status.as_ref().and_then(|s| s.paused_reason.clone()),
         })

@@ -549,12 +549,7 @@ impl StageStart {
             ..Default::default()
         };
         spec.cluster_ref.name = self.cluster.clone();
-        match self.kind {
-            OperationKind::Talos => spec.target.talos_version = Some(self.target.clone()),
-            OperationKind::Kubernetes => spec.target.kubernetes_version = Some(self.target.clone()),
-            OperationKind::CniUpgrade => spec.target.cilium_chart = Some(self.target.clone()),
-            _ => {}
-        }
+        spec.target = render::api::OperationTarget::of_stage(self.kind, &self.target);
         let mut op = TalosOperation::new(&self.name, spec);
         op.metadata.labels = Some([(render::api::RELEASE.to_string(), self.release.clone())].into());
         op
