@@ -825,7 +825,7 @@ pub struct WaitStatus {
     pub clock: String,
     /// When the clock started (RFC 3339).
     pub since: String,
-    /// Minutes the clock allows before the operation pauses.
+    /// Minutes the clock allows before the operation pauses (a clock of seconds rounded up).
     pub limit_minutes: i64,
 }
 

@@ -3,17 +3,17 @@
 //! operator of a Talos fleet expects, and a Grafana dashboard as a ConfigMap (the Grafana
 //! sidecar's `grafana_dashboard` label). Pure: text in, text out.
 //!
-//! Start at `ALERTS` (each alert with its expression, what it means and what to do) and
+//! Start at `alerts` (each alert with its expression, what it means and what to do) and
 //! `manifests`. Every metric an expression or a panel reads is one `crate::metrics` exports; a
 //! test parses the expressions and checks each name against a running controller's `/metrics`.
 
 use serde_json::{Value as Json, json};
 
 /// One alert of the PrometheusRule.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Alert {
     pub name: &'static str,
-    pub expr: &'static str,
+    pub expr: String,
     /// How long the expression must hold (Prometheus's `for`).
     pub for_: &'static str,
     /// `critical`, `warning` or `info`.
@@ -26,96 +26,99 @@ pub struct Alert {
 /// The alerts: an operation paused, a step stuck past its clock, a machine failed, a drain
 /// blocked, a health check failing, changes waiting for a reboot, the controller absent or
 /// without its Lease, reconciles failing, a cluster behind the release set.
-pub const ALERTS: &[Alert] = &[
-    Alert {
-        name: "IchorOperationPaused",
-        expr: r#"ichor_operation_info{phase="Paused"} == 1"#,
-        for_: "1m",
-        severity: "warning",
-        summary: "TalosOperation {{ $labels.operation }} of cluster {{ $labels.cluster }} is paused",
-        description: "A paused operation does nothing until someone decides: `ichor describe operation {{ $labels.operation }}` says why (status.pausedReason); fix it and `ichor operation resume {{ $labels.operation }}`, or `ichor operation abort {{ $labels.operation }}`.",
-    },
-    Alert {
-        name: "IchorStepStuck",
-        expr: "time() - ichor_operation_step_started_timestamp_seconds > 1800",
-        for_: "5m",
-        severity: "warning",
-        summary: "Machine {{ $labels.machine }}'s step ({{ $labels.stage }}) in {{ $labels.operation }} runs past its clock",
-        description: "A step's clock is 20 minutes (a reboot's); after it the controller fails the step and pauses. A step older than 30 minutes means the controller is not acting on it: check that a replica holds the Lease (ichor_leader) and its logs.",
-    },
-    Alert {
-        name: "IchorMachineFailed",
-        expr: r#"ichor_operation_machines{phase="Failed"} > 0"#,
-        for_: "0m",
-        severity: "warning",
-        summary: "A machine's step failed in TalosOperation {{ $labels.operation }}",
-        description: "The operation paused and is never retried by itself: `ichor describe operation {{ $labels.operation }}` names the machine and why; fix the node, then `ichor operation resume {{ $labels.operation }}`.",
-    },
-    Alert {
-        name: "IchorDrainBlocked",
-        expr: r#"ichor_operation_waits{wait="DrainBlocked"} == 1"#,
-        for_: "10m",
-        severity: "warning",
-        summary: "A PodDisruptionBudget blocks the next drain of TalosOperation {{ $labels.operation }}",
-        description: "The machine whose turn came is not cordoned until the budget allows an eviction; past the controller's --drain-timeout the operation pauses. `ichor status` names the budget and the pods: relax the budget or move the pods.",
-    },
-    Alert {
-        name: "IchorHealthCheckFailing",
-        expr: r#"ichor_operation_waits{wait=~"health/.+"} == 1"#,
-        for_: "5m",
-        severity: "warning",
-        summary: "Health check {{ $labels.wait }} holds TalosOperation {{ $labels.operation }}",
-        description: "A check of spec.healthChecks fails: no machine's step starts and a verified step does not count as done until it passes; past its timeoutSeconds the operation pauses naming the object and the result.",
-    },
-    Alert {
-        name: "IchorRebootPending",
-        expr: "ichor_machine_reboot_paths > 0",
-        for_: "24h",
-        severity: "info",
-        summary: "Machine {{ $labels.machine }} of cluster {{ $labels.cluster }} has changes only a reboot applies",
-        description: "`ichor config diff --machine {{ $labels.machine }}` lists them with the rule that decides each; `ichor config apply --cluster {{ $labels.cluster }}` rolls them out, a machine at a time.",
-    },
-    Alert {
-        name: "IchorAppliedAwaitingReboot",
-        expr: "ichor_machine_applied_awaiting_reboot_paths > 0",
-        for_: "24h",
-        severity: "info",
-        summary: "Machine {{ $labels.machine }} of cluster {{ $labels.cluster }} runs changes that take effect only at its next boot",
-        description: "They were applied (Talos 1.14 and later take them into the running config) but the node still behaves as before: the next reboot puts them into effect. `ichor status --cluster {{ $labels.cluster }}` lists them.",
-    },
-    Alert {
-        name: "IchorControllerAbsent",
-        expr: "absent(ichor_build_info)",
-        for_: "10m",
-        severity: "critical",
-        summary: "No Ichor controller is scraped",
-        description: "No replica of the controller exports metrics: operations do not move and machines are not reconciled. `kubectl -n ichor-system get pods,deploy` shows why.",
-    },
-    Alert {
-        name: "IchorNoLeader",
-        expr: "max(ichor_leader) < 1",
-        for_: "5m",
-        severity: "critical",
-        summary: "No Ichor controller replica holds its Lease",
-        description: "Replicas run but none acts (a replica acts only while it holds the Lease ichor-system/ichor-controller): check the Lease (`kubectl -n ichor-system get lease ichor-controller -o yaml`) and the replicas' logs.",
-    },
-    Alert {
-        name: "IchorReconcileErrors",
-        expr: "rate(ichor_reconcile_errors_total[10m]) > 0",
-        for_: "30m",
-        severity: "warning",
-        summary: "Ichor's reconciles keep ending in errors",
-        description: "The controller's logs name each error (an API it cannot reach, a node's Talos API down): reconciles retry with backoff.",
-    },
-    Alert {
-        name: "IchorReleaseBehind",
-        expr: "ichor_cluster_release_behind == 1",
-        for_: "7d",
-        severity: "info",
-        summary: "Cluster {{ $labels.cluster }} runs {{ $labels.component }} {{ $labels.version }}, behind the release set's {{ $labels.release_set }}",
-        description: "The installed Ichor ships {{ $labels.release_set }}: `ichor upgrade cluster --cluster {{ $labels.cluster }} --dry-run` shows the path (Talos, then configs, then Kubernetes a minor at a time, then Cilium).",
-    },
-];
+pub fn alerts() -> Vec<Alert> {
+    use render::api::{MachinePhase, Phase};
+    vec![
+        Alert {
+            name: "IchorOperationPaused",
+            expr: format!(r#"ichor_operation_info{{phase="{}"}} == 1"#, Phase::Paused.name()),
+            for_: "1m",
+            severity: "warning",
+            summary: "TalosOperation {{ $labels.operation }} of cluster {{ $labels.cluster }} is paused",
+            description: "A paused operation does nothing until someone decides: `ichor describe operation {{ $labels.operation }}` says why (status.pausedReason); fix it and `ichor operation resume {{ $labels.operation }}`, or `ichor operation abort {{ $labels.operation }}`.",
+        },
+        Alert {
+            name: "IchorStepStuck",
+            expr: "time() - ichor_operation_step_started_timestamp_seconds > 1800".into(),
+            for_: "5m",
+            severity: "warning",
+            summary: "Machine {{ $labels.machine }}'s step ({{ $labels.stage }}) in {{ $labels.operation }} runs past its clock",
+            description: "A step's clock is 20 minutes (a reboot's); after it the controller fails the step and pauses. A step older than 30 minutes means the controller is not acting on it: check that a replica holds the Lease (ichor_leader) and its logs.",
+        },
+        Alert {
+            name: "IchorMachineFailed",
+            expr: format!(r#"ichor_operation_machines{{phase="{}"}} > 0"#, MachinePhase::Failed.name()),
+            for_: "0m",
+            severity: "warning",
+            summary: "A machine's step failed in TalosOperation {{ $labels.operation }}",
+            description: "The operation paused and is never retried by itself: `ichor describe operation {{ $labels.operation }}` names the machine and why; fix the node, then `ichor operation resume {{ $labels.operation }}`.",
+        },
+        Alert {
+            name: "IchorDrainBlocked",
+            expr: r#"ichor_operation_waits{wait="DrainBlocked"} == 1"#.into(),
+            for_: "10m",
+            severity: "warning",
+            summary: "A PodDisruptionBudget blocks the next drain of TalosOperation {{ $labels.operation }}",
+            description: "The machine whose turn came is not cordoned until the budget allows an eviction; past the controller's --drain-timeout the operation pauses. `ichor status` names the budget and the pods: relax the budget or move the pods.",
+        },
+        Alert {
+            name: "IchorHealthCheckFailing",
+            expr: r#"ichor_operation_waits{wait=~"health/.+"} == 1"#.into(),
+            for_: "5m",
+            severity: "warning",
+            summary: "Health check {{ $labels.wait }} holds TalosOperation {{ $labels.operation }}",
+            description: "A check of spec.healthChecks fails: no machine's step starts and a verified step does not count as done until it passes; past its timeoutSeconds the operation pauses naming the object and the result.",
+        },
+        Alert {
+            name: "IchorRebootPending",
+            expr: "ichor_machine_reboot_paths > 0".into(),
+            for_: "24h",
+            severity: "info",
+            summary: "Machine {{ $labels.machine }} of cluster {{ $labels.cluster }} has changes only a reboot applies",
+            description: "`ichor config diff --machine {{ $labels.machine }}` lists them with the rule that decides each; `ichor config apply --cluster {{ $labels.cluster }}` rolls them out, a machine at a time.",
+        },
+        Alert {
+            name: "IchorAppliedAwaitingReboot",
+            expr: "ichor_machine_applied_awaiting_reboot_paths > 0".into(),
+            for_: "24h",
+            severity: "info",
+            summary: "Machine {{ $labels.machine }} of cluster {{ $labels.cluster }} runs changes that take effect only at its next boot",
+            description: "They were applied (Talos 1.14 and later take them into the running config) but the node still behaves as before: the next reboot puts them into effect. `ichor status --cluster {{ $labels.cluster }}` lists them.",
+        },
+        Alert {
+            name: "IchorControllerAbsent",
+            expr: "absent(ichor_build_info)".into(),
+            for_: "10m",
+            severity: "critical",
+            summary: "No Ichor controller is scraped",
+            description: "No replica of the controller exports metrics: operations do not move and machines are not reconciled. `kubectl -n ichor-system get pods,deploy` shows why.",
+        },
+        Alert {
+            name: "IchorNoLeader",
+            expr: "max(ichor_leader) < 1".into(),
+            for_: "5m",
+            severity: "critical",
+            summary: "No Ichor controller replica holds its Lease",
+            description: "Replicas run but none acts (a replica acts only while it holds the Lease ichor-system/ichor-controller): check the Lease (`kubectl -n ichor-system get lease ichor-controller -o yaml`) and the replicas' logs.",
+        },
+        Alert {
+            name: "IchorReconcileErrors",
+            expr: "rate(ichor_reconcile_errors_total[10m]) > 0".into(),
+            for_: "30m",
+            severity: "warning",
+            summary: "Ichor's reconciles keep ending in errors",
+            description: "The controller's logs name each error (an API it cannot reach, a node's Talos API down): reconciles retry with backoff.",
+        },
+        Alert {
+            name: "IchorReleaseBehind",
+            expr: "ichor_cluster_release_behind == 1".into(),
+            for_: "7d",
+            severity: "info",
+            summary: "Cluster {{ $labels.cluster }} runs {{ $labels.component }} {{ $labels.version }}, behind the release set's {{ $labels.release_set }}",
+            description: "The installed Ichor ships {{ $labels.release_set }}: `ichor upgrade cluster --cluster {{ $labels.cluster }} --dry-run` shows the path (Talos, then configs, then Kubernetes a minor at a time, then Cilium).",
+        },
+    ]
+}
 
 /// A dashboard panel: its title, its unit, and its queries (expression, legend).
 pub type Panel = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
@@ -192,8 +195,12 @@ pub fn dashboard() -> Json {
 }
 
 /// Every query the manifests hold: the alerts' expressions, then the dashboard's.
-pub fn queries() -> Vec<&'static str> {
-    ALERTS.iter().map(|a| a.expr).chain(PANELS.iter().flat_map(|(_, _, q)| q.iter().map(|(e, _)| *e))).collect()
+pub fn queries() -> Vec<String> {
+    alerts()
+        .into_iter()
+        .map(|a| a.expr)
+        .chain(PANELS.iter().flat_map(|(_, _, q)| q.iter().map(|(e, _)| e.to_string())))
+        .collect()
 }
 
 /// The four documents, as YAML, for the controller's namespace.
@@ -218,7 +225,7 @@ pub fn manifests(namespace: &str) -> Vec<String> {
             "endpoints": [{"port": "http", "path": "/metrics", "interval": "30s"}],
         },
     });
-    let rules: Vec<Json> = ALERTS
+    let rules: Vec<Json> = alerts()
         .iter()
         .map(|a| {
             json!({
@@ -266,11 +273,12 @@ mod tests {
 
     #[test]
     fn every_alert_says_what_to_do_and_every_panel_has_a_query() {
-        let mut names: Vec<&str> = ALERTS.iter().map(|a| a.name).collect();
+        let alerts = alerts();
+        let mut names: Vec<&str> = alerts.iter().map(|a| a.name).collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), ALERTS.len(), "alert names are unique");
-        for a in ALERTS {
+        assert_eq!(names.len(), alerts.len(), "alert names are unique");
+        for a in &alerts {
             assert!(["critical", "warning", "info"].contains(&a.severity), "{}", a.name);
             assert!(!a.description.is_empty() && !a.summary.is_empty(), "{}", a.name);
         }

@@ -994,10 +994,10 @@ impl Planner {
             let (t, since, limit) = (text(t), rfc3339(num(since)), num(limit));
             let msg = self.message(
                 &t,
-                &data(json!({"machine": text(d), "detail": text(d), "since": since, "limit": limit / 60})),
+                &data(json!({"machine": text(d), "detail": text(d), "since": since, "limit": limit / 60, "limitSeconds": limit})),
             );
             push(
-                Action::Wait { reason: t, message: msg, clock: text(clock), since, limit_minutes: limit / 60 },
+                Action::Wait { reason: t, message: msg, clock: text(clock), since, limit_minutes: (limit + 59) / 60 },
                 proof(r.act_wait.id(), &row),
             );
         }
