@@ -179,11 +179,12 @@ fn tidy_every_rust_file_opens_with_a_module_doc() {
     assert!(missing.is_empty(), "these files do not open with `//!`: {missing:?}");
 }
 
-/// `src/lib.rs` (or `main.rs`) declares every module file of its crate, and the README's code
-/// map names every module as `crate::module`, so that a newcomer finds each one from it.
+/// `src/lib.rs` (or `main.rs`) declares every module file of its crate, and the code map
+/// (docs/architecture.md) names every module as `crate::module`, so that a newcomer finds each
+/// one from it.
 #[test]
 fn tidy_every_module_is_declared_and_in_the_code_map() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
     let mut problems = vec![];
     for c in CRATES {
         let src = root().join(c).join("src");
@@ -219,7 +220,7 @@ fn tidy_every_module_is_declared_and_in_the_code_map() {
             }
             let path = std::iter::once(c.to_string()).chain(parents).chain([name]).collect::<Vec<_>>().join("::");
             if !readme.contains(&format!("`{path}`")) {
-                problems.push(format!("README.md's code map does not name `{path}`"));
+                problems.push(format!("docs/architecture.md's code map does not name `{path}`"));
             }
         }
     }
@@ -298,10 +299,10 @@ fn tidy_pure_crates_import_no_io_stack() {
 }
 
 /// Every contract inventory under rules/contracts/ is embedded (build.rs lists them) and
-/// named in the README.
+/// named in docs/architecture.md.
 #[test]
 fn tidy_every_contract_inventory_is_embedded_and_listed() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
     let mut on_disk: Vec<String> = std::fs::read_dir(root().join("rules/contracts"))
         .unwrap()
         .flatten()
@@ -313,7 +314,7 @@ fn tidy_every_contract_inventory_is_embedded_and_listed() {
     let embedded: Vec<String> = render::embedded::CONTRACTS.iter().map(|(c, _)| c.to_string()).collect();
     assert_eq!(embedded, on_disk, "build.rs embeds every rules/contracts/*.paths");
     for c in &on_disk {
-        assert!(readme.contains(&format!("rules/contracts/{c}.paths")), "README.md does not list {c}");
+        assert!(readme.contains(&format!("rules/contracts/{c}.paths")), "docs/architecture.md does not list {c}");
     }
 }
 

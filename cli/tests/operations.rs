@@ -679,7 +679,7 @@ fn an_upgrade_completes_with_the_controller_as_its_own_process_killed_and_restar
         let used = ticks(second.id()).unwrap_or(before) - before;
         // Clock ticks are 1/100 s: N ticks in 10 s are N / 10 % of a core.
         let percent = used as f64 / 10.0;
-        // Printed with --nocapture (0.0-0.2 % measured on 2 cores, in the README's budgets);
+        // Printed with --nocapture (0.0-0.2 % measured on 2 cores, in docs/testing.md's budgets);
         // held only against a loop that never rests (issue 23 saw a whole core), not as a timing.
         eprintln!("the idle controller used {percent:.1} % of a core over 10 s");
         assert!(percent < 10.0, "the idle controller used {percent:.1} % of a core over 10 s");
@@ -725,7 +725,7 @@ fn the_other_replica_takes_the_lease_and_completes_an_upgrade_when_the_holder_is
 }
 
 /// A kube-proxy switch (a cluster without Argo CD: Ichor's Cilium Job applies the values)
-/// completes with the product controller as its own process, run as the README's
+/// completes with the product controller as its own process, run as docs/operations.md's
 /// `--no-controller` walk-through runs it: outside a pod, without KUBERNETES_SERVICE_HOST/PORT,
 /// so the kubernetes Service is probed at the kubeconfig's server (issue 50, finding 5: it
 /// waited 30 minutes with kube-proxy already deleted).
@@ -878,7 +878,7 @@ fn kubectl_watches_edits_waits_and_reads_events_on_the_simulated_cluster() {
     assert_eq!(code, 0, "{err}");
     assert!(out.lines().next().is_some_and(|h| h.contains("STATUS") && h.contains("ROLES")), "{out}");
 
-    // The README's "On a real cluster" lines: the CRDs applied server-side, the install dry-run
+    // docs/operations.md's "On a real cluster" lines: the CRDs applied server-side, the install dry-run
     // on the server.
     for (what, args) in [
         ("crds", &["apply", "--server-side", "-f", "-"][..]),

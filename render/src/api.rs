@@ -3,7 +3,7 @@
 //! Start at `TalosClusterSpec`. The CRDs are derived from these types (`kube`'s derive with
 //! `schemars`), printed by `ichor crds`, and the shipped example manifests are validated
 //! against them in a test. Field names follow Kubernetes conventions (camelCase, conditions
-//! with type/status/reason/message); where the design documents are silent the README says
+//! with type/status/reason/message); where the design documents are silent docs/resources.md says
 //! what was chosen and why.
 
 use kube_derive::CustomResource;

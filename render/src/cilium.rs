@@ -42,7 +42,7 @@ pub fn parse_open_fields(text: &str) -> Result<Vec<OpenField>, crate::inventory:
 /// Derives `key type` lines from the chart's values.schema.json, and, with the chart's
 /// values.yaml, the free-form maps its defaults show.
 ///
-/// The rule (README, "Cilium values"): the unknown-key check applies to the chart's structure.
+/// The rule (docs/resources.md, "Cilium values"): the unknown-key check applies to the chart's structure.
 /// A node is free-form (open: `path.* any`, `path[*] any`, nothing below it checked) when
 /// the schema gives an object no properties, when one of its keys in the schema or in the
 /// chart's defaults is not an identifier (a label such as `kubernetes.io/os` is data, not a key

@@ -47,7 +47,7 @@ pub const CILIUM_DEFAULT_LEAVES: (&str, &str) =
 /// The Cilium chart embedded in this build: Jobs install it and nothing newer is stepped back
 /// (CNI page: "a recorded patch newer than the embedded chart is never stepped back").
 pub const CILIUM_CHART_VERSION: &str = "1.20.0";
-/// Where the Cilium Job's image carries that chart (README: the Cilium Job).
+/// Where the Cilium Job's image carries that chart (docs/resources.md: the Cilium Job).
 pub const CILIUM_CHART_PATH: &str = "/charts/cilium-1.20.0.tgz";
 
 /// The Kubernetes version of this Ichor's release set (ADR 0113): the only upgrade target.

@@ -672,7 +672,7 @@ pub async fn create_cilium_job(client: &kube_client::Client, run: &CiliumJobRun<
                     "name": "cilium",
                     "image": JOB_IMAGE,
                     // `ichor cni helm apply` validates the user's layer with the one
-                    // validator, layers it with the mode and runs Helm (README: the Job).
+                    // validator, layers it with the mode and runs Helm (docs/resources.md: the Cilium Job).
                     "args": job_args(mode, tunnel, take_ownership),
                     "env": [{"name": JOB_VALUES_ENV, "value": user.to_string()}],
                     // A failed run's last log lines (Helm's error) become the container's

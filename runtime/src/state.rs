@@ -1,7 +1,7 @@
 //! The observed state: what the controller sees at one reconcile, as one plain value.
 //!
 //! Start at `ObservedState`. It is the input of `ichor plan --state SNAPSHOT.yaml` and what the
-//! controller would dump; the README documents the format with a full example. Times are RFC
+//! controller would dump; docs/operations.md documents the format with a full example. Times are RFC
 //! 3339 UTC (`2026-11-29T10:00:00Z`). `ObservedState::parse` checks what the rules cannot:
 //! the YAML itself, required fields, a machine listed twice, a clock in the future of `now`,
 //! versions that do not parse, an operation kind the rules do not know.

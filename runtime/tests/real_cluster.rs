@@ -1,5 +1,5 @@
 //! Against a real cluster, read-only, skipped unless `ICHOR_REAL_KUBECONFIG` and
-//! `ICHOR_REAL_TALOSCONFIG` point at one (see the README's "Run the controller"): reads the
+//! `ICHOR_REAL_TALOSCONFIG` point at one (see docs/controller.md): reads the
 //! workload, observes every TalosMachine's node through Talos, and plans each TalosOperation
 //! without executing anything.
 

@@ -624,11 +624,12 @@ fn every_switch_plan_keeps_the_operation_properties() {
     });
 }
 
-/// The README's snapshot example names every field there is, and parses and plans as written.
+/// The snapshot example of docs/operations.md names every field there is, and parses and plans
+/// as written.
 #[test]
-fn the_readme_snapshot_example_is_a_valid_snapshot_with_every_field() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let start = readme.find("```yaml\nnow:").expect("the README's snapshot example") + 8;
+fn the_docs_snapshot_example_is_a_valid_snapshot_with_every_field() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations.md")).unwrap();
+    let start = readme.find("```yaml\nnow:").expect("docs/operations.md's snapshot example") + 8;
     let text = &readme[start..start + readme[start..].find("```").unwrap()];
     let s = ObservedState::parse(text).unwrap_or_else(|e| panic!("{e:?}"));
     Planner::embedded().unwrap().plan(&s).unwrap();
@@ -652,7 +653,7 @@ fn the_readme_snapshot_example_is_a_valid_snapshot_with_every_field() {
             missing.push(k);
         }
     }
-    assert!(missing.is_empty(), "fields the README's example does not show: {missing:?}");
+    assert!(missing.is_empty(), "fields docs/operations.md's example does not show: {missing:?}");
 }
 
 /// The controller's role allows what a drain and the operations need and no more (the install
