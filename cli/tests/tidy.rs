@@ -1,0 +1,166 @@
+//! Tidy tests: the house as drawn (rust-analyzer's xtask tidy, in miniature). Every Rust file
+//! opens with a module doc; every module is declared and named in the code map
+//! (docs/architecture.md); no phase string literal outside the serde mapping; no product module
+//! names the simulators; the pure crates import no I/O stack; every contract inventory is
+//! embedded and listed.
+//!
+//! Start at `tidy_every_module_is_declared_and_in_the_code_map`.
+
+mod common;
+use common::{root, rust_files};
+
+const CRATES: [&str; 4] = ["engine", "render", "runtime", "cli"];
+
+/// Every Rust file opens with a `//!` comment saying what it is and where to start.
+#[test]
+fn tidy_every_rust_file_opens_with_a_module_doc() {
+    let mut files = vec![];
+    for c in CRATES {
+        rust_files(&root().join(c), &mut files);
+    }
+    let missing: Vec<String> = files
+        .iter()
+        .filter(|f| !std::fs::read_to_string(f).unwrap().starts_with("//!"))
+        .map(|f| f.strip_prefix(root()).unwrap_or(f).display().to_string())
+        .collect();
+    assert!(missing.is_empty(), "these files do not open with `//!`: {missing:?}");
+}
+
+/// `src/lib.rs` (or `main.rs`) declares every module file of its crate, and the code map
+/// (docs/architecture.md) names every module as `crate::module`, so that a newcomer finds each
+/// one from it.
+#[test]
+fn tidy_every_module_is_declared_and_in_the_code_map() {
+    let readme = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let mut problems = vec![];
+    for c in CRATES {
+        let src = root().join(c).join("src");
+        let top = if src.join("lib.rs").exists() { "lib.rs" } else { "main.rs" };
+        let top_text = std::fs::read_to_string(src.join(top)).unwrap();
+        let mut files = vec![];
+        rust_files(&src, &mut files);
+        for f in files {
+            let rel = f.strip_prefix(&src).unwrap();
+            let name = rel.file_stem().unwrap().to_string_lossy().to_string();
+            if rel == std::path::Path::new(top) || name == "tests" || name == "mod" {
+                continue;
+            }
+            // A nested module (`a/b.rs`) is declared by its parent (`a/mod.rs`) and named in the
+            // code map by its whole path (`crate::a::b`).
+            let parents: Vec<String> = rel
+                .parent()
+                .into_iter()
+                .flat_map(|p| p.components())
+                .map(|x| x.as_os_str().to_string_lossy().to_string())
+                .collect();
+            let (parent_file, parent_text) = if parents.is_empty() {
+                (format!("{c}/src/{top}"), top_text.clone())
+            } else {
+                let dir = src.join(parents.join("/"));
+                let text = std::fs::read_to_string(dir.join("mod.rs"))
+                    .or_else(|_| std::fs::read_to_string(dir.with_extension("rs")))
+                    .unwrap_or_default();
+                (format!("{c}/src/{}/mod.rs", parents.join("/")), text)
+            };
+            if !parent_text.contains(&format!("mod {name};")) {
+                problems.push(format!("{parent_file} does not declare `mod {name};`"));
+            }
+            let path = std::iter::once(c.to_string()).chain(parents).chain([name]).collect::<Vec<_>>().join("::");
+            if !readme.contains(&format!("`{path}`")) {
+                problems.push(format!("docs/architecture.md's code map does not name `{path}`"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Issue 21: an operation's and a machine's phases are `render::api::Phase` and `MachinePhase`;
+/// no Rust file spells one as a string except their serde mapping (render/src/api.rs). A line
+/// that must hold Kubernetes' own word of the same spelling (a Node's phase, a Job's condition
+/// type) says so: "Kubernetes' word".
+#[test]
+fn tidy_no_phase_string_literal_outside_the_serde_mapping() {
+    let phases: Vec<&str> = render::api::Phase::ALL
+        .iter()
+        .map(|p| p.name())
+        .chain(render::api::MachinePhase::ALL.iter().map(|p| p.name()))
+        .collect();
+    let mut problems = vec![];
+    for c in CRATES {
+        let mut files = vec![];
+        rust_files(&root().join(c), &mut files);
+        for f in files.iter().filter(|f| !f.ends_with("render/src/api.rs")) {
+            for (i, line) in std::fs::read_to_string(f).unwrap().lines().enumerate() {
+                if line.contains("Kubernetes' word") || line.trim_start().starts_with("//") {
+                    continue;
+                }
+                for p in &phases {
+                    if line.contains(&format!("\"{p}\"")) {
+                        problems.push(format!("{}:{}: \"{p}\"", f.strip_prefix(root()).unwrap().display(), i + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "use render::api::Phase or MachinePhase:\n{}", problems.join("\n"));
+}
+
+/// Issue 21: the simulators live in runtime/src/sim/ (feature `sim`); no product module of the
+/// runtime names them, so the product never calls into a fixture.
+#[test]
+fn tidy_no_product_module_names_the_simulators() {
+    let mut files = vec![];
+    rust_files(&root().join("runtime/src"), &mut files);
+    let sim = root().join("runtime/src/sim");
+    let mut problems = vec![];
+    for f in files.iter().filter(|f| !f.starts_with(&sim) && !f.ends_with("runtime/src/lib.rs")) {
+        for (i, line) in std::fs::read_to_string(f).unwrap().lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if ["sim::", "mod sim", "kubeapi", "demo::"].iter().any(|w| code.contains(w)) {
+                problems.push(format!("{}:{}: {}", f.strip_prefix(root()).unwrap().display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "product modules name the simulators:\n{}", problems.join("\n"));
+}
+
+/// The pure crates never name an async runtime, RPC stack or Kubernetes client in their
+/// sources (engine/tests checks their dependency graph through `cargo metadata`).
+#[test]
+fn tidy_pure_crates_import_no_io_stack() {
+    let forbidden = ["tokio", "tonic", "hyper", "kube::Client", "kube::Api", "kube_runtime", "reqwest", "std::net"];
+    let mut problems = vec![];
+    for c in ["engine", "render"] {
+        let mut files = vec![];
+        rust_files(&root().join(c).join("src"), &mut files);
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for word in forbidden {
+                if text.lines().any(|l| !l.trim_start().starts_with("//") && l.contains(word)) {
+                    problems.push(format!("{} names {word}", f.strip_prefix(root()).unwrap().display()));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "the pure crates must do no I/O: {}", problems.join("; "));
+}
+
+/// Every contract inventory under rules/contracts/ is embedded (build.rs lists them) and
+/// named in docs/architecture.md.
+#[test]
+fn tidy_every_contract_inventory_is_embedded_and_listed() {
+    let readme = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let mut on_disk: Vec<String> = std::fs::read_dir(root().join("rules/contracts"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "paths"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    let embedded: Vec<String> = render::embedded::CONTRACTS.iter().map(|(c, _)| c.to_string()).collect();
+    assert_eq!(embedded, on_disk, "build.rs embeds every rules/contracts/*.paths");
+    for c in &on_disk {
+        assert!(readme.contains(&format!("rules/contracts/{c}.paths")), "docs/architecture.md does not list {c}");
+    }
+}
