@@ -405,12 +405,6 @@ async fn reconcile_handover_once(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx
     }
 }
 
-fn handover_error_policy(c: Arc<render::api::TalosCluster>, e: &ReconcileError, ctx: Arc<Ctx>) -> Action {
-    let wait = ctx.backoff.failed(&key("TalosCluster", &c.metadata));
-    tracing::warn!(error = %crate::error_chain(e), retry_in = ?wait, "hand-over reconcile failed");
-    Action::requeue(wait)
-}
-
 /// The backoff's key of an object.
 fn key(kind: &str, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
     format!("{kind}/{}", meta.name.as_deref().unwrap_or_default())
@@ -434,15 +428,15 @@ where
     }
 }
 
-fn machine_error_policy(m: Arc<render::api::TalosMachine>, e: &ReconcileError, ctx: Arc<Ctx>) -> Action {
-    let wait = ctx.backoff.failed(&key("TalosMachine", &m.metadata));
-    tracing::warn!(error = %crate::error_chain(e), retry_in = ?wait, "machine reconcile failed");
-    Action::requeue(wait)
-}
-
-fn error_policy(op: Arc<TalosOperation>, e: &ReconcileError, ctx: Arc<Ctx>) -> Action {
-    let wait = ctx.backoff.failed(&key("TalosOperation", &op.metadata));
-    tracing::warn!(error = %crate::error_chain(e), retry_in = ?wait, "reconcile failed");
+/// Every loop's error policy: the object's backoff grows (`Backoff::failed`), and the error is
+/// logged with the object's kind and name, its whole chain once.
+fn error_policy<K>(o: Arc<K>, e: &ReconcileError, ctx: Arc<Ctx>) -> Action
+where
+    K: kube_client::Resource<DynamicType = ()>,
+{
+    let kind = K::kind(&());
+    let wait = ctx.backoff.failed(&key(&kind, o.meta()));
+    tracing::warn!(kind = %kind, name = %o.meta().name.as_deref().unwrap_or_default(), error = %crate::error_chain(e), retry_in = ?wait, "reconcile failed");
     Action::requeue(wait)
 }
 
@@ -745,7 +739,7 @@ pub async fn run(
             move |_| every_cluster(),
         )
         .graceful_shutdown_on(shutdown.clone())
-        .run(reconcile_handover, handover_error_policy, ctx.clone())
+        .run(reconcile_handover, error_policy, ctx.clone())
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!(error = %crate::error_chain(&e), "hand-over reconcile");
@@ -788,7 +782,7 @@ pub async fn run(
             stores.changes(|c| matches!(c, Changed::Patch | Changed::OperationEnded)),
         ))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile_machine, machine_error_policy, ctx)
+        .run(reconcile_machine, error_policy, ctx)
         .for_each(|r| async move {
             if let Err(e) = r {
                 tracing::debug!(error = %crate::error_chain(&e), "machine reconcile");
