@@ -3,12 +3,12 @@
 //!
 //! The validation is `render::cilium::validate`, the one function every caller uses.
 
+use crate::cni_values_cmd::{keys, read_values};
 use crate::{Diagnosed, KubeProxy, Output, Report, disk};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Subcommand;
 use render::api::KubeProxyMode;
 use render::cilium;
-use render::inventory::Inventory;
 use std::path::PathBuf;
 
 #[derive(Subcommand, Debug)]
@@ -170,10 +170,6 @@ pub enum SchemaCommand {
         #[arg(long, requires = "values")]
         defaults_out: Option<PathBuf>,
     },
-}
-
-pub(crate) fn keys() -> Result<Inventory> {
-    Inventory::parse(render::embedded::CILIUM_KEYS.1).context(render::embedded::CILIUM_KEYS.0)
 }
 
 fn refusals(rs: &[cilium::Refusal]) -> String {
@@ -342,14 +338,4 @@ fn helm_apply(
         ),
         ..Report::default()
     })
-}
-
-/// Cilium values as the one bounded reader reads them (aliases cannot expand them past
-/// `render::config::MAX_CONFIG_BYTES`; a value never reaches the error), as JSON.
-pub(crate) fn read_values(text: &str, source: &str) -> Result<serde_json::Value> {
-    let v = render::yaml::parse(text, render::config::MAX_CONFIG_BYTES).map_err(|e| {
-        let at = e.line.map(|l| format!(":{l}:{}", e.col.unwrap_or(1))).unwrap_or_default();
-        anyhow::anyhow!("{source}{at}: not valid YAML or JSON: {}", e.message)
-    })?;
-    serde_json::to_value(v).with_context(|| format!("{source}: the values do not convert to JSON"))
 }

@@ -110,7 +110,7 @@ async fn run_async(what: Live, a: &LiveArgs) -> Result<Report> {
                 Some(f) => read_layer(f)?,
                 None => assign(&current, &assignments)?,
             };
-            let refused = cilium::validate(&next, &crate::cni_cmd::keys()?, mode_now(&tc) == KubeProxyMode::Replaced);
+            let refused = cilium::validate(&next, &keys()?, mode_now(&tc) == KubeProxyMode::Replaced);
             let mut report = diff_report(&tc, &current, &next);
             if !refused.is_empty() {
                 report.stderr = refusal_text(&name, &refused);
@@ -206,7 +206,7 @@ fn read_layer(file: &Path) -> Result<Value> {
     if body.trim().is_empty() {
         return Ok(serde_json::json!({}));
     }
-    crate::cni_cmd::read_values(&text, &file.display().to_string())
+    read_values(&text, &file.display().to_string())
 }
 
 pub(crate) fn refusal_text(name: &str, refused: &[cilium::Refusal]) -> String {
@@ -241,7 +241,7 @@ async fn write(
     next: Value,
     dry_run: bool,
 ) -> Result<Report> {
-    let refused = cilium::validate(&next, &crate::cni_cmd::keys()?, mode_now(&tc) == KubeProxyMode::Replaced);
+    let refused = cilium::validate(&next, &keys()?, mode_now(&tc) == KubeProxyMode::Replaced);
     if !refused.is_empty() {
         return Ok(Report {
             stderr: format!(
@@ -324,6 +324,21 @@ fn run_editor(file: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The Cilium chart's keys this Ichor embeds (`rules/cilium/`), what the values are checked against.
+pub(crate) fn keys() -> Result<render::inventory::Inventory> {
+    render::inventory::Inventory::parse(render::embedded::CILIUM_KEYS.1).context(render::embedded::CILIUM_KEYS.0)
+}
+
+/// Cilium values as the one bounded reader reads them (aliases cannot expand them past
+/// `render::config::MAX_CONFIG_BYTES`; a value never reaches the error), as JSON.
+pub(crate) fn read_values(text: &str, source: &str) -> Result<serde_json::Value> {
+    let v = render::yaml::parse(text, render::config::MAX_CONFIG_BYTES).map_err(|e| {
+        let at = e.line.map(|l| format!(":{l}:{}", e.col.unwrap_or(1))).unwrap_or_default();
+        anyhow::anyhow!("{source}{at}: not valid YAML or JSON: {}", e.message)
+    })?;
+    serde_json::to_value(v).with_context(|| format!("{source}: the values do not convert to JSON"))
 }
 
 #[cfg(test)]

@@ -164,3 +164,64 @@ fn tidy_every_contract_inventory_is_embedded_and_listed() {
         assert!(readme.contains(&format!("rules/contracts/{c}.paths")), "docs/architecture.md does not list {c}");
     }
 }
+
+/// No import circle between the top-level modules of any crate: what a module names of its
+/// crate (`crate::x`, `use crate::{x, y}`, outside comments and its tests) points one way only,
+/// so each layer can be read without the ones above it (issue 54).
+#[test]
+fn tidy_no_import_circle_in_any_crate() {
+    let re = regex::Regex::new(r"crate::(\w+)").unwrap();
+    let group = regex::Regex::new(r"(?s)use crate::\{([^}]*)\}").unwrap();
+    let mut circles = vec![];
+    for c in CRATES {
+        let src = root().join(c).join("src");
+        let mut files = vec![];
+        rust_files(&src, &mut files);
+        let mut graph: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+        for f in &files {
+            let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+            let top = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
+            if top == "lib" || top == "main" {
+                continue;
+            }
+            let text = std::fs::read_to_string(f).unwrap();
+            let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+            let code: String =
+                text.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+            let mut refs: Vec<String> = re.captures_iter(&code).map(|m| m[1].to_string()).collect();
+            for g in group.captures_iter(&code) {
+                refs.extend(g[1].split(',').map(|p| p.trim().split("::").next().unwrap_or_default().to_string()));
+            }
+            let edges = graph.entry(top.clone()).or_default();
+            edges.extend(refs.into_iter().filter(|r| !r.is_empty() && *r != top));
+        }
+        // A depth-first walk: a module met again on the current path closes a circle.
+        fn walk(
+            m: &str,
+            graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+            path: &mut Vec<String>,
+            done: &mut std::collections::BTreeSet<String>,
+            out: &mut Vec<String>,
+        ) {
+            if let Some(i) = path.iter().position(|p| p == m) {
+                out.push(format!("{} -> {m}", path[i..].join(" -> ")));
+                return;
+            }
+            if !done.insert(m.to_string()) {
+                return;
+            }
+            path.push(m.to_string());
+            for next in graph.get(m).into_iter().flatten().filter(|n| graph.contains_key(*n)) {
+                walk(next, graph, path, done, out);
+            }
+            path.pop();
+        }
+        let mut done = std::collections::BTreeSet::new();
+        for m in graph.keys() {
+            let mut found = vec![];
+            walk(m, &graph, &mut vec![], &mut done, &mut found);
+            circles.extend(found.into_iter().map(|f| format!("{c}: {f}")));
+        }
+    }
+    assert!(circles.is_empty(), "import circles:\n{}", circles.join("\n"));
+}

@@ -409,14 +409,8 @@ pub struct MachineVerdict {
     pub pending: Vec<crate::api::PendingChange>,
 }
 
-/// Talos would refuse the desired config.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Rejection {
-    /// Talos's refusal, in its words.
-    pub message: String,
-    /// The paths at fault, joined by ` and `.
-    pub at: String,
-}
+/// Talos would refuse the desired config (`vocab::Rejection`: a migration reports them too).
+pub use crate::vocab::Rejection;
 
 /// What a classification found: the verdict, each change's class, Talos's refusals.
 pub struct Outcome {

@@ -119,7 +119,7 @@ pub struct Migration {
     /// Legacy values whose document field holds another value.
     pub conflicts: Vec<Conflict>,
     /// What Talos would refuse in the migrated config (its words, and where).
-    pub rejected: Vec<crate::classify::Rejection>,
+    pub rejected: Vec<crate::vocab::Rejection>,
     /// Nothing moved: the config is in document form already, or every group stays.
     pub nothing: bool,
 }

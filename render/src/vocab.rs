@@ -234,6 +234,15 @@ impl fmt::Display for Verdict {
     }
 }
 
+/// Talos would refuse the desired config.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Rejection {
+    /// Talos's refusal, in its words.
+    pub message: String,
+    /// The paths at fault, joined by ` and `.
+    pub at: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

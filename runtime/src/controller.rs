@@ -71,13 +71,8 @@ pub const STATUS_ATTEMPTS: u32 = 10;
 /// KUBERNETES_SERVICE_HOST`), which the wait's message names.
 pub type ServiceProbe = std::pin::Pin<Box<dyn std::future::Future<Output = ProbeResult> + Send>>;
 
-/// What one probe of the kubernetes Service found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProbeResult {
-    pub answers: bool,
-    /// Where it was probed and how that address was chosen.
-    pub target: String,
-}
+/// What one probe of the kubernetes Service found (`state::ProbeResult`).
+pub use crate::state::ProbeResult;
 
 /// What one reconcile saw, decided and did.
 #[derive(Debug)]

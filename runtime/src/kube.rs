@@ -655,9 +655,9 @@ pub async fn create_cilium_job(client: &kube_client::Client, run: &CiliumJobRun<
         mode == render::api::KubeProxyMode::Replaced,
         tunnel,
     ));
-    let mut labels = json!({"app.kubernetes.io/managed-by": "ichor", crate::handover::VALUES_HASH_LABEL: hash});
+    let mut labels = json!({"app.kubernetes.io/managed-by": "ichor", crate::cni_objects::VALUES_HASH_LABEL: hash});
     if let Some(op) = operation {
-        labels[crate::handover::OPERATION_LABEL] = json!(op);
+        labels[crate::cni_objects::OPERATION_LABEL] = json!(op);
     }
     let job: Job = serde_json::from_value(json!({
         "apiVersion": "batch/v1",
@@ -707,21 +707,21 @@ fn job_args(mode: render::api::KubeProxyMode, tunnel: &str, take_ownership: bool
 
 /// Ichor's Cilium Jobs (label app.kubernetes.io/managed-by=ichor in kube-system): each one's
 /// values' hash, mode and state.
-pub async fn cilium_jobs(client: &kube_client::Client) -> Result<Vec<crate::handover::CiliumJob>, KubeError> {
+pub async fn cilium_jobs(client: &kube_client::Client) -> Result<Vec<crate::cni_objects::CiliumJob>, KubeError> {
     use k8s_openapi::api::core::v1::Pod;
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), JOB_NAMESPACE);
-    let mut out: Vec<crate::handover::CiliumJob> = jobs
+    let mut out: Vec<crate::cni_objects::CiliumJob> = jobs
         .list(&ListParams::default().labels("app.kubernetes.io/managed-by=ichor"))
         .await
         .map_err(api_err("listing Ichor's Jobs"))?
         .items
         .iter()
-        .map(|j| crate::handover::CiliumJob::from_json(&serde_json::to_value(j).unwrap_or_default()))
+        .map(|j| crate::cni_objects::CiliumJob::from_json(&serde_json::to_value(j).unwrap_or_default()))
         .collect();
     // A failed Job's condition says only that it gave up: Helm's words are its pod's
     // termination message (the last log lines). Read only for the failed ones.
     let pods: Api<Pod> = Api::namespaced(client.clone(), JOB_NAMESPACE);
-    for j in out.iter_mut().filter(|j| j.state == crate::handover::JobState::Failed) {
+    for j in out.iter_mut().filter(|j| j.state == crate::cni_objects::JobState::Failed) {
         let listed = pods
             .list(&ListParams::default().labels(&format!("job-name={}", j.name)))
             .await
@@ -730,7 +730,7 @@ pub async fn cilium_jobs(client: &kube_client::Client) -> Result<Vec<crate::hand
             .items
             .iter()
             .rev()
-            .find_map(|p| crate::handover::termination_message(&serde_json::to_value(p).unwrap_or_default()))
+            .find_map(|p| crate::cni_objects::termination_message(&serde_json::to_value(p).unwrap_or_default()))
         {
             j.why = words;
         }
@@ -856,7 +856,7 @@ pub async fn read_cilium(client: &kube_client::Client) -> Result<LiveCilium, Kub
     let daemon_set = opt(dss.get("cilium").await, "DaemonSet kube-system/cilium")?;
     let owners = daemon_set
         .as_ref()
-        .map(|d| crate::handover::cilium_owners(&serde_json::to_value(&d.metadata).unwrap_or_default()))
+        .map(|d| crate::cni_objects::cilium_owners(&serde_json::to_value(&d.metadata).unwrap_or_default()))
         .unwrap_or_default();
     Ok(LiveCilium {
         config_read: config.is_some(),
@@ -871,7 +871,7 @@ pub async fn read_cilium(client: &kube_client::Client) -> Result<LiveCilium, Kub
 /// `service_probe` is the controller's own probe of the kubernetes Service.
 pub async fn read_workload(
     client: &kube_client::Client,
-    service_probe: crate::controller::ProbeResult,
+    service_probe: crate::state::ProbeResult,
     operation: &str,
 ) -> Result<crate::state::Workload, KubeError> {
     use crate::state::Workload;
@@ -900,16 +900,16 @@ pub async fn read_workload(
     let mut cilium_jobs_succeeded = vec![];
     for j in cilium_jobs(client).await? {
         if j.operation.as_deref() != Some(operation) {
-            if j.state == crate::handover::JobState::Running {
+            if j.state == crate::cni_objects::JobState::Running {
                 cilium_jobs_in_flight.push(j.name);
             }
             continue;
         }
         match (j.state, j.mode) {
-            (crate::handover::JobState::Failed, Some(mode)) => {
+            (crate::cni_objects::JobState::Failed, Some(mode)) => {
                 cilium_jobs_failed.insert(mode, format!("Job {JOB_NAMESPACE}/{}: {}", j.name, j.why));
             }
-            (crate::handover::JobState::Complete, Some(mode)) if !cilium_jobs_succeeded.contains(&mode) => {
+            (crate::cni_objects::JobState::Complete, Some(mode)) if !cilium_jobs_succeeded.contains(&mode) => {
                 cilium_jobs_succeeded.push(mode)
             }
             _ => {}
@@ -922,14 +922,14 @@ pub async fn read_workload(
         "applications",
     );
     let apps: Api<kube_client::api::DynamicObject> =
-        Api::namespaced_with(client.clone(), crate::handover::APPLICATION_NAMESPACE, &ar);
+        Api::namespaced_with(client.clone(), crate::cni_objects::APPLICATION_NAMESPACE, &ar);
     let what = format!(
         "Argo CD's Application {}/{}",
-        crate::handover::APPLICATION_NAMESPACE,
-        crate::handover::APPLICATION_NAME
+        crate::cni_objects::APPLICATION_NAMESPACE,
+        crate::cni_objects::APPLICATION_NAME
     );
-    let argocd_application = opt(apps.get(crate::handover::APPLICATION_NAME).await, &what)?.map(|o| {
-        let a = crate::handover::Application::from_json(&serde_json::to_value(&o).unwrap_or_default());
+    let argocd_application = opt(apps.get(crate::cni_objects::APPLICATION_NAME).await, &what)?.map(|o| {
+        let a = crate::cni_objects::Application::from_json(&serde_json::to_value(&o).unwrap_or_default());
         crate::state::ArgoApplication {
             health: a.health,
             sync: a.sync,
@@ -944,7 +944,7 @@ pub async fn read_workload(
         cilium_chart_version: cilium_daemon_set
             .as_ref()
             .and_then(|d| d.image.as_deref())
-            .and_then(crate::handover::cilium_version_of_image),
+            .and_then(crate::cni_objects::cilium_version_of_image),
         cilium_jobs_failed,
         cilium_jobs_in_flight,
         cilium_kube_proxy_replacement: data.get("kube-proxy-replacement").cloned(),

@@ -9,6 +9,7 @@
 
 pub mod admission;
 pub mod assemble;
+pub mod cni_objects;
 #[cfg(feature = "io")]
 pub mod controller;
 pub mod crashpoint;

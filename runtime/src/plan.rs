@@ -636,21 +636,9 @@ pub struct Planner {
     cilium_keys: render::inventory::Inventory,
 }
 
-/// RFC 3339 UTC from seconds since 1970.
-pub fn rfc3339(t: i64) -> String {
-    let days = t.div_euclid(86_400);
-    let secs = t.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
-}
+/// RFC 3339 of seconds since 1970 (`state::rfc3339`: the snapshot's times and the plan's are
+/// one format).
+pub use crate::state::rfc3339;
 
 fn mode(db: &Database, relation: &'static str, id: u32) -> Result<KubeProxyMode, PlanError> {
     KubeProxyMode::parse(db.sym(id)).ok_or_else(|| PlanError::Decode {

@@ -400,7 +400,7 @@ async fn reconcile_handover_once(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx
         Ok(None) => Ok(Action::await_change()),
         Err(source) => {
             ctx.metrics.errors.inc();
-            Err(ReconcileError { operation: format!("the hand-over of TalosCluster {name}"), source })
+            Err(ReconcileError { operation: format!("the hand-over of TalosCluster {name}"), source: source.into() })
         }
     }
 }

@@ -451,9 +451,7 @@ impl MaintenanceAt {
             return None;
         }
         Some(match crate::window::at(windows, now) {
-            Ok(w) => {
-                MaintenanceAt { open: w.open, next_start: w.next_start.map(crate::plan::rfc3339), problems: vec![] }
-            }
+            Ok(w) => MaintenanceAt { open: w.open, next_start: w.next_start.map(rfc3339), problems: vec![] },
             Err(p) => MaintenanceAt { problems: p.iter().map(ToString::to_string).collect(), ..Default::default() },
         })
     }
@@ -481,6 +479,30 @@ pub struct StageOperation {
 pub struct StateError {
     pub field: String,
     pub message: String,
+}
+
+/// What one probe of the kubernetes Service found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProbeResult {
+    pub answers: bool,
+    /// Where it was probed and how that address was chosen.
+    pub target: String,
+}
+
+/// RFC 3339 UTC from seconds since 1970.
+pub fn rfc3339(t: i64) -> String {
+    let days = t.div_euclid(86_400);
+    let secs = t.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
 }
 
 /// Seconds since 1970 of an RFC 3339 UTC time (`YYYY-MM-DDTHH:MM:SSZ`).
