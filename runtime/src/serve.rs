@@ -441,7 +441,7 @@ where
 }
 
 /// Logs each change of who acts: this replica holding the Lease, or waiting for it (and who
-/// holds it), so a replica that does nothing says why.
+/// holds it), so a replica that does nothing says why; the `ichor_leader` gauge follows it.
 /// The task holds a receiver of the Lease's channel: it is aborted on shutdown, as the Lease is
 /// released only once every receiver is gone (issue 50: it held one forever, so a SIGTERM left
 /// the Lease renewed and no standby took over).
@@ -455,6 +455,7 @@ fn log_lease_changes(
     config: &RunConfig,
     node: Option<String>,
     release_set: String,
+    metrics: Arc<Metrics>,
 ) -> tokio::task::JoinHandle<()> {
     let (ns, name, me) = (config.namespace.clone(), config.lease_name.clone(), config.identity.clone());
     tokio::spawn(async move {
@@ -462,6 +463,7 @@ fn log_lease_changes(
         let mut was = None;
         loop {
             let now = *leader.borrow_and_update();
+            metrics.set_leader(now);
             if was != Some(now) {
                 if now {
                     tracing::info!(lease = %format!("{ns}/{name}"), identity = %me, "holding the Lease: this replica acts");
@@ -596,6 +598,7 @@ pub async fn run(
         &config,
         controller.controller_node.clone(),
         controller.release_set_words(),
+        metrics.clone(),
     );
     // The lists every reconcile reads come from watches from here on (see `stores`).
     let _ = controller.stores.set(crate::stores::Stores::start(&client, &config.namespace).await);
@@ -606,7 +609,10 @@ pub async fn run(
         let m = metrics.clone();
         m.set_release_set(&controller.release_set_kubernetes, &controller.release_set_talos);
         let metrics_controller = controller.clone();
-        let (metrics_leader, metrics_ns) = (leader.clone(), config.namespace.clone());
+        // (No receiver of the Lease's channel here: the Lease is released only once every
+        // receiver is gone, and the metrics server outlives the shutdown. `log_lease_changes`
+        // sets the leader gauge.)
+        let metrics_ns = config.namespace.clone();
         let ready = ready.clone();
         let app = axum::Router::new()
             .route("/healthz", axum::routing::get(|| async { "ok" }))
@@ -627,7 +633,7 @@ pub async fn run(
                 "/metrics",
                 axum::routing::get(move || {
                     let (m, c) = (m.clone(), metrics_controller.clone());
-                    let (leader, ns) = (*metrics_leader.borrow(), metrics_ns.clone());
+                    let ns = metrics_ns.clone();
                     async move {
                         // The clusters behind the release set, read now (kept from the last
                         // scrape when the read fails or takes longer than 5 s).
@@ -641,7 +647,6 @@ pub async fn run(
                             );
                             m.set_release_behind(&behind);
                         }
-                        m.set_leader(leader);
                         m.encode_with(c.stores.get())
                     }
                 }),
