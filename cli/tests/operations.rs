@@ -1493,6 +1493,19 @@ fn cilium_operations_record_the_same_under_api_faults() {
 /// TalosMachine's boot record (boot and config hash) and paths awaiting a reboot. The sim's
 /// boot IDs count a node's boots, so two runs that rebooted alike record alike.
 fn record_of(sim: &Sim, op: &str) -> String {
+    // Under API faults a machine's status write may sit in its backoff when the cluster first
+    // looks quiet: the record is taken once every TalosMachine has its boot recorded (60 s at
+    // most; a machine whose Talos has no boot ID never gets one, and is recorded as it is).
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_secs(60) {
+        let (_, list, _) = sim.kubectl(&["get", "talosmachines", "-n", "ichor-system", "-o", "json"]).unwrap();
+        let list: serde_json::Value = serde_json::from_str(&list).unwrap_or_default();
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        if items.iter().all(|m| m.pointer("/status/boot/id").and_then(|i| i.as_str()).is_some_and(|i| !i.is_empty())) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
     let get = |what: &[&str]| -> serde_json::Value {
         let mut args = vec!["get"];
         args.extend(what);
