@@ -78,6 +78,9 @@ fn every_document_is_its_kubernetes_type_without_a_dropped_field() {
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            // ichor-health-checks, aggregated, and its binding.
+            "ClusterRole",
+            "ClusterRoleBinding",
             "ServiceAccount",
             "ClusterRoleBinding",
             "Deployment",
