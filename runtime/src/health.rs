@@ -184,28 +184,31 @@ pub fn evaluate(check: &HealthCheck, read: Result<Vec<serde_json::Value>, String
         (Ok(_), Ok(objects)) if objects.is_empty() => {
             vec![fail(what(o, o.name.as_deref()), "no object matches".into())]
         }
-        (Ok(p), Ok(objects)) => objects
-            .iter()
-            .map(|obj| {
-                let name = obj.pointer("/metadata/name").and_then(|n| n.as_str());
-                let object = what(o, name.or(o.name.as_deref()));
-                match run(&p, obj) {
-                    Ok(true) => HealthResult { object, passed: true, result: "true".into() },
-                    Ok(false) => fail(object, "false".into()),
-                    Err(e) => fail(object, e),
-                }
-            })
-            .collect(),
+        (Ok(p), Ok(objects)) => {
+            // Kubernetes's CEL libraries registered once per check; each object is `object` in turn.
+            let mut ctx = cel::Context::default().with_all();
+            objects
+                .iter()
+                .map(|obj| {
+                    let name = obj.pointer("/metadata/name").and_then(|n| n.as_str());
+                    let object = what(o, name.or(o.name.as_deref()));
+                    match run(&p, &mut ctx, obj) {
+                        Ok(true) => HealthResult { object, passed: true, result: "true".into() },
+                        Ok(false) => fail(object, "false".into()),
+                        Err(e) => fail(object, e),
+                    }
+                })
+                .collect()
+        }
     };
     HealthAt { name: check.name.clone(), timeout_seconds: i64::from(check.timeout_seconds), results }
 }
 
 /// The expression on one object: its boolean, or why there is none.
-fn run(p: &Program, object: &serde_json::Value) -> Result<bool, String> {
-    let mut ctx = cel::Context::default().with_all();
+fn run(p: &Program, ctx: &mut cel::Context, object: &serde_json::Value) -> Result<bool, String> {
     let value = cel::to_value(object).map_err(|e| format!("the object does not convert to CEL: {e}"))?;
     ctx.add_variable_from_value("object", value);
-    match p.execute(&ctx) {
+    match p.execute(ctx) {
         Ok(Value::Bool(b)) => Ok(b),
         Ok(v) => Err(format!("{} ({}), not a boolean", type_name(&v), short(&v))),
         Err(e) => Err(format!("error: {e}")),

@@ -999,7 +999,8 @@ pub async fn served_kind(
     o: &render::api::HealthObject,
 ) -> Result<(ApiResource, crate::health::Served), kube_client::Error> {
     let (group, version) = o.api_version.split_once('/').unwrap_or(("", &o.api_version));
-    match kube_client::discovery::pinned_kind(client, &GroupVersionKind::gvk(group, version, &o.kind)).await {
+    let gvk = GroupVersionKind::gvk(group, version, &o.kind);
+    match kube_client::discovery::pinned_kind(client, &gvk).await {
         Ok((ar, caps)) => {
             let scope = if caps.scope == kube_client::discovery::Scope::Namespaced {
                 crate::health::Served::Namespaced
@@ -1010,13 +1011,12 @@ pub async fn served_kind(
         }
         // Discovery answers a group or kind it does not serve with 404 or an unknown kind.
         Err(kube_client::Error::Api(s)) if s.code == 404 => Ok((
-            ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &o.kind)),
+            ApiResource::from_gvk(&gvk),
             crate::health::Served::No(format!("the API server serves no group version {}", o.api_version)),
         )),
-        Err(kube_client::Error::Discovery(e)) => Ok((
-            ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &o.kind)),
-            crate::health::Served::No(e.to_string()),
-        )),
+        Err(kube_client::Error::Discovery(e)) => {
+            Ok((ApiResource::from_gvk(&gvk), crate::health::Served::No(e.to_string())))
+        }
         Err(e) => Err(e),
     }
 }

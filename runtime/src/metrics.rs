@@ -101,12 +101,6 @@ pub struct ReleaseLabel {
     pub release_set: String,
 }
 
-/// `vX.Y.Z` as numbers (a pre-release suffix is ignored).
-fn triple(v: &str) -> Option<(u64, u64, u64)> {
-    let mut it = v.trim_start_matches('v').split(['.', '-']).map(|p| p.parse::<u64>());
-    Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
-}
-
 /// Each cluster's Talos and Kubernetes that are older than the release set (`ichor upgrade
 /// cluster` would move them). Pure.
 pub fn release_behind<'a>(
@@ -120,8 +114,8 @@ pub fn release_behind<'a>(
         for (component, version, set) in
             [("talos", &c.spec.talos_version, talos), ("kubernetes", &c.spec.kubernetes_version, kubernetes)]
         {
-            if let (Some(v), Some(s)) = (triple(version), triple(set))
-                && v < s
+            if let (Some(v), Some(s)) = (engine::parse_version(version), engine::parse_version(set))
+                && engine::version_cmp(&v, &s).is_lt()
             {
                 out.push(ReleaseLabel {
                     cluster: name.clone(),
@@ -470,5 +464,22 @@ mod tests {
         let text = m.encode();
         assert!(!text.contains("kind=\"kubernetes\""), "{text}");
         assert!(text.contains("ichor_build_info{version="), "{text}");
+    }
+
+    #[test]
+    fn a_cluster_is_behind_per_component_older_than_the_release_set() {
+        let cluster: render::api::TalosCluster = serde_yaml::from_str(
+            "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosCluster\nmetadata: {name: lab}\nspec: {talosVersion: v1.14.3, kubernetesVersion: v1.37.0, endpoint: 'https://lab:6443', versionContract: v1.14, secretsRef: {name: s}}",
+        )
+        .unwrap();
+        let behind = release_behind([&cluster], "v1.14.6", "v1.37.0");
+        let label = ReleaseLabel {
+            cluster: "lab".into(),
+            component: "talos".into(),
+            version: "v1.14.3".into(),
+            release_set: "v1.14.6".into(),
+        };
+        assert_eq!(behind, vec![label], "Kubernetes on the set is not behind");
+        assert!(release_behind([&cluster], "v1.14.3", "v1.36.4").is_empty(), "newer than the set is not behind");
     }
 }
