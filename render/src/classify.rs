@@ -326,7 +326,8 @@ impl Classified {
 /// The cluster and machine context of a machine's classification (`config diff --manifests`).
 /// Hashed into the machine controller's verdict key: the same inputs, running config and
 /// context judge the same.
-#[derive(Clone, Debug, Hash)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct MachineContext {
     /// The machine's role.
     pub role: Role,

@@ -72,6 +72,13 @@ pub fn changes(from: &Config, to: &Config) -> Vec<Change> {
 /// The config as YAML, documents separated by `---`, with every leaf for which `sensitive`
 /// holds (and every subtree below such a path) replaced by `<redacted>`.
 pub fn redacted_yaml(config: &Config, sensitive: &dyn Fn(&Path) -> bool) -> String {
+    hidden_yaml(config, sensitive, &|_| Value::String(REDACTED.into()))
+}
+
+/// `redacted_yaml`, each sensitive value replaced by what `hide` makes of it (a snapshot keeps
+/// a keyed digest, so that two configs of one snapshot still differ where their secrets do). A
+/// value whose key cannot be named is always `<redacted>`.
+pub fn hidden_yaml(config: &Config, sensitive: &dyn Fn(&Path) -> bool, hide: &dyn Fn(&Value) -> Value) -> String {
     let mut docs = vec![];
     for d in &config.docs {
         let base = d.base();
@@ -90,7 +97,7 @@ pub fn redacted_yaml(config: &Config, sensitive: &dyn Fn(&Path) -> bool) -> Stri
                     Some(b) => b.child_key(key),
                     None => Path::root(key),
                 };
-                redact(&p, x, sensitive);
+                redact(&p, x, sensitive, hide);
             }
         }
         docs.push(serde_yaml::to_string(&v).unwrap_or_default());
@@ -98,25 +105,25 @@ pub fn redacted_yaml(config: &Config, sensitive: &dyn Fn(&Path) -> bool) -> Stri
     docs.join("---\n")
 }
 
-fn redact(path: &Path, v: &mut Value, sensitive: &dyn Fn(&Path) -> bool) {
+fn redact(path: &Path, v: &mut Value, sensitive: &dyn Fn(&Path) -> bool, hide: &dyn Fn(&Value) -> Value) {
     if sensitive(path) {
-        *v = Value::String(REDACTED.into());
+        *v = hide(v);
         return;
     }
     match v {
         Value::Mapping(m) => {
             for (k, x) in m.iter_mut() {
                 match k.as_str() {
-                    Some(key) => redact(&path.child_key(key), x, sensitive),
+                    Some(key) => redact(&path.child_key(key), x, sensitive, hide),
                     // Fail closed: a value whose key cannot be named cannot be checked.
                     None => *x = Value::String(REDACTED.into()),
                 }
             }
         }
-        Value::Tagged(t) => redact(path, &mut t.value, sensitive),
+        Value::Tagged(t) => redact(path, &mut t.value, sensitive, hide),
         Value::Sequence(s) => {
             for (i, x) in s.iter_mut().enumerate() {
-                redact(&path.child_index(i), x, sensitive);
+                redact(&path.child_index(i), x, sensitive, hide);
             }
         }
         _ => {}

@@ -385,6 +385,8 @@ pub struct Read {
     pub configs: BTreeMap<String, MachineConfigs>,
     /// The operation's resourceVersion, for the status write.
     pub resource_version: Option<String>,
+    /// The operation's and the cluster's statuses as read: what the status writes patch from.
+    pub statuses: (render::api::TalosOperationStatus, render::api::TalosClusterStatus),
 }
 
 /// What the assembly needs besides the observation: the controller's own settings and caches.
@@ -738,7 +740,7 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
                 .machines
                 .iter()
                 .map(|(k, v)| {
-                    let started_at = v.started_at.clone().unwrap_or_else(|| now.to_string());
+                    let started_at = Some(v.started_at.clone().unwrap_or_else(|| now.to_string()));
                     let p = MachineProgress {
                         phase: v.phase,
                         stage: v.stage.clone(),
@@ -761,7 +763,8 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
     };
     // Checked as `ichor plan --state` checks a snapshot (typed, no YAML between).
     snapshot.check().map_err(|problems| AssembleError::Snapshot { problems })?;
-    Ok(Read { snapshot, configs, resource_version: op.metadata.resource_version.clone() })
+    let statuses = (op.status.clone().unwrap_or_default(), o.cluster.status.clone().unwrap_or_default());
+    Ok(Read { snapshot, configs, resource_version: op.metadata.resource_version.clone(), statuses })
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@ pub const APPLICATION_NAME: &str = "cilium";
 pub const APPLICATION_NAMESPACE: &str = "argocd";
 
 /// What Argo CD's Application for Cilium says.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct Application {
     /// `status.sync.status`: `Synced`, `OutOfSync`, `Unknown`.
     pub sync: String,
@@ -63,7 +64,8 @@ fn helm_kube_proxy_replacement(helm: &serde_json::Value) -> Option<String> {
 }
 
 /// A Cilium Job of Ichor's, as the values reconciler reads it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CiliumJob {
     pub name: String,
     /// Its label `ichor.maesh.dev/values-hash` (a Job made before the label has none).
@@ -79,7 +81,7 @@ pub struct CiliumJob {
 }
 
 /// Where a Job is, from its conditions (Kubernetes' `Complete` and `Failed`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum JobState {
     Running,
     Complete,
@@ -189,4 +191,28 @@ pub fn cilium_version_of_image(image: &str) -> Option<String> {
     let parts: Vec<&str> = core.split('.').collect();
     let numeric = parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
     numeric.then(|| version.to_string())
+}
+
+/// What Cilium runs now, as both hosts read it: cilium-config's kube-proxy-replacement and
+/// IPAM mode, the cilium DaemonSet's rollout, and who manages it.
+#[derive(Clone, Debug, Default)]
+pub struct LiveCilium {
+    /// cilium-config was there.
+    pub config_read: bool,
+    /// cilium-config's whole data.
+    pub config: std::collections::BTreeMap<String, String>,
+    pub daemon_set: Option<crate::state::DaemonSet>,
+    /// The DaemonSet's managers (its labels and annotations: `handover::cilium_owners`).
+    pub owners: Vec<crate::state::CiliumOwner>,
+}
+
+impl LiveCilium {
+    /// cilium-config's kube-proxy-replacement.
+    pub fn kpr(&self) -> Option<String> {
+        self.config.get("kube-proxy-replacement").cloned()
+    }
+    /// cilium-config's `ipam`.
+    pub fn ipam(&self) -> Option<String> {
+        self.config.get("ipam").cloned()
+    }
 }

@@ -15,11 +15,9 @@ use crate::plan::{Plan, Planner};
 use crate::state::ObservedState;
 use crate::talos::client::Client as Talos;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
-use kube_client::api::{Api, ListParams, Patch, PatchParams};
+use kube_client::api::{Api, ListParams};
 use render::api::{TalosCluster, TalosConfigPatch, TalosMachine, TalosOperation};
 use render::classify::Classifier;
-use render::config::Config;
-use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,18 +29,6 @@ pub enum ControllerError {
         #[source]
         source: kube_client::Error,
     },
-    #[error("rendering machine {machine}")]
-    Render {
-        machine: String,
-        #[source]
-        source: render::machine::MachineError,
-    },
-    #[error("classifying machine {machine}")]
-    Classify {
-        machine: String,
-        #[source]
-        source: render::classify::ClassifyError,
-    },
     #[error("the custom resources do not load: {}", problems.iter().map(|p| p.message.clone()).collect::<Vec<_>>().join("; "))]
     Manifests { problems: Vec<render::manifests::ManifestError> },
     #[error(transparent)]
@@ -53,6 +39,8 @@ pub enum ControllerError {
     Workload(#[from] crate::kube::KubeError),
     #[error(transparent)]
     Handover(#[from] crate::handover::HandoverError),
+    #[error(transparent)]
+    Machine(#[from] crate::reconcile::machine::MachineLoopError),
 }
 
 fn kube_err(what: impl Into<String>) -> impl FnOnce(kube_client::Error) -> ControllerError {
@@ -140,22 +128,8 @@ pub struct Controller {
     pub lockdown: Option<Vec<String>>,
 }
 
-/// What one machine reconcile found and did.
-#[derive(Clone, Debug)]
-pub struct MachineReconciled {
-    /// The machine's Ready condition (the rules').
-    pub condition: render::api::Condition,
-    /// The paths applied live this time (none when nothing was, or the apply did not happen).
-    pub applied: Vec<String>,
-    /// The operation of its cluster that has not ended, which the machine is left to.
-    pub left_to: Option<String>,
-}
-
-/// A render's refusal with every problem it names (the patch and field at fault).
-fn render_problem(e: &render::machine::MachineError) -> String {
-    let problems = e.problems();
-    if problems.is_empty() { e.to_string() } else { format!("{e}: {}", problems.join("; ")) }
-}
+/// What one machine reconcile found and did (`reconcile::machine`).
+pub use crate::reconcile::machine::MachineReconciled;
 
 impl Controller {
     /// A controller of these clients, planner and classifier, with the defaults of a real
@@ -385,7 +359,7 @@ impl Controller {
     }
 
     /// The namespace's TalosOperations.
-    async fn operations(&self, namespace: &str) -> Result<Vec<TalosOperation>, ControllerError> {
+    pub(crate) async fn operations(&self, namespace: &str) -> Result<Vec<TalosOperation>, ControllerError> {
         if let Some(s) = self.stores.get() {
             return Ok(crate::stores::items(&s.operations, |o| o.metadata.namespace.as_deref() == Some(namespace)));
         }
@@ -495,7 +469,7 @@ impl Controller {
     /// `cluster_manifests` of the cluster's objects as the caches hold them, taken as kept while
     /// the caches heard of no machine or patch change since (their epoch) and the cluster and
     /// secret are the same versions: an idle machine reconcile costs the same at any fleet size.
-    async fn cluster_loaded(
+    pub(crate) async fn cluster_loaded(
         &self,
         namespace: &str,
         cluster: &TalosCluster,
@@ -526,7 +500,7 @@ impl Controller {
     }
 
     /// The Secret with the cluster's Talos secrets bundle.
-    async fn secret(&self, namespace: &str, cluster: &TalosCluster) -> Result<Secret, ControllerError> {
+    pub(crate) async fn secret(&self, namespace: &str, cluster: &TalosCluster) -> Result<Secret, ControllerError> {
         let name = &cluster.spec.secrets_ref.name;
         Api::<Secret>::namespaced(self.kube.clone(), namespace)
             .get(name)
@@ -534,193 +508,49 @@ impl Controller {
             .map_err(kube_err(format!("reading Secret {namespace}/{name}")))
     }
 
-    /// The Machine controller's reconcile: the machine's `Ready` condition and hashes, from the
-    /// same code as `ichor config diff --manifests` (its render against the node's running
-    /// config, classified with the machine's context). An unreachable node is `Unknown`. The
-    /// paths the rules give to apply live (`apply_live`, rules/machine.rules) are applied with
-    /// NO_REBOOT, through the executor and its precondition (the node's config unchanged since
-    /// it was read); the reconcile after shows whether the node runs them.
+    /// The machine loop's reconcile of one TalosMachine (`reconcile::machine::reconcile`): its
+    /// `Ready` condition and hashes, from the same code as `ichor config diff --manifests`, and
+    /// the live applies the rules give (`apply_live`, rules/machine.rules).
     pub async fn reconcile_machine(
         &self,
         namespace: &str,
         machine: &str,
         now: &str,
     ) -> Result<MachineReconciled, ControllerError> {
-        let machines_api: Api<TalosMachine> = Api::namespaced(self.kube.clone(), namespace);
-        let mch =
-            machines_api.get(machine).await.map_err(kube_err(format!("reading TalosMachine {namespace}/{machine}")))?;
-        let cluster_name = mch.spec.cluster_ref.name.clone();
-        let cluster = Api::<TalosCluster>::namespaced(self.kube.clone(), namespace)
-            .get(&cluster_name)
+        crate::reconcile::machine::reconcile(self, namespace, machine, now).await
+    }
+
+    /// The machine controller's verdicts kept between resyncs.
+    pub(crate) fn verdicts(&self) -> &crate::assemble::VerdictCache {
+        &self.verdicts
+    }
+
+    /// The executor's Kubernetes side, in `namespace`, for `operation` (none: a loop of no
+    /// operation).
+    pub(crate) fn kube_port(&self, namespace: &str, operation: Option<&str>) -> KubeCluster {
+        KubeCluster {
+            client: self.kube.clone(),
+            talos: self.talos.clone(),
+            drain_timeout: self.drain_timeout,
+            operation: operation.map(str::to_string),
+            namespace: namespace.to_string(),
+        }
+    }
+
+    /// The TalosMachine `namespace/name`.
+    pub(crate) async fn machine(&self, namespace: &str, name: &str) -> Result<TalosMachine, ControllerError> {
+        Api::<TalosMachine>::namespaced(self.kube.clone(), namespace)
+            .get(name)
             .await
-            .map_err(kube_err(format!("reading TalosCluster {namespace}/{cluster_name}")))?;
-        let secret = self.secret(namespace, &cluster).await?;
-        // An operation of the cluster that has not ended: the machine is left to it. (The
-        // rules' terminal set, which `Phase::is_terminal` is pinned to by a test: no evaluation
-        // per reconcile.)
-        let in_progress = self
-            .operations(namespace)
-            .await?
-            .into_iter()
-            .find(|o| {
-                o.spec.cluster_ref.name == cluster_name
-                    && !o.status.as_ref().map(|s| s.phase()).unwrap_or_default().is_terminal()
-            })
-            .and_then(|o| Some((o.metadata.name.clone()?, o.spec.kind)));
-        let manifests = self.cluster_loaded(namespace, &cluster, secret).await?;
-        // What the rules judge: the render against the node's running config, or, when either
-        // cannot be had, the failure itself. The reason and message are the rules' alone
-        // (rules/machine.rules), as for `ichor config diff --manifests`.
-        let mch_in = manifests
-            .machine(machine)
-            .map_err(|e| ControllerError::Render { machine: machine.into(), source: e.into() })?;
-        let classify =
-            |contract, changes: &[render::diff::Change], desired, mctx: &render::classify::MachineContext| {
-                self.classifier
-                    .classify_machine(contract, changes, desired, Some(mctx), false)
-                    .map_err(|source| ControllerError::Classify { machine: machine.into(), source })
-            };
-        let mut live: Option<(String, Arc<render::render::Rendered>)> = None;
-        // The node's boot, as recorded (or first seen now): what waits for a reboot.
-        let mut boot = mch.status.as_ref().and_then(|s| s.boot.clone());
-        let mut awaiting: Vec<String> = vec![];
-        let (outcome, hash) = match self.renders.render(&self.classifier, &manifests, machine) {
-            Err(e) => {
-                let contract = self
-                    .classifier
-                    .contract(&manifests.cluster_of(mch_in).spec.version_contract)
-                    .map_err(|e| ControllerError::Render { machine: machine.into(), source: e.into() })?;
-                let mctx = render::machine::rejected_context(&manifests, &mch, render_problem(&e));
-                (classify(contract, &[], None, &mctx)?.machine.unwrap_or_default(), None)
-            }
-            Ok(rendered) => {
-                let mut mctx = render::machine::context(&manifests, &mch, &rendered);
-                mctx.operation_in_progress = in_progress.clone();
-                let mut running_hash = None;
-                let text = match self.talos.running_config(&mch.spec.address).await {
-                    Err(e) => {
-                        mctx.node_unreachable = Some(e.to_string());
-                        None
-                    }
-                    Ok(text) => Some(text),
-                };
-                // The running config is parsed only when something needs its values: a boot to
-                // record, or a verdict not kept (a resync of a settled machine needs neither).
-                let parsed: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
-                let running =
-                    |text: &str| -> &Config { parsed.get_or_init(|| Config::parse(text).unwrap_or_default()) };
-                if let Some(text) = &text {
-                    // A boot ID Talos does not have (before 1.14) or cannot give now: no boot
-                    // is tracked, nothing is said to wait.
-                    // The node still runs the config it booted with (the common case): nothing
-                    // waits, and its values are not classified again.
-                    let config_hash = crate::plan::config_hash(text);
-                    running_hash = Some(config_hash.clone());
-                    if let Ok(Some(id)) = self.talos.boot_id(&mch.spec.address).await {
-                        let digests = || {
-                            render::boot::boot_digests(&self.classifier, rendered.contract, running(text), &id)
-                                .map_err(|source| ControllerError::Classify { machine: machine.into(), source })
-                        };
-                        match &boot {
-                            Some(b) if b.id == id && b.config_hash == config_hash => {}
-                            Some(b) if b.id == id => {
-                                awaiting = render::boot::changed_within_boot(&b.reboot_values, &digests()?);
-                                mctx.applied_awaiting_reboot = awaiting.clone();
-                            }
-                            _ => {
-                                let reboot_values = digests()?;
-                                boot = Some(render::api::BootRecord { id, config_hash, reboot_values });
-                            }
-                        }
-                    }
-                }
-                // The same inputs, running config and context judge the same: kept.
-                let key = {
-                    use std::hash::{Hash, Hasher};
-                    let mut h = std::collections::hash_map::DefaultHasher::new();
-                    (rendered.contract.to_string(), &rendered.inputs_hash, &running_hash, &mctx).hash(&mut h);
-                    h.finish()
-                };
-                let verdict = self.verdicts.verdict(machine, key, || {
-                    let changes = match &text {
-                        Some(t) => render::diff::changes(running(t), &rendered.config),
-                        None => vec![],
-                    };
-                    classify(rendered.contract, &changes, Some(&rendered.config), &mctx)
-                        .map(|o| o.machine.unwrap_or_default())
-                })?;
-                live = text.map(|t| (t, rendered.clone()));
-                (verdict, Some(rendered.inputs_hash.clone()))
-            }
-        };
-        let v = outcome;
-        // The live apply: only the rules' paths, the running config's other paths as they are.
-        let mut applied_live = vec![];
-        if let Some((running, rendered)) = live.filter(|_| !v.apply_paths.is_empty()) {
-            let action = crate::plan::Action::Apply {
-                machine: machine.into(),
-                node: Some(mch.spec.address.clone()),
-                paths: v.apply_paths.clone(),
-                payload: crate::plan::apply_payload(&running, &rendered.config, &v.apply_paths),
-            };
-            let mut kube = KubeCluster {
-                client: self.kube.clone(),
-                talos: self.talos.clone(),
-                drain_timeout: self.drain_timeout,
-                operation: None,
-                namespace: namespace.to_string(),
-            };
-            match (Executor { talos: &self.talos, kube: &mut kube }).perform(&action).await {
-                crate::exec::Performed::Done => applied_live = v.apply_paths.clone(),
-                // The node changed under the read, or Talos refused: looked at again after.
-                other => tracing::warn!(machine, outcome = ?other, "the live apply did not happen"),
-            }
-        }
-        let condition = render::api::Condition {
-            type_: "Ready".into(),
-            status: v.status,
-            reason: v.reason,
-            message: v.message,
-            last_transition_time: Some(now.into()),
-        };
-        let reboot_paths = v.reboot_paths;
-        // What was applied live just now is no longer pending.
-        let pending_changes: Vec<_> = v.pending.into_iter().filter(|p| !applied_live.contains(&p.path)).collect();
-        // The transition time moves only when the status does.
-        let previous = mch.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned());
-        let mut condition = condition;
-        if let Some(p) = previous.filter(|p| p.status == condition.status && p.reason == condition.reason) {
-            condition.last_transition_time = p.last_transition_time;
-        }
-        let converged = condition.status == "True";
-        let applied =
-            if converged { hash.clone() } else { mch.status.as_ref().and_then(|s| s.applied_inputs_hash.clone()) };
-        let status = json!({"status": {
-            "conditions": [condition],
-            "rebootPaths": reboot_paths,
-            "desiredInputsHash": hash,
-            "appliedInputsHash": applied,
-            "boot": boot,
-            "appliedAwaitingReboot": awaiting,
-            "pendingChanges": pending_changes,
-        }});
-        // An unchanged status is not written again: each write is a watch event, which would
-        // start this reconcile again.
-        // Compared as typed statuses: `rebootPaths: []` and no `rebootPaths` are the same status
-        // (the API keeps the empty list it was sent; the type does not serialize it), so a
-        // converged machine is not written again on every reconcile.
-        let current = mch.status.clone().unwrap_or_default();
-        let mut next = serde_json::to_value(&current).unwrap_or_default();
-        crate::kube::merge_patch(&mut next, &status["status"]);
-        if serde_json::from_value::<render::api::TalosMachineStatus>(next).ok().as_ref() == Some(&current) {
-            return Ok(MachineReconciled { condition, applied: applied_live, left_to: in_progress.map(|(n, _)| n) });
-        }
-        machines_api
-            .patch_status(machine, &PatchParams::default(), &Patch::Merge(&status))
+            .map_err(kube_err(format!("reading TalosMachine {namespace}/{name}")))
+    }
+
+    /// The TalosCluster `namespace/name`.
+    pub(crate) async fn cluster(&self, namespace: &str, name: &str) -> Result<TalosCluster, ControllerError> {
+        Api::<TalosCluster>::namespaced(self.kube.clone(), namespace)
+            .get(name)
             .await
-            .map_err(kube_err(format!("writing the status of TalosMachine {namespace}/{machine}")))?;
-        crate::crashpoint::after(crate::crashpoint::Write::Status);
-        Ok(MachineReconciled { condition, applied: applied_live, left_to: in_progress.map(|(n, _)| n) })
+            .map_err(kube_err(format!("reading TalosCluster {namespace}/{name}")))
     }
 
     /// One reconcile: read, plan, execute, write status (re-read and re-planned on a conflict).
@@ -734,13 +564,7 @@ impl Controller {
             // running config it was planned from; the executor gets nothing else.
             let plan = self.planner.plan_complete(&read.snapshot, &read.configs)?;
             let decided_in = started.elapsed();
-            let mut kube = KubeCluster {
-                client: self.kube.clone(),
-                talos: self.talos.clone(),
-                drain_timeout: self.drain_timeout,
-                operation: Some(operation.to_string()),
-                namespace: namespace.to_string(),
-            };
+            let mut kube = self.kube_port(namespace, Some(operation));
             let mut exec = Executor { talos: &self.talos, kube: &mut kube };
             let outcome = exec.run(&plan).await;
             // A precondition that no longer held: the plan was stale. Nothing of it is recorded
@@ -785,7 +609,7 @@ impl Controller {
         let mut delay = std::time::Duration::from_millis(50);
         let mut attempt = 1;
         loop {
-            match self.write_status(namespace, operation, &read.snapshot, resource_version.as_deref(), after).await {
+            match self.write_status(namespace, operation, read, resource_version.as_deref(), after).await {
                 Err(ControllerError::Kube { source, .. })
                     if attempt < STATUS_ATTEMPTS && crate::kube::transient(&source) =>
                 {
@@ -803,80 +627,29 @@ impl Controller {
         }
     }
 
+    /// The operation's status, and its two fields of the cluster's, as `after` holds them
+    /// (typed: `status::operation_status` and `status::cluster_cni`, each a merge patch from the
+    /// status read; nothing is sent for a status that does not change).
     async fn write_status(
         &self,
         namespace: &str,
         operation: &str,
-        before: &ObservedState,
+        read: &crate::assemble::Read,
         resource_version: Option<&str>,
         after: &ObservedState,
     ) -> Result<(), ControllerError> {
-        let op = &after.operation;
-        // A status that does not change is not written: each write is a watch event that would
-        // start this reconcile again.
-        if *op == before.operation && after.cluster.status_kube_proxy == before.cluster.status_kube_proxy {
-            return Ok(());
-        }
-        let machines: serde_json::Map<String, serde_json::Value> = op
-            .machines
-            .iter()
-            .map(|(k, v)| {
-                (k.clone(), json!({"phase": v.phase, "stage": v.stage, "startedAt": v.started_at, "bootId": v.boot_id}))
-            })
-            .collect();
-        // A merge patch only removes a key sent as null: a cleared clock is sent so.
-        let mut clocks: serde_json::Map<String, serde_json::Value> =
-            before.operation.waiting_since.keys().map(|k| (k.clone(), serde_json::Value::Null)).collect();
-        for (k, v) in &op.waiting_since {
-            clocks.insert(k.clone(), json!(v));
-        }
-        let status = json!({
-            "metadata": {"resourceVersion": resource_version},
-            "status": {
-                "phase": op.phase,
-                "pausedReason": op.paused_reason,
-                "machines": machines,
-                "waitingSince": clocks,
-                "done": op.done,
-                "resumed": (op.intent.resumed > 0).then_some(op.intent.resumed),
-                "waits": op.waits,
-                "machinesLeft": op.machines_left,
-                "stages": op.stages,
-            }
-        });
+        use crate::kube::{managers, write_status};
+        let (op_read, cluster_read) = &read.statuses;
         let ops: Api<TalosOperation> = Api::namespaced(self.kube.clone(), namespace);
-        ops.patch_status(operation, &PatchParams::default(), &Patch::Merge(&status))
+        let next = crate::status::operation_status(&after.operation, op_read);
+        write_status(&ops, operation, op_read, &next, resource_version, managers::OPERATIONS)
             .await
             .map_err(kube_err(format!("writing the status of TalosOperation {namespace}/{operation}")))?;
-        crate::crashpoint::after(crate::crashpoint::Write::Status);
-        let cni = match (
-            after.cluster.status_kube_proxy != before.cluster.status_kube_proxy,
-            after.cluster.cilium_adoption != before.cluster.cilium_adoption,
-        ) {
-            (false, false) => None,
-            (mode, adoption) => {
-                let mut cni = json!({});
-                if mode {
-                    cni["kubeProxy"] = json!(after.cluster.status_kube_proxy.map(|m| m.name()));
-                }
-                if adoption {
-                    cni["adoption"] = json!(after.cluster.cilium_adoption);
-                }
-                Some(cni)
-            }
-        };
-        if let Some(cni) = cni {
-            let clusters: Api<TalosCluster> = Api::namespaced(self.kube.clone(), namespace);
-            clusters
-                .patch_status(
-                    &after.cluster.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": {"cni": cni}})),
-                )
-                .await
-                .map_err(kube_err(format!("writing the status of TalosCluster {namespace}/{}", after.cluster.name)))?;
-            crate::crashpoint::after(crate::crashpoint::Write::Status);
-        }
+        let clusters: Api<TalosCluster> = Api::namespaced(self.kube.clone(), namespace);
+        let next = crate::status::cluster_cni(&after.cluster, cluster_read);
+        write_status(&clusters, &after.cluster.name, cluster_read, &next, None, managers::OPERATIONS)
+            .await
+            .map_err(kube_err(format!("writing the status of TalosCluster {namespace}/{}", after.cluster.name)))?;
         Ok(())
     }
 }

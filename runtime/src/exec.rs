@@ -58,6 +58,9 @@ pub trait KubePort {
     /// has one), then the stage's TalosOperation created, owned by the release. An operation of
     /// that name already there is the stage already started: nothing to do.
     async fn start_stage(&mut self, stage: &crate::plan::StageStart) -> Result<(), Self::Error>;
+    /// Ichor's namespace locked down: its CiliumNetworkPolicies server-side-applied (the ones
+    /// already as wanted are not written again).
+    async fn lock_down(&mut self, lockdown: &crate::netpol::Lockdown) -> Result<(), Self::Error>;
 }
 
 /// What became of one action.
@@ -141,8 +144,17 @@ impl<K: KubePort> Executor<'_, K> {
     /// Performs the plan's actions in order; stops at the first transient error or failed
     /// precondition, and after a drain that fails its machine's step.
     pub async fn run(&mut self, plan: &Plan) -> Outcome {
+        self.run_all(plan.actions.iter().map(|(a, _)| a)).await
+    }
+
+    /// `run` of a loop's actions (the machine and cluster loops').
+    pub async fn run_actions(&mut self, actions: &[Action]) -> Outcome {
+        self.run_all(actions.iter()).await
+    }
+
+    async fn run_all(&mut self, actions: impl Iterator<Item = &Action>) -> Outcome {
         let mut out = Outcome::default();
-        for (a, _) in &plan.actions {
+        for a in actions {
             let p = self.perform(a).await;
             let stop = matches!(p, Performed::Interrupted { .. } | Performed::Refused { .. })
                 || matches!((a, &p), (Action::Drain { .. }, Performed::Failed { .. }))
@@ -220,6 +232,7 @@ impl<K: KubePort> Executor<'_, K> {
                 kube(self.kube.cilium_job(name, *mode, user, tunnel, *take_ownership).await)
             }
             Action::StartStage { stage } => kube(self.kube.start_stage(stage).await),
+            Action::LockDown { lockdown } => kube(self.kube.lock_down(lockdown).await),
             // Status, waits, warnings and the end: recorded by `status::record`.
             Action::Abort { .. }
             | Action::Resume
@@ -234,7 +247,10 @@ impl<K: KubePort> Executor<'_, K> {
             | Action::Wait { .. }
             | Action::ClearClock { .. }
             | Action::Warn { .. }
-            | Action::Complete => Performed::Recorded,
+            | Action::Complete
+            | Action::SetCondition { .. }
+            | Action::ClearCondition { .. }
+            | Action::RecordValuesHash { .. } => Performed::Recorded,
         }
     }
 }

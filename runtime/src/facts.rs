@@ -350,7 +350,7 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
             b.sym(m),
             b.sym(pr.phase.name()),
             b.sym(pr.stage.as_deref().unwrap_or("")),
-            b.num(epoch(&pr.started_at).unwrap_or(now)),
+            b.num(pr.started_at.as_deref().and_then(epoch).unwrap_or(now)),
         ];
         r.progress.push(&mut b, row);
         if let Some(boot) = &pr.boot_id {

@@ -1,11 +1,12 @@
 //! The CNI hand-over (ADR 0024): when Argo CD has adopted Cilium, `CNIHandover` turns True on
 //! the TalosCluster and the render drops the CNI's inline manifest from then on.
 //!
-//! Start at `decide` (pure: the cluster's hand-over mode, what Argo CD's Application says, the
-//! condition now, given to rules/handover.rules as facts; the rules decide, this file fills
-//! the facts and reads the condition) and, with the `io` feature, `reconcile` (reads the Application as a dynamic
-//! object, writes the condition only when it changes). Absent Argo CD is "not here yet": the
-//! condition says `WaitingForArgoCD` and the reconcile comes back later, never a hang or an error.
+//! The rule host of the cluster loop (`reconcile::cluster`, which reads, plans, executes and
+//! writes the status). Start at `Rules::decide` (the cluster's hand-over mode, what Argo CD's
+//! Application says, the condition now, given to rules/handover.rules as facts; the rules
+//! decide, this file fills the facts and reads the condition) and `Rules::decide_values` (the
+//! Cilium values and the lockdown). Absent Argo CD is "not here yet": the condition says
+//! `WaitingForArgoCD` and the reconcile comes back later, never a hang or an error.
 
 pub use crate::cni_objects::{
     APPLICATION_NAME, APPLICATION_NAMESPACE, Application, CiliumJob, JobState, OPERATION_LABEL, VALUES_HASH_LABEL,
@@ -57,6 +58,10 @@ pub enum HandoverError {
         #[source]
         source: kube_client::Error,
     },
+    /// An action of the cluster loop's plan did not happen (nothing of the plan is recorded).
+    #[cfg(feature = "io")]
+    #[error("{action}: it did not happen: {why}")]
+    NotPerformed { action: String, why: String },
     /// A read or write of the Cilium values' objects failed.
     #[cfg(feature = "io")]
     #[error(transparent)]
@@ -321,7 +326,8 @@ impl Rules {
 }
 
 /// What the values reconciler read, as the rules take it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ValuesFacts {
     /// The TalosCluster's name (for the messages).
     pub cluster: String,
@@ -434,155 +440,6 @@ pub fn decide(mode: Handover, app: Option<&Application>, done: bool) -> Result<D
 fn or(s: &str) -> &str {
     if s.is_empty() { "Unknown" } else { s }
 }
-
-#[cfg(feature = "io")]
-mod io {
-    use super::*;
-    use kube_client::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
-    use render::api::TalosCluster;
-
-    /// One reconcile of a cluster: the hand-over (read the Application, decide) and the Cilium
-    /// values (read cilium-config, the cilium DaemonSet, Ichor's Jobs and the cluster's
-    /// operations, decide, run the Job the rules name); the status (both conditions and
-    /// appliedValuesHash) is written once, only when it changes. Returns when to look again.
-    pub async fn reconcile(
-        client: &kube_client::Client,
-        operations: &[render::api::TalosOperation],
-        lockdown: Option<&crate::netpol::Lockdown>,
-        cluster: &TalosCluster,
-        now: &str,
-    ) -> Result<Option<Duration>, HandoverError> {
-        let kube = |source| HandoverError::Kube { what: "the CNI hand-over".into(), source };
-        let done = render::render::handover_done(cluster);
-        let ar = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
-            "applications",
-        );
-        let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), APPLICATION_NAMESPACE, &ar);
-        let app = if done || cluster.spec.cni.handover != Handover::Automatic {
-            None
-        } else {
-            match apps.get_opt(APPLICATION_NAME).await {
-                Ok(a) => a.map(|o| Application::from_json(&serde_json::to_value(&o).unwrap_or_default())),
-                // Argo CD's CRDs not installed: the same as no Application.
-                Err(kube_client::Error::Api(e)) if e.code == 404 => None,
-                Err(e) => return Err(kube(e)),
-            }
-        };
-        let d = decide(cluster.spec.cni.handover, app.as_ref(), done)?;
-        // The values follow this reconcile's hand-over: once Argo CD owns Cilium, no Job.
-        let values = values(client, operations, lockdown.is_some(), cluster, d.status == "True").await?;
-        let ns = cluster.metadata.namespace.clone().unwrap_or_default();
-        let name = cluster.metadata.name.clone().unwrap_or_default();
-        if let Some(l) = lockdown.filter(|_| values.lockdown) {
-            let written = crate::kube::ensure_network_policies(client, &crate::netpol::policies(l)).await?;
-            if !written.is_empty() {
-                tracing::info!(namespace = %l.namespace, policies = %written.join(", "), "locked Ichor's namespace down (CiliumNetworkPolicies)");
-            }
-        } else if lockdown.is_some() {
-            tracing::debug!(cluster = %name, waits = %values.lockdown_waits.join(", "), "the namespace's CiliumNetworkPolicies wait");
-        }
-        if let Some(ValuesJob { hash, mode, take_ownership }) = &values.run_job {
-            let f = ValuesFacts::of_cluster(cluster);
-            let job = format!("ichor-cni-{hash}");
-            let run = crate::kube::CiliumJobRun {
-                name: &job,
-                mode: *mode,
-                user: &f.user,
-                tunnel: &f.tunnel,
-                take_ownership: *take_ownership,
-                operation: None,
-            };
-            crate::kube::create_cilium_job(client, &run).await?;
-            crate::crashpoint::after(crate::crashpoint::Write::JobCreate);
-            tracing::info!(cluster = %name, job = %job, mode = %mode, "started the Cilium Job for the values");
-        }
-        let status = cluster.status.clone().unwrap_or_default();
-        let mut conditions = status.conditions.clone();
-        let mut wanted = vec![("CNIHandover", Some(&d))];
-        wanted.push(("CNIValuesApplied", values.condition.as_ref()));
-        for (type_, want) in wanted {
-            let current = conditions.iter().position(|c| c.type_ == type_);
-            match (current, want) {
-                (Some(i), Some(w)) => {
-                    let c = &mut conditions[i];
-                    if c.status != w.status {
-                        c.last_transition_time = Some(now.to_string());
-                    }
-                    (c.status, c.reason, c.message) = (w.status.clone(), w.reason.clone(), w.message.clone());
-                }
-                (None, Some(w)) => conditions.push(render::api::Condition {
-                    type_: type_.into(),
-                    status: w.status.clone(),
-                    reason: w.reason.clone(),
-                    message: w.message.clone(),
-                    last_transition_time: Some(now.to_string()),
-                }),
-                (Some(i), None) => {
-                    conditions.remove(i);
-                }
-                (None, None) => {}
-            }
-        }
-        let applied = status.cni.as_ref().and_then(|c| c.applied_values_hash.clone());
-        let record = values.record.clone().filter(|h| Some(h) != applied.as_ref());
-        if conditions != status.conditions || record.is_some() {
-            let mut patch = serde_json::json!({"status": {"conditions": conditions}});
-            if let Some(h) = &record {
-                patch["status"]["cni"] = serde_json::json!({"appliedValuesHash": h});
-            }
-            let api: Api<TalosCluster> = Api::namespaced(client.clone(), &ns);
-            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(patch)).await.map_err(kube)?;
-            crate::crashpoint::after(crate::crashpoint::Write::Status);
-        }
-        Ok(match (d.requeue, values.requeue) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        })
-    }
-
-    /// The values' decision for `cluster`, from the workload cluster's Cilium, Ichor's Jobs and
-    /// the cluster's operations (read only for a cilium cluster before the hand-over).
-    async fn values(
-        client: &kube_client::Client,
-        operations: &[render::api::TalosOperation],
-        lockdown: bool,
-        cluster: &TalosCluster,
-        handed_over: bool,
-    ) -> Result<ValuesDecision, HandoverError> {
-        let mut f = ValuesFacts::of_cluster(cluster);
-        f.handover_done |= handed_over;
-        let ours = f.preset_cilium && !f.handover_done;
-        if ours || lockdown {
-            let live = crate::kube::read_cilium(client).await?;
-            f.cilium_kpr = live.kpr();
-            f.chart_running =
-                live.daemon_set.as_ref().and_then(|d| d.image.as_deref()).and_then(cilium_version_of_image);
-            (f.cilium_ds, f.owners) = (live.daemon_set, live.owners);
-        }
-        if lockdown {
-            f.lockdown_enabled = true;
-            f.policy_kind_served = crate::kube::serves_cilium_network_policies(client).await?;
-        }
-        if ours {
-            let name = cluster.metadata.name.clone().unwrap_or_default();
-            f.bootstrap_patch = crate::kube::bootstrap_patch(client, cluster).await?;
-            f.jobs = crate::kube::cilium_jobs(client).await?;
-            f.operations = operations
-                .iter()
-                .filter(|o| o.spec.cluster_ref.name == name && o.metadata.namespace == cluster.metadata.namespace)
-                .map(|o| {
-                    let phase = o.status.as_ref().and_then(|s| s.phase).unwrap_or_default();
-                    (o.metadata.name.clone().unwrap_or_default(), phase)
-                })
-                .collect();
-        }
-        rules().map_err(|e| HandoverError::Unavailable { why: e.to_string() })?.decide_values(&f)
-    }
-}
-
-#[cfg(feature = "io")]
-pub use io::reconcile;
 
 #[cfg(test)]
 mod tests {

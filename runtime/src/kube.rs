@@ -155,6 +155,7 @@ fn is_status(e: &kube_client::Error, code: u16) -> bool {
     matches!(e, kube_client::Error::Api(s) if s.code == code)
 }
 
+#[derive(Clone)]
 pub struct KubeCluster {
     pub client: kube_client::Client,
     pub talos: Talos,
@@ -593,6 +594,14 @@ impl KubePort for KubeCluster {
         create_cilium_job(&self.client, &run).await
     }
 
+    async fn lock_down(&mut self, lockdown: &crate::netpol::Lockdown) -> Result<(), KubeError> {
+        let written = ensure_network_policies(&self.client, &crate::netpol::policies(lockdown)).await?;
+        if !written.is_empty() {
+            tracing::info!(namespace = %lockdown.namespace, policies = %written.join(", "), "locked Ichor's namespace down (CiliumNetworkPolicies)");
+        }
+        Ok(())
+    }
+
     async fn start_stage(&mut self, stage: &crate::plan::StageStart) -> Result<(), KubeError> {
         use render::api::{TalosCluster, TalosOperation};
         let ns = &self.namespace;
@@ -806,29 +815,8 @@ fn ds(d: k8s_openapi::api::apps::v1::DaemonSet) -> crate::state::DaemonSet {
     }
 }
 
-/// What Cilium runs now, as both hosts read it: cilium-config's kube-proxy-replacement and
-/// IPAM mode, the cilium DaemonSet's rollout, and who manages it.
-#[derive(Clone, Debug, Default)]
-pub struct LiveCilium {
-    /// cilium-config was there.
-    pub config_read: bool,
-    /// cilium-config's whole data.
-    pub config: std::collections::BTreeMap<String, String>,
-    pub daemon_set: Option<crate::state::DaemonSet>,
-    /// The DaemonSet's managers (its labels and annotations: `handover::cilium_owners`).
-    pub owners: Vec<crate::state::CiliumOwner>,
-}
-
-impl LiveCilium {
-    /// cilium-config's kube-proxy-replacement.
-    pub fn kpr(&self) -> Option<String> {
-        self.config.get("kube-proxy-replacement").cloned()
-    }
-    /// cilium-config's `ipam`.
-    pub fn ipam(&self) -> Option<String> {
-        self.config.get("ipam").cloned()
-    }
-}
+/// What Cilium runs now (`cni_objects::LiveCilium`).
+pub use crate::cni_objects::LiveCilium;
 
 /// The TalosConfigPatch of `cluster` that carries Cilium's inline manifest (`render::render::
 /// cni_home`): Ichor installed that Cilium. None when no patch does.
@@ -969,25 +957,48 @@ pub async fn read_workload(
     })
 }
 
-/// RFC 7386 JSON merge patch.
-pub fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
-    match patch {
-        serde_json::Value::Object(p) => {
-            if !target.is_object() {
-                *target = serde_json::Value::Object(serde_json::Map::new());
-            }
-            let t = target.as_object_mut().expect("made an object above");
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge_patch(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
-                }
-            }
-        }
-        v => *target = v.clone(),
-    }
+/// Who writes each status (the `fieldManager` of every status write): each loop owns its
+/// resource's status, and of a TalosCluster's the operation loop owns `status.cni.kubeProxy` and
+/// `status.cni.adoption`, the cluster loop the rest (docs/architecture.md, "One writer").
+pub mod managers {
+    /// The operation loop: TalosOperation status, and its two fields of TalosCluster status.
+    pub const OPERATIONS: &str = "ichor-operations";
+    /// The machine loop: TalosMachine status.
+    pub const MACHINES: &str = "ichor-machines";
+    /// The cluster loop: TalosCluster conditions and `status.cni.appliedValuesHash`.
+    pub const CLUSTERS: &str = "ichor-clusters";
 }
+
+/// Writes `next` as the status of `name`: the CRD's status type serialized, sent as the merge
+/// patch from `current` (the status read; `status::merge_patch_between`) under `manager`, on
+/// `resource_version` when given. Nothing is sent when the two are equal. The one way any loop
+/// writes a status (a tidy test holds it). Returns whether it wrote.
+pub async fn write_status<K, S>(
+    api: &Api<K>,
+    name: &str,
+    current: &S,
+    next: &S,
+    resource_version: Option<&str>,
+    manager: &str,
+) -> Result<bool, kube_client::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: serde::Serialize,
+{
+    let value = |s: &S| serde_json::to_value(s).unwrap_or(Json::Null);
+    let Some(status) = crate::status::merge_patch_between(&value(current), &value(next)) else { return Ok(false) };
+    let mut patch = json!({ "status": status });
+    if let Some(rv) = resource_version {
+        patch["metadata"] = json!({ "resourceVersion": rv });
+    }
+    let params = PatchParams { field_manager: Some(manager.to_string()), ..PatchParams::default() };
+    api.patch_status(name, &params, &Patch::Merge(&patch)).await?;
+    crate::crashpoint::after(crate::crashpoint::Write::Status);
+    Ok(true)
+}
+
+/// RFC 7386 JSON merge patch (`status::merge_patch`).
+pub use crate::status::merge_patch;
 
 /// How long reading one health check's objects may take (discovery and the read): past it the
 /// check fails this reconcile, naming the deadline.

@@ -29,6 +29,7 @@ pub mod monitoring;
 pub mod netpol;
 pub mod plan;
 pub mod rbac;
+pub mod reconcile;
 pub mod select;
 #[cfg(feature = "io")]
 pub mod serve;

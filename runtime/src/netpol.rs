@@ -25,7 +25,8 @@ pub const METRICS_PORT: u16 = 8080;
 pub const NAMES: [&str; 3] = ["ichor-webhook-ingress", "ichor-controller-ingress", "ichor-egress"];
 
 /// What the lockdown is made from.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Lockdown {
     /// Ichor's namespace.
     pub namespace: String,

@@ -289,6 +289,30 @@ pub enum Action {
         message: String,
     },
     Complete,
+    /// Lock Ichor's namespace down with its CiliumNetworkPolicies (`np_lockdown` in
+    /// rules/lockdown.rules; the cluster loop's).
+    LockDown {
+        #[serde(flatten)]
+        lockdown: crate::netpol::Lockdown,
+    },
+    /// Hold a condition on the loop's resource (the cluster loop's `CNIHandover` and
+    /// `CNIValuesApplied`): its transition time moves only when its status does.
+    SetCondition {
+        #[serde(rename = "type")]
+        type_: String,
+        status: String,
+        reason: String,
+        message: String,
+    },
+    /// Take a condition the rules no longer hold off the loop's resource.
+    ClearCondition {
+        #[serde(rename = "type")]
+        type_: String,
+    },
+    /// Record the hash of the Cilium values applied (`status.cni.appliedValuesHash`).
+    RecordValuesHash {
+        hash: String,
+    },
 }
 
 impl fmt::Display for Action {
@@ -368,6 +392,17 @@ impl fmt::Display for Action {
             Action::ClearClock { clock } => write!(f, "clear clock {clock} (its wait is over)"),
             Action::Warn { message } => write!(f, "warn: {message}"),
             Action::Complete => write!(f, "complete the operation"),
+            Action::LockDown { lockdown } => write!(
+                f,
+                "lock namespace {} down with its CiliumNetworkPolicies (metrics from {})",
+                lockdown.namespace,
+                if lockdown.metrics_from.is_empty() { "nowhere".to_string() } else { lockdown.metrics_from.join(", ") }
+            ),
+            Action::SetCondition { type_, status, reason, message } => {
+                write!(f, "hold condition {type_} {status} ({reason}): {message}")
+            }
+            Action::ClearCondition { type_ } => write!(f, "take condition {type_} off"),
+            Action::RecordValuesHash { hash } => write!(f, "record status.cni.appliedValuesHash = {hash}"),
         }
     }
 }
@@ -405,6 +440,10 @@ impl Action {
             Action::ClearClock { .. } => "clearClock",
             Action::Warn { .. } => "warn",
             Action::Complete => "complete",
+            Action::LockDown { .. } => "lockDown",
+            Action::SetCondition { .. } => "setCondition",
+            Action::ClearCondition { .. } => "clearCondition",
+            Action::RecordValuesHash { .. } => "recordValuesHash",
         }
     }
 

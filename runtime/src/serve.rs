@@ -160,13 +160,7 @@ async fn reconcile_once(op: Arc<TalosOperation>, ctx: Arc<Ctx>) -> Result<Action
             return Err(ReconcileError { operation: name, source });
         }
     };
-    if let Some(dir) = &ctx.config.dump_snapshots {
-        let n = ctx.count.fetch_add(1, Ordering::Relaxed);
-        if let Ok(text) = serde_yaml::to_string(&r.snapshot) {
-            let _ = std::fs::create_dir_all(dir);
-            let _ = std::fs::write(dir.join(format!("{name}-{n:06}.yaml")), text);
-        }
-    }
+    dump(&ctx, &name, || &r.snapshot);
     // Events come from what the executor did, never from the plan (issue 50, finding 4: an apply
     // and a reboot were recorded on a machine whose drain had failed): an action the run never
     // reached records nothing; one that failed, was refused or interrupted says so below.
@@ -330,7 +324,8 @@ async fn reconcile_machine_once(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>
     }
     let name = m.metadata.name.clone().unwrap_or_default();
     match ctx.controller.reconcile_machine(&ctx.config.namespace, &name, &now()).await {
-        Ok(crate::controller::MachineReconciled { condition, applied, left_to }) => {
+        Ok(crate::controller::MachineReconciled { condition, applied, left_to, state }) => {
+            dump(&ctx, &format!("machine-{name}"), || state.snapshot(&ctx.controller.classifier));
             // A change of the machine's Ready condition is an Event on the machine (what
             // `kubectl describe talosmachine` shows): its reason and message are the rules'.
             let before = m.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
@@ -395,13 +390,27 @@ async fn reconcile_handover_once(c: Arc<render::api::TalosCluster>, ctx: Arc<Ctx
             return Err(ReconcileError { operation: format!("the hand-over of TalosCluster {name}"), source });
         }
     };
-    match crate::handover::reconcile(&ctx.controller.kube, &operations, lockdown.as_ref(), &c, &now()).await {
-        Ok(Some(after)) => Ok(Action::requeue(after)),
-        Ok(None) => Ok(Action::await_change()),
+    let mut kube = ctx.controller.kube_port(&ns, None);
+    match crate::reconcile::cluster::reconcile(&mut kube, &operations, lockdown.as_ref(), &c, &now()).await {
+        Ok(r) => {
+            dump(&ctx, &format!("cluster-{name}"), || &r.state);
+            Ok(r.requeue.map_or_else(Action::await_change, Action::requeue))
+        }
         Err(source) => {
             ctx.metrics.errors.inc();
             Err(ReconcileError { operation: format!("the hand-over of TalosCluster {name}"), source: source.into() })
         }
+    }
+}
+
+/// Writes a loop's state to `--dump-snapshots` (`<name>-<n>.yaml`, for `ichor plan --state`),
+/// when asked to; made only then.
+fn dump<S: serde::Serialize>(ctx: &Ctx, name: &str, state: impl FnOnce() -> S) {
+    let Some(dir) = &ctx.config.dump_snapshots else { return };
+    let n = ctx.count.fetch_add(1, Ordering::Relaxed);
+    if let Ok(text) = serde_yaml::to_string(&state()) {
+        let _ = std::fs::create_dir_all(dir);
+        let _ = std::fs::write(dir.join(format!("{name}-{n:06}.yaml")), text);
     }
 }
 

@@ -345,7 +345,7 @@ pub struct Operation {
     #[serde(default)]
     pub paused_reason: Option<String>,
     /// Per-machine progress held in status (the resume markers).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "strict_progress")]
     pub machines: BTreeMap<String, MachineProgress>,
     /// Wait clocks held in status, by the name the wait gave (`AwaitingCNIChange`,
     /// `VerifyingNewSide/CiliumRollingOut`, ...): recorded by a wait, cleared by the plan once
@@ -409,17 +409,29 @@ impl Intent {
     }
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct MachineProgress {
-    pub phase: MachinePhase,
-    /// The stage it was applied in (upgrade) or `switch`.
-    #[serde(default)]
-    pub stage: Option<String>,
-    pub started_at: String,
-    /// The node's boot ID when the step started.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub boot_id: Option<String>,
+/// One machine's step, as the TalosOperation's status holds it (one type: `render::api`).
+pub use render::api::MachineProgress;
+
+/// A snapshot's `operation.machines`, read strictly (an unknown field is an error, as everywhere
+/// in a snapshot) into the status's own type.
+fn strict_progress<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, MachineProgress>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Strict {
+        phase: MachinePhase,
+        #[serde(default)]
+        stage: Option<String>,
+        started_at: String,
+        #[serde(default)]
+        boot_id: Option<String>,
+    }
+    let read: BTreeMap<String, Strict> = BTreeMap::deserialize(d)?;
+    Ok(read
+        .into_iter()
+        .map(|(k, s)| {
+            (k, MachineProgress { phase: s.phase, stage: s.stage, started_at: Some(s.started_at), boot_id: s.boot_id })
+        })
+        .collect())
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -587,7 +599,7 @@ impl ObservedState {
             _ => {}
         };
         for (m, p) in &s.operation.machines {
-            clock(format!("operation.machines.{m}.startedAt"), &p.started_at);
+            clock(format!("operation.machines.{m}.startedAt"), p.started_at.as_deref().unwrap_or_default());
         }
         for (r, t) in &s.operation.waiting_since {
             clock(format!("operation.waitingSince.{r}"), t);

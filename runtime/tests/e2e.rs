@@ -78,6 +78,9 @@ impl KubePort for Twin {
     async fn start_stage(&mut self, s: &runtime::plan::StageStart) -> Result<(), TwinError> {
         Err(TwinError(format!("an upgrade starts no release stage, yet {} was to start", s.name)))
     }
+    async fn lock_down(&mut self, l: &runtime::netpol::Lockdown) -> Result<(), TwinError> {
+        Err(TwinError(format!("an upgrade locks no namespace down, yet {} was to be", l.namespace)))
+    }
     async fn cilium_job(
         &mut self,
         name: &str,

@@ -402,7 +402,7 @@ fn example_cluster() -> serde_json::Value {
 #[tokio::test]
 async fn the_handover_follows_argo_cds_application_and_the_render_then_drops_the_inline_entry() {
     use render::api::TalosCluster;
-    let api = kubeapi::Api::new();
+    let (_fleet, api, port) = setup().await;
     api.put(render::api::GROUP, "talosclusters", example_cluster());
     let clusters: Api<TalosCluster> = Api::namespaced(api.client(), "ichor-system");
     let condition = |c: &TalosCluster| {
@@ -416,7 +416,11 @@ async fn the_handover_follows_argo_cds_application_and_the_render_then_drops_the
     };
     let step = || async {
         let c = clusters.get("lab").await.unwrap();
-        let again = runtime::handover::reconcile(&api.client(), &[], None, &c, "2026-12-01T00:00:00Z").await.unwrap();
+        let mut k = port.clone();
+        let again = runtime::reconcile::cluster::reconcile(&mut k, &[], None, &c, "2026-12-01T00:00:00Z")
+            .await
+            .unwrap()
+            .requeue;
         (condition(&clusters.get("lab").await.unwrap()), again)
     };
     // Argo CD absent: waiting, and it comes back (at the latest after the hand-over's wait).
@@ -446,7 +450,7 @@ async fn the_handover_follows_argo_cds_application_and_the_render_then_drops_the
 #[tokio::test]
 async fn the_namespace_is_locked_down_once_cilium_is_ready_and_written_once() {
     use render::api::TalosCluster;
-    let api = kubeapi::Api::new();
+    let (_fleet, api, port) = setup().await;
     let mut cluster = example_cluster();
     cluster["spec"]["cni"]["handover"] = json!("disabled");
     api.put(render::api::GROUP, "talosclusters", cluster);
@@ -468,10 +472,10 @@ async fn the_namespace_is_locked_down_once_cilium_is_ready_and_written_once() {
     };
     let step = |l: Option<runtime::netpol::Lockdown>| {
         let clusters = clusters.clone();
-        let client = api.client();
+        let mut k = port.clone();
         async move {
             let c = clusters.get("lab").await.unwrap();
-            runtime::handover::reconcile(&client, &[], l.as_ref(), &c, "2026-12-01T00:00:00Z").await.unwrap();
+            runtime::reconcile::cluster::reconcile(&mut k, &[], l.as_ref(), &c, "2026-12-01T00:00:00Z").await.unwrap();
         }
     };
     // No Cilium yet: nothing.

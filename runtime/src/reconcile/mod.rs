@@ -1,0 +1,54 @@
+//! The controller's loops, each of one shape (docs/architecture.md, "One reconcile"): `observe`
+//! (I/O, plain data out) → `assemble` (pure: the state `--dump-snapshots` writes and `ichor plan
+//! --state` replays) → the loop's rules decide a plan (a draft) → completed, the executor
+//! performs it with preconditions → the resource's typed status, written by
+//! `kube::write_status` (one writer per field: `kube::managers`).
+//!
+//! `machine` (TalosMachine) and `cluster` (TalosCluster) live here; the operation loop is
+//! `controller` (its assemble `assemble`, its plan `plan`, its status `status`). Start at
+//! `machine`, the smallest; `LoopSnapshot` is what `ichor plan --state` reads.
+
+pub mod cluster;
+pub mod machine;
+
+/// A dumped state of any loop, as `ichor plan --state` reads it: a snapshot with `loop:
+/// machine` or `loop: cluster` is that loop's, any other an operation's (`ObservedState`).
+#[derive(Clone, Debug)]
+pub enum LoopSnapshot {
+    Operation(Box<crate::state::ObservedState>),
+    Machine(Box<machine::MachineSnapshot>),
+    Cluster(Box<cluster::ClusterState>),
+}
+
+impl LoopSnapshot {
+    /// The snapshot in `text`, or every problem with its field.
+    pub fn parse(text: &str) -> Result<LoopSnapshot, Vec<crate::state::StateError>> {
+        use crate::state::StateError;
+        let at = |e: serde_yaml::Error| {
+            let field = match e.location() {
+                Some(l) => format!("line {}, column {}", l.line(), l.column()),
+                None => "the snapshot".to_string(),
+            };
+            let message = e.to_string();
+            // serde_yaml appends "at line X column Y": the field says it.
+            vec![StateError { field, message: message.split(" at line ").next().unwrap_or(&message).to_string() }]
+        };
+        // The one bounded reader first: aliases cannot expand a small file past the cap.
+        let value = render::yaml::parse(text, crate::state::SNAPSHOT_EXPANDED_BYTES).map_err(|e| {
+            let field = match (e.line, e.col) {
+                (Some(l), Some(c)) => format!("line {l}, column {c}"),
+                _ => "the snapshot".to_string(),
+            };
+            vec![StateError { field, message: e.message }]
+        })?;
+        match value.get("loop").and_then(|l| l.as_str()) {
+            Some("machine") => Ok(LoopSnapshot::Machine(Box::new(serde_yaml::from_str(text).map_err(at)?))),
+            Some("cluster") => Ok(LoopSnapshot::Cluster(Box::new(serde_yaml::from_str(text).map_err(at)?))),
+            Some(other) => Err(vec![StateError {
+                field: "loop".into(),
+                message: format!("{other:?} is no loop: write `machine`, `cluster`, or leave it out for an operation"),
+            }]),
+            None => Ok(LoopSnapshot::Operation(Box::new(crate::state::ObservedState::parse(text)?))),
+        }
+    }
+}
