@@ -1,25 +1,132 @@
-//! `ichor plan --state SNAPSHOT`: what the controller would do now for an operation, and why.
+//! `ichor plan --state SNAPSHOT`: what the controller would do now, and why, for any loop's
+//! dumped state (`runtime::reconcile::LoopSnapshot`): an operation's (`operation`), a machine's
+//! (`loop: machine`, `machine`) or a cluster's (`loop: cluster`, `cluster`).
 //!
-//! Exit 0 when the operation runs or completes with nothing to report, 1 when it waits, pauses
-//! or warns (findings), 2 on a bad snapshot or contradictory rules.
+//! Exit 0 when the operation runs or completes with nothing to report (a machine: Ready; a
+//! cluster: every condition True), 1 when it waits, pauses or warns (findings), 2 on a bad
+//! snapshot or contradictory rules.
 
 use crate::{Diagnosed, Output, Report};
 use anyhow::{Result, anyhow};
 use runtime::plan::{Action, PlanError};
+use runtime::reconcile::{LoopSnapshot, cluster, machine};
 use runtime::state::ObservedState;
 use serde_json::json;
 use std::path::Path;
 
 pub fn run(state: &Path, output: Output, explain: bool, rules: Option<&Path>) -> Result<Report> {
     let text = crate::disk::read_text(state, crate::disk::caps::SNAPSHOT, "an observed-state snapshot")?;
-    let s = ObservedState::parse(&text).map_err(|errs| {
+    let bad = |lines: Vec<String>| {
         anyhow!(Diagnosed {
-            diagnostics: errs.iter().map(|e| format!("{}: error: {e}\n", state.display())).collect(),
-            summary: format!("{} is not a valid observed-state snapshot", state.display()),
+            diagnostics: lines.concat(),
+            summary: format!("{} is not a valid observed-state snapshot", state.display())
         })
-    })?;
+    };
+    let at = |field: &dyn std::fmt::Display| format!("{}: error: {field}\n", state.display());
+    match LoopSnapshot::parse(&text).map_err(|errs| bad(errs.iter().map(|e| at(e)).collect()))? {
+        LoopSnapshot::Operation(s) => operation(&s, output, explain, rules),
+        LoopSnapshot::Machine(snap) => {
+            let classifier = crate::disk::classifier(rules)?;
+            let s = machine::MachineState::from_snapshot(&snap, &classifier)
+                .map_err(|errs| bad(errs.iter().map(|e| at(e)).collect()))?;
+            let plan = machine::decide(&classifier, None, &s)?;
+            machine_report(&s, &plan, output)
+        }
+        LoopSnapshot::Cluster(s) => {
+            let rules = runtime::handover::rules().map_err(|e| anyhow!("{e}"))?;
+            let plan = cluster::decide(rules, &s)?;
+            cluster_report(&s, &plan, output)
+        }
+    }
+}
+
+/// A machine's plan: its condition, the live apply, and the status the loop writes once it is
+/// done.
+fn machine_report(s: &machine::MachineState, plan: &machine::MachinePlan, output: Output) -> Result<Report> {
+    let applied: Vec<String> = plan
+        .actions
+        .iter()
+        .flat_map(|a| match a {
+            Action::Apply { paths, .. } => paths.clone(),
+            _ => vec![],
+        })
+        .collect();
+    let status = machine::status(s, plan, &applied);
+    let c = &plan.condition;
+    let stdout = match output {
+        o @ (Output::Json | Output::Yaml) => o.data(&json!({
+            "loop": "machine",
+            "machine": s.machine,
+            "namespace": s.namespace,
+            "condition": c,
+            "actions": plan.actions.iter().map(Action::to_json).collect::<Vec<_>>(),
+            "status": status,
+        }))?,
+        Output::Text | Output::Wide => {
+            let mut out = format!(
+                "Machine {} (namespace {}): Ready {} ({}): {}\n",
+                s.machine, s.namespace, c.status, c.reason, c.message
+            );
+            out += &actions_text(&plan.actions);
+            if !status.reboot_paths.is_empty() {
+                out += &format!("Needs a reboot: {}\n", status.reboot_paths.join(", "));
+            }
+            if !status.pending_changes.is_empty() {
+                out += "Pending changes (rules/machine.rules):\n";
+                for p in &status.pending_changes {
+                    let effect = p.effect.as_deref().map(|e| format!(", {e}")).unwrap_or_default();
+                    out += &format!("  {} ({}{effect})\n", p.path, p.class);
+                }
+            }
+            out
+        }
+    };
+    Ok(Report { stdout, findings: c.status != "True", ..Report::default() })
+}
+
+/// A cluster's plan: the lockdown, the values' Job, each condition held, and when to look again.
+fn cluster_report(s: &cluster::ClusterState, plan: &cluster::ClusterPlan, output: Output) -> Result<Report> {
+    let status = cluster::status(s, &plan.actions);
+    let requeue = plan.requeue.map(|d| d.as_secs());
+    let stdout = match output {
+        o @ (Output::Json | Output::Yaml) => o.data(&json!({
+            "loop": "cluster",
+            "cluster": s.cluster,
+            "namespace": s.namespace,
+            "actions": plan.actions.iter().map(Action::to_json).collect::<Vec<_>>(),
+            "requeueSeconds": requeue,
+            "status": status,
+        }))?,
+        Output::Text | Output::Wide => {
+            let mut out = format!("Cluster {} (namespace {}):\n", s.cluster, s.namespace);
+            out += &actions_text(&plan.actions);
+            out += &match requeue {
+                Some(secs) => format!("Looks again in {secs} s.\n"),
+                None => "Looks again at the next change.\n".to_string(),
+            };
+            out
+        }
+    };
+    let findings = status.conditions.iter().any(|c| c.status != "True");
+    Ok(Report { stdout, findings, ..Report::default() })
+}
+
+/// A loop's actions, numbered.
+fn actions_text(actions: &[Action]) -> String {
+    if actions.is_empty() {
+        return "Nothing to do now.\n".into();
+    }
+    let mut out = "Actions, in order:\n".to_string();
+    for (i, a) in actions.iter().enumerate() {
+        out += &format!("  {}. {a}\n", i + 1);
+    }
+    out
+}
+
+/// An operation's plan, with its proofs when explained.
+fn operation(s: &ObservedState, output: Output, explain: bool, rules: Option<&Path>) -> Result<Report> {
     let planner = crate::disk::planner(rules)?;
-    let plan = match planner.plan_with(&s, explain) {
+    let plan = match planner.plan_with(s, explain) {
         Ok(p) => p,
         Err(PlanError::Contradiction { what, proofs }) => {
             return Err(anyhow!(Diagnosed {

@@ -119,10 +119,21 @@ impl Sim {
 
     /// A replica serving /metrics at `metrics` (HOST:PORT).
     fn replica_serving(&self, identity: &str, env: &[(&str, &str)], stderr: Stdio, metrics: &str) -> Child {
+        self.replica_command(identity, env, stderr, metrics).spawn().unwrap()
+    }
+
+    /// A replica writing each reconcile's state to `dir` (`--dump-snapshots`).
+    fn replica_dumping(&self, identity: &str, dir: &std::path::Path) -> Child {
+        let mut c = self.replica_command(identity, &[], Stdio::null(), "127.0.0.1:0");
+        c.arg("--dump-snapshots").arg(dir).spawn().unwrap()
+    }
+
+    /// The command of one replica of `ichor controller` against the sim.
+    fn replica_command(&self, identity: &str, env: &[(&str, &str)], stderr: Stdio, metrics: &str) -> Command {
         let server = self.server();
         let (host, port) = server.rsplit_once(':').unwrap();
-        Command::new(env!("CARGO_BIN_EXE_ichor"))
-            .env("KUBERNETES_SERVICE_HOST", host)
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ichor"));
+        c.env("KUBERNETES_SERVICE_HOST", host)
             .env("KUBERNETES_SERVICE_PORT", port)
             .args(["controller", "--namespace", "ichor-system", "--metrics-addr", metrics, "--kubeconfig"])
             .arg(self.dir.join("kubeconfig"))
@@ -135,9 +146,8 @@ impl Sim {
             .env("ICHOR_LOG", "warn")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap()
+            .stderr(stderr);
+        c
     }
 
     /// The first replica, once it holds the Lease (30 s at most).
@@ -1119,6 +1129,90 @@ fn a_safe_patch_is_applied_live_on_every_machine_within_seconds() {
     let (_, out, _) = sim.ichor(&["status", "--cluster", "lab"]);
     assert_eq!(out, "No TalosOperations in ichor-system.\n");
     eprintln!("converged {:?} after the patch", start.elapsed());
+}
+
+/// Issue 54: the machine and cluster loops' states, dumped by the controller, replay through
+/// `ichor plan --state` to the loop's own plan: a machine's live apply of a safe patch is in the
+/// plan of a state dumped before it, and the last state of each machine and of the cluster
+/// replays to the status the loop wrote (no secret is in any dumped state).
+#[test]
+fn the_machine_and_cluster_loops_states_replay_through_ichor_plan_to_what_the_loops_did() {
+    let sim = Sim::start_args("loop-replay", "done", &["--no-controller"]);
+    let dumps = sim.dir.join("dumps");
+    let mut replica = sim.replica_dumping("ichor-test", &dumps);
+    sim.wait_quiet();
+    let patch = sim.dir.join("label.yaml");
+    std::fs::write(
+        &patch,
+        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: team-label\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 50\n  patch: |\n    apiVersion: v1alpha1\n    kind: KubeNodeConfig\n    labels:\n      team: storage\n",
+    )
+    .unwrap();
+    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl (tests/kube) runs");
+    assert_eq!(code, 0, "{err}");
+    let start = std::time::Instant::now();
+    while sim.machine_reasons() != "Converged Converged Converged Converged"
+        && start.elapsed() < std::time::Duration::from_secs(30)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    sim.wait_quiet();
+    let _ = replica.kill();
+    let _ = replica.wait();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dumps).unwrap().map(|e| e.unwrap().path()).collect();
+    eprintln!("{} states dumped", files.len());
+    files.sort_by_key(|f| f.file_name().unwrap().to_string_lossy().rsplit('-').next().unwrap().to_string());
+    let replay = |f: &PathBuf| {
+        let (code, out, err) = sim.ichor(&["plan", "--state", f.to_str().unwrap(), "--output", "json"]);
+        assert!(code == 0 || code == 1, "ichor plan --state {}: {code}\n{err}", f.display());
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    // The example's secrets bundle (examples/clusters/lab-v1.14/secrets.yaml): its tokens are
+    // in every running config and render.
+    let secrets = ["lab001.examplemachinetk", "lab002.exampleclustertk"];
+    let mut applied_live = vec![];
+    for machine in ["cp1", "cp2", "cp3", "w1"] {
+        let prefix = format!("machine-{machine}-");
+        let mine: Vec<&PathBuf> =
+            files.iter().filter(|f| f.file_name().unwrap().to_string_lossy().starts_with(&prefix)).collect();
+        assert!(!mine.is_empty(), "no state of {machine} was dumped: {files:?}");
+        for f in &mine {
+            let text = std::fs::read_to_string(f).unwrap();
+            for secret in secrets {
+                assert!(!text.contains(secret), "{} holds a secret", f.display());
+            }
+        }
+        // The newest state whose plan applies the patch live: the reconcile that applied it.
+        for f in mine.iter().rev() {
+            let plan = replay(f);
+            let applies = plan["actions"].as_array().unwrap().iter().any(|a| {
+                a["action"] == "applyNoReboot" && a["paths"].to_string().contains("KubeNodeConfig.labels.team")
+            });
+            if applies {
+                applied_live.push(machine);
+                break;
+            }
+        }
+        let last = replay(mine.last().unwrap());
+        let (_, written, _) =
+            sim.kubectl(&["get", "talosmachine", machine, "-n", "ichor-system", "-o", "json"]).unwrap();
+        let written: serde_json::Value = serde_json::from_str(&written).unwrap();
+        assert_eq!(last["status"], written["status"], "{machine}: the replayed status is not the written one");
+    }
+    assert_eq!(
+        applied_live,
+        ["cp1", "cp2", "cp3", "w1"],
+        "the live apply of the patch is in each machine's replayed plan"
+    );
+    let clusters: Vec<&PathBuf> =
+        files.iter().filter(|f| f.file_name().unwrap().to_string_lossy().starts_with("cluster-lab-")).collect();
+    let last = replay(clusters.last().expect("the cluster's state was dumped"));
+    let (_, written, _) = sim.kubectl(&["get", "taloscluster", "lab", "-n", "ichor-system", "-o", "json"]).unwrap();
+    let written: serde_json::Value = serde_json::from_str(&written).unwrap();
+    assert_eq!(last["status"]["conditions"], written["status"]["conditions"]);
+    assert!(
+        last["actions"].as_array().unwrap().iter().any(|a| a["action"] == "setCondition" && a["type"] == "CNIHandover"),
+        "{last}"
+    );
 }
 
 /// A config rollout with `ichor controller` as its own process, SIGKILLed at pseudo-random

@@ -105,6 +105,37 @@ pub fn hidden_yaml(config: &Config, sensitive: &dyn Fn(&Path) -> bool, hide: &dy
     docs.join("---\n")
 }
 
+/// A sensitive value replaced by a digest of the same shape (what a snapshot keeps, `hidden_yaml`'s
+/// `hide`): a mapping or a list keeps its keys and length, an empty or null leaf stays (it holds
+/// nothing), standard base64 becomes base64 of as many digest bytes (the rules' `b64_bytes` sees
+/// the same length), any other leaf `<sensitive HEX>`. `digest` is the caller's keyed hash: with
+/// keys never written, two values of one snapshot compare as the secrets did and nothing more
+/// can be had back.
+pub fn digested(v: &Value, digest: &dyn Fn(&str) -> u64) -> Value {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    match v {
+        Value::Null => Value::Null,
+        Value::String(s) if s.is_empty() => v.clone(),
+        Value::Mapping(m) => Value::Mapping(m.iter().map(|(k, x)| (k.clone(), digested(x, digest))).collect()),
+        Value::Sequence(l) => Value::Sequence(l.iter().map(|x| digested(x, digest)).collect()),
+        Value::Tagged(t) => digested(&t.value, digest),
+        Value::String(s) => match b64.decode(s.trim()) {
+            Ok(bytes) if !bytes.is_empty() => {
+                let stream: Vec<u8> = (0..bytes.len().div_ceil(8))
+                    .flat_map(|i| digest(&format!("{i}\0{s}")).to_le_bytes())
+                    .take(bytes.len())
+                    .collect();
+                Value::String(b64.encode(stream))
+            }
+            _ => Value::String(format!("<sensitive {:016x}>", digest(s))),
+        },
+        other => {
+            Value::String(format!("<sensitive {:016x}>", digest(&serde_yaml::to_string(other).unwrap_or_default())))
+        }
+    }
+}
+
 fn redact(path: &Path, v: &mut Value, sensitive: &dyn Fn(&Path) -> bool, hide: &dyn Fn(&Value) -> Value) {
     if sensitive(path) {
         *v = hide(v);

@@ -302,28 +302,14 @@ pub struct MachineSnapshot {
     pub boot: Option<BootRecord>,
 }
 
-/// A snapshot's field that does not read back, with the field's path.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct SnapshotProblem {
-    pub field: String,
-    pub message: String,
-}
-
 impl MachineState {
     /// The state as a snapshot: the configs with their secrets hidden (`render::diff::hidden_yaml`).
     pub fn snapshot(&self, classifier: &Classifier) -> MachineSnapshot {
         use std::hash::BuildHasher;
         // Random keys, never written: the digests tell two values apart and nothing else.
         let keys = std::collections::hash_map::RandomState::new();
-        let hide = |v: &serde_yaml::Value| match v {
-            serde_yaml::Value::Null => v.clone(),
-            serde_yaml::Value::String(s) if s.is_empty() => v.clone(),
-            other => serde_yaml::Value::String(format!(
-                "<sensitive {:016x}>",
-                keys.hash_one(serde_yaml::to_string(other).unwrap_or_default())
-            )),
-        };
+        let digest = |text: &str| keys.hash_one(text);
+        let hide = |v: &serde_yaml::Value| render::diff::digested(v, &digest);
         let sensitive = |p: &render::path::Path| classifier.sensitive(self.contract, p);
         let hidden = |c: &Config| render::diff::hidden_yaml(c, &sensitive, &hide);
         MachineSnapshot {
@@ -344,10 +330,13 @@ impl MachineState {
 
     /// The state a snapshot holds, to decide on (never to execute): every field that does not
     /// read back, at once.
-    pub fn from_snapshot(s: &MachineSnapshot, classifier: &Classifier) -> Result<MachineState, Vec<SnapshotProblem>> {
+    pub fn from_snapshot(
+        s: &MachineSnapshot,
+        classifier: &Classifier,
+    ) -> Result<MachineState, Vec<crate::state::StateError>> {
         let mut problems = vec![];
         let mut problem =
-            |field: &str, message: String| problems.push(SnapshotProblem { field: field.into(), message });
+            |field: &str, message: String| problems.push(crate::state::StateError { field: field.into(), message });
         if s.loop_ != "machine" {
             problem("loop", format!("{:?} is not `machine`", s.loop_));
         }
