@@ -324,7 +324,7 @@ async fn reconcile_machine_once(m: Arc<render::api::TalosMachine>, ctx: Arc<Ctx>
     }
     let name = m.metadata.name.clone().unwrap_or_default();
     match ctx.controller.reconcile_machine(&ctx.config.namespace, &name, &now()).await {
-        Ok(crate::controller::MachineReconciled { condition, applied, left_to, state }) => {
+        Ok(crate::reconcile::machine::MachineReconciled { condition, applied, left_to, state }) => {
             dump(&ctx, &format!("machine-{name}"), || state.snapshot(&ctx.controller.classifier));
             // A change of the machine's Ready condition is an Event on the machine (what
             // `kubectl describe talosmachine` shows): its reason and message are the rules'.

@@ -272,9 +272,9 @@ mod patch_tests {
         let cases = [
             (json!({"a": 1, "b": {"c": 2, "d": 3}}), json!({"a": 1, "b": {"c": 2}})),
             (json!({"waitingSince": {"x": "t"}}), json!({})),
-            (json!({"machines": {"w1": {"phase": "Applying"}}}), json!({"machines": {"w1": {"phase": "Done"}}})),
+            (json!({"machines": {"w1": {"stage": "a"}}}), json!({"machines": {"w1": {"stage": "b"}}})),
             (json!({"done": ["a"]}), json!({"done": ["a", "b"]})),
-            (json!({}), json!({"phase": "Running", "cni": {"kubeProxy": "enabled"}})),
+            (json!({}), json!({"pausedReason": "r", "cni": {"kubeProxy": "enabled"}})),
             (json!({"v": 1}), json!({"v": {"w": 2}})),
         ];
         for (from, to) in cases {

@@ -395,6 +395,18 @@ mod io {
         pub state: MachineState,
     }
 
+    impl Controller {
+        /// The machine loop's reconcile of one TalosMachine (`reconcile`).
+        pub async fn reconcile_machine(
+            &self,
+            namespace: &str,
+            machine: &str,
+            now: &str,
+        ) -> Result<MachineReconciled, ControllerError> {
+            reconcile(self, namespace, machine, now).await
+        }
+    }
+
     /// One reconcile of a TalosMachine: observe, assemble, decide, complete and execute, write
     /// its status (only when it changes: each write is a watch event that would start this
     /// reconcile again). An unreachable node is `Unknown`; the reconcile after a live apply
@@ -406,8 +418,9 @@ mod io {
         now: &str,
     ) -> Result<MachineReconciled, ControllerError> {
         let o = observe(c, namespace, machine).await?;
-        let state = assemble(&o, now, &c.classifier, &c.renders)?;
-        let plan = complete(decide(&c.classifier, Some(c.verdicts()), &state)?, &state)?;
+        let own = |e: MachineLoopError| ControllerError::Loop(Box::new(e));
+        let state = assemble(&o, now, &c.classifier, &c.renders).map_err(own)?;
+        let plan = complete(decide(&c.classifier, Some(c.verdicts()), &state).map_err(own)?, &state).map_err(own)?;
         let mut applied = vec![];
         let mut kube = c.kube_port(namespace, None);
         for a in &plan.actions {

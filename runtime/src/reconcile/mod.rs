@@ -4,12 +4,15 @@
 //! performs it with preconditions → the resource's typed status, written by
 //! `kube::write_status` (one writer per field: `kube::managers`).
 //!
-//! `machine` (TalosMachine) and `cluster` (TalosCluster) live here; the operation loop is
-//! `controller` (its assemble `assemble`, its plan `plan`, its status `status`). Start at
-//! `machine`, the smallest; `LoopSnapshot` is what `ichor plan --state` reads.
+//! `operation` (TalosOperation; its assemble is `assemble`, its plan `plan`, its status
+//! `status`), `machine` (TalosMachine) and `cluster` (TalosCluster); `controller::Controller`
+//! holds what they share (the clients, the caches, the reads of the cluster's objects). Start
+//! at `machine`, the smallest; `LoopSnapshot` is what `ichor plan --state` reads.
 
 pub mod cluster;
 pub mod machine;
+#[cfg(feature = "io")]
+pub mod operation;
 
 /// A dumped state of any loop, as `ichor plan --state` reads it: a snapshot with `loop:
 /// machine` or `loop: cluster` is that loop's, any other an operation's (`ObservedState`).
