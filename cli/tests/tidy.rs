@@ -292,13 +292,9 @@ const LONGEST: usize = 150;
 const STILL_LONG: &[&str] = &[
     "cli/src/op_cmd.rs start_async",
     "runtime/src/install.rs install_yaml",
-    "runtime/src/plan.rs plan_with",
-    "runtime/src/facts.rs facts",
-    "runtime/src/serve.rs run",
     "render/src/classify.rs classify_full",
     "engine/src/check.rs finish_rule",
     "render/src/render.rs base_documents",
-    "runtime/src/assemble.rs assemble",
     "runtime/src/sim/kubeapi/mod.rs serve",
     "engine/src/eval.rs stratum",
     "engine/src/plan.rs rule",

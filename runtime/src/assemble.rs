@@ -573,6 +573,89 @@ fn static_pods(pods: &[Arc<Pod>]) -> BTreeMap<String, BTreeMap<String, StaticPod
 /// The snapshot from what one reconcile observed, at `now`. A render that fails is a fact of the
 /// snapshot (`inputsRejected`), with no machine in it: the rules pause the operation, unless it
 /// has ended, and nothing else is done.
+/// The snapshot's cluster: its spec and status as the rules read them, the maintenance windows
+/// at `now`, the health checks' results; `patches` are the cluster's (the CNI's home).
+fn cluster_of(o: &Observation, now: &str, s: &Settings, patches: &[&TalosConfigPatch]) -> Cluster {
+    let cluster = &o.cluster;
+    let bootstrap = render::render::cni_home(patches);
+    Cluster {
+        name: o.operation.spec.cluster_ref.name.clone(),
+        kubernetes_version: cluster.spec.kubernetes_version.clone(),
+        release_set_kubernetes: s.release_set_kubernetes.to_string(),
+        release_set_talos: s.release_set_talos.to_string(),
+        cni: Cni {
+            preset: cluster.spec.cni.preset,
+            kube_proxy: cluster.spec.cni.kube_proxy,
+            handover: cluster.spec.cni.handover,
+            handover_done: render::render::handover_done(cluster),
+            bootstrap_patch: bootstrap.as_ref().map(|h| h.patch.clone()),
+            // The values' home: Git (the Application's Helm values) once handed over, else
+            // the bootstrap patch's manifest; None when it does not say.
+            home_kube_proxy_replacement: if render::render::handover_done(cluster) {
+                o.workload.argocd_application.as_ref().and_then(|a| a.kube_proxy_replacement.clone())
+            } else {
+                bootstrap.and_then(|h| h.kube_proxy_replacement)
+            },
+        },
+        status_kube_proxy: render::render::status_kube_proxy(cluster),
+        annotations: cluster.metadata.annotations.clone().unwrap_or_default(),
+        cilium_values: cluster.spec.cni.cilium.as_ref().and_then(|c| c.values.clone()),
+        // The tunnel chosen at install: a switch's Job renders with it, as the values
+        // reconciler's does (the same layered values, the same hash).
+        cilium_tunnel: cluster.spec.cni.cilium.as_ref().map(|c| c.tunnel_protocol.clone()).filter(|t| !t.is_empty()),
+        cilium_adoption: cluster.status.as_ref().and_then(|s| s.cni.as_ref()).and_then(|c| c.adoption.clone()),
+        maintenance: crate::state::MaintenanceAt::of(
+            &cluster.spec.maintenance_windows,
+            crate::state::epoch(now).unwrap_or_default(),
+        ),
+        health: o.health.clone(),
+    }
+}
+
+/// The snapshot's operation: its spec, and its status as recorded (a step's missing start is
+/// `now`).
+fn operation_of(op: &TalosOperation, cluster: &TalosCluster, now: &str, s: &Settings) -> Operation {
+    let st = op.status.clone().unwrap_or_default();
+    Operation {
+        name: op.metadata.name.clone().unwrap_or_default(),
+        kind: op.spec.kind,
+        target_kubernetes: op.spec.target.kubernetes_version.clone(),
+        target_kube_proxy: op.spec.target.kube_proxy,
+        target_machines: op.spec.target.machines.clone(),
+        target_cilium_chart: op.spec.target.cilium_chart.clone(),
+        target_talos: op.spec.target.talos_version.clone(),
+        talos_installer: op
+            .spec
+            .target
+            .talos_version
+            .as_ref()
+            .map(|v| render::render::installer_image_at(&cluster.spec, v)),
+        allow_downgrade: op.spec.target.allow_downgrade,
+        force_drain: op.spec.force_drain,
+        drain_deadline: s.drain_deadline_secs.map(|d| d as i64),
+        max_unavailable: op.spec.max_unavailable.into(),
+        phase: st.phase(),
+        intent: Intent::of(op.metadata.annotations.as_ref(), st.resumed),
+        paused_reason: st.paused_reason.clone(),
+        machines: st
+            .machines
+            .iter()
+            .map(|(k, v)| {
+                let started_at = Some(v.started_at.clone().unwrap_or_else(|| now.to_string()));
+                let p =
+                    MachineProgress { phase: v.phase, stage: v.stage.clone(), started_at, boot_id: v.boot_id.clone() };
+                (k.clone(), p)
+            })
+            .collect(),
+        waiting_since: st.waiting_since.clone(),
+        done: st.done.clone(),
+        waits: st.waits.clone(),
+        machines_left: st.machines_left.clone(),
+        stages: st.stages.clone(),
+        release: op.metadata.labels.as_ref().and_then(|l| l.get(render::api::RELEASE)).cloned(),
+    }
+}
+
 pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, AssembleError> {
     let op = &o.operation;
     let cluster = &o.cluster;
@@ -665,98 +748,18 @@ pub fn assemble(o: &Observation, now: &str, s: &Settings) -> Result<Read, Assemb
     }) {
         machines.push(m?);
     }
-    let st = op.status.clone().unwrap_or_default();
     let patches: Vec<&TalosConfigPatch> = o
         .patches
         .iter()
         .filter(|p| p.metadata.namespace == cluster.metadata.namespace && p.spec.cluster_ref.name == cluster_name)
         .map(|p| &**p)
         .collect();
-    let bootstrap = render::render::cni_home(&patches);
     let snapshot = ObservedState {
         now: now.to_string(),
-        cluster: Cluster {
-            name: cluster_name,
-            kubernetes_version: cluster.spec.kubernetes_version.clone(),
-            release_set_kubernetes: s.release_set_kubernetes.to_string(),
-            release_set_talos: s.release_set_talos.to_string(),
-            cni: Cni {
-                preset: cluster.spec.cni.preset,
-                kube_proxy: cluster.spec.cni.kube_proxy,
-                handover: cluster.spec.cni.handover,
-                handover_done: render::render::handover_done(cluster),
-                bootstrap_patch: bootstrap.as_ref().map(|h| h.patch.clone()),
-                // The values' home: Git (the Application's Helm values) once handed over, else
-                // the bootstrap patch's manifest; None when it does not say.
-                home_kube_proxy_replacement: if render::render::handover_done(cluster) {
-                    o.workload.argocd_application.as_ref().and_then(|a| a.kube_proxy_replacement.clone())
-                } else {
-                    bootstrap.and_then(|h| h.kube_proxy_replacement)
-                },
-            },
-            status_kube_proxy: render::render::status_kube_proxy(cluster),
-            annotations: cluster.metadata.annotations.clone().unwrap_or_default(),
-            cilium_values: cluster.spec.cni.cilium.as_ref().and_then(|c| c.values.clone()),
-            // The tunnel chosen at install: a switch's Job renders with it, as the values
-            // reconciler's does (the same layered values, the same hash).
-            cilium_tunnel: cluster
-                .spec
-                .cni
-                .cilium
-                .as_ref()
-                .map(|c| c.tunnel_protocol.clone())
-                .filter(|t| !t.is_empty()),
-            cilium_adoption: cluster.status.as_ref().and_then(|s| s.cni.as_ref()).and_then(|c| c.adoption.clone()),
-            maintenance: crate::state::MaintenanceAt::of(
-                &cluster.spec.maintenance_windows,
-                crate::state::epoch(now).unwrap_or_default(),
-            ),
-            health: o.health.clone(),
-        },
+        cluster: cluster_of(o, now, s, &patches),
         machines,
         workload: if rejected.is_some() { Workload::default() } else { o.workload.clone() },
-        operation: Operation {
-            name: operation.to_string(),
-            kind: op.spec.kind,
-            target_kubernetes: op.spec.target.kubernetes_version.clone(),
-            target_kube_proxy: op.spec.target.kube_proxy,
-            target_machines: op.spec.target.machines.clone(),
-            target_cilium_chart: op.spec.target.cilium_chart.clone(),
-            target_talos: op.spec.target.talos_version.clone(),
-            talos_installer: op
-                .spec
-                .target
-                .talos_version
-                .as_ref()
-                .map(|v| render::render::installer_image_at(&cluster.spec, v)),
-            allow_downgrade: op.spec.target.allow_downgrade,
-            force_drain: op.spec.force_drain,
-            drain_deadline: s.drain_deadline_secs.map(|d| d as i64),
-            max_unavailable: op.spec.max_unavailable.into(),
-            phase: st.phase(),
-            intent: Intent::of(op.metadata.annotations.as_ref(), st.resumed),
-            paused_reason: st.paused_reason.clone(),
-            machines: st
-                .machines
-                .iter()
-                .map(|(k, v)| {
-                    let started_at = Some(v.started_at.clone().unwrap_or_else(|| now.to_string()));
-                    let p = MachineProgress {
-                        phase: v.phase,
-                        stage: v.stage.clone(),
-                        started_at,
-                        boot_id: v.boot_id.clone(),
-                    };
-                    (k.clone(), p)
-                })
-                .collect(),
-            waiting_since: st.waiting_since.clone(),
-            done: st.done.clone(),
-            waits: st.waits.clone(),
-            machines_left: st.machines_left.clone(),
-            stages: st.stages.clone(),
-            release: label(op),
-        },
+        operation: operation_of(op, cluster, now, s),
         other_operations: others,
         stage_operations,
         inputs_rejected: rejected,

@@ -298,52 +298,62 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     let now = epoch(&s.now).unwrap_or(0);
     let n = b.num(now);
     r.now.push(&mut b, [n]);
+    operation_facts(&mut b, r, s, now);
+    cluster_facts(&mut b, r, s, keys);
+    machine_facts(&mut b, r, s);
+    workload_facts(&mut b, r, s);
+    b
+}
+
+/// The operation's facts: its kind, phase, the user's intent, its targets, each machine's step,
+/// its clocks and steps done, the other operations, a release's chain.
+fn operation_facts(b: &mut FactBuilder, r: &Rels, s: &ObservedState, now: i64) {
     // The operation.
     let op = &s.operation;
     let row = [b.sym(&op.name), b.sym(op.kind.name()), b.sym(op.phase.name())];
-    r.operation.push(&mut b, row);
+    r.operation.push(b, row);
     // The user's intent (annotations): the rules move the phase.
     if op.intent.abort {
-        r.abort_requested.push(&mut b, []);
+        r.abort_requested.push(b, []);
     }
     if op.intent.resume_pending() {
-        r.resume_requested.push(&mut b, []);
+        r.resume_requested.push(b, []);
     }
     if let Some(reason) = &op.paused_reason {
         let id = b.sym(reason);
-        r.paused_reason.push(&mut b, [id]);
+        r.paused_reason.push(b, [id]);
     }
     let mu = b.num(op.max_unavailable);
-    r.max_unavailable.push(&mut b, [mu]);
+    r.max_unavailable.push(b, [mu]);
     if let Some(t) = &op.target_kubernetes {
         let id = b.sym(t);
-        r.target_kubernetes.push(&mut b, [id]);
+        r.target_kubernetes.push(b, [id]);
     }
     if let Some(t) = &op.target_talos {
         let id = b.sym(t);
-        r.target_talos.push(&mut b, [id]);
+        r.target_talos.push(b, [id]);
     }
     if let Some(i) = &op.talos_installer {
         let id = b.sym(i);
-        r.talos_installer.push(&mut b, [id]);
+        r.talos_installer.push(b, [id]);
     }
     if op.allow_downgrade {
-        r.allow_downgrade.push(&mut b, []);
+        r.allow_downgrade.push(b, []);
     }
     if op.force_drain {
-        r.force_drain.push(&mut b, []);
+        r.force_drain.push(b, []);
     }
     if let Some(d) = op.drain_deadline {
         let d = b.num(d);
-        r.drain_deadline.push(&mut b, [d]);
+        r.drain_deadline.push(b, [d]);
     }
     if let Some(t) = op.target_kube_proxy {
         let id = b.sym(t.name());
-        r.target_kube_proxy.push(&mut b, [id]);
+        r.target_kube_proxy.push(b, [id]);
     }
     if let Some(t) = &op.target_cilium_chart {
         let id = b.sym(t);
-        r.target_cilium_chart.push(&mut b, [id]);
+        r.target_cilium_chart.push(b, [id]);
     }
     for (m, pr) in &op.machines {
         let row = [
@@ -352,46 +362,51 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
             b.sym(pr.stage.as_deref().unwrap_or("")),
             b.num(pr.started_at.as_deref().and_then(epoch).unwrap_or(now)),
         ];
-        r.progress.push(&mut b, row);
+        r.progress.push(b, row);
         if let Some(boot) = &pr.boot_id {
             let row = [b.sym(m), b.sym(boot)];
-            r.progress_boot.push(&mut b, row);
+            r.progress_boot.push(b, row);
         }
     }
     for m in &op.target_machines {
         let id = b.sym(m);
-        r.rollout_machine.push(&mut b, [id]);
+        r.rollout_machine.push(b, [id]);
     }
     for (reason, t) in &op.waiting_since {
         let row = [b.sym(reason), b.num(epoch(t).unwrap_or(now))];
-        r.waiting_since.push(&mut b, row);
+        r.waiting_since.push(b, row);
     }
     for d in &op.done {
         let id = b.sym(d);
-        r.step_done.push(&mut b, [id]);
+        r.step_done.push(b, [id]);
     }
     for o in &s.other_operations {
         let row = [b.sym(&o.name), b.sym(o.kind.name()), b.sym(o.phase.name())];
-        r.other_operation.push(&mut b, row);
+        r.other_operation.push(b, row);
     }
     // A release's chain: its stage operations and the stages its status holds; a stage's release.
     for o in &s.stage_operations {
         let reason = o.paused_reason.as_deref().unwrap_or_default();
         let row = [b.sym(o.kind.name()), b.sym(&o.target), b.sym(&o.name), b.sym(o.phase.name()), b.sym(reason)];
-        r.stage_operation.push(&mut b, row);
+        r.stage_operation.push(b, row);
     }
     for st in &op.stages {
         let row = [b.sym(st.kind.name()), b.sym(&st.target)];
-        r.stage_recorded.push(&mut b, row);
+        r.stage_recorded.push(b, row);
     }
     if let Some(release) = &op.release {
         let id = b.sym(release);
-        r.release_parent.push(&mut b, [id]);
+        r.release_parent.push(b, [id]);
     }
     if let Some(why) = &s.inputs_rejected {
         let id = b.sym(why);
-        r.inputs_rejected.push(&mut b, [id]);
+        r.inputs_rejected.push(b, [id]);
     }
+}
+
+/// The cluster's facts: the Cilium values' validation per mode, the release set, the windows and
+/// health checks, the CNI, the consent.
+fn cluster_facts(b: &mut FactBuilder, r: &Rels, s: &ObservedState, keys: &render::inventory::Inventory) {
     // The cluster.
     let c = &s.cluster;
     // The one validation, for each mode a Job could run with: the rules decide which applies.
@@ -399,183 +414,192 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
         for mode in render::api::KubeProxyMode::ALL {
             for refusal in render::cilium::validate(values, keys, *mode == render::api::KubeProxyMode::Replaced) {
                 let row = [b.sym(mode.name()), b.sym(&refusal.to_string())];
-                r.cilium_values_refused.push(&mut b, row);
+                r.cilium_values_refused.push(b, row);
             }
         }
     }
     let id = b.sym(&c.release_set_kubernetes);
-    r.release_set_kubernetes.push(&mut b, [id]);
+    r.release_set_kubernetes.push(b, [id]);
     if let Some(m) = &c.maintenance {
-        r.has_windows.push(&mut b, []);
+        r.has_windows.push(b, []);
         if m.open {
-            r.window_open.push(&mut b, []);
+            r.window_open.push(b, []);
         }
         if let Some(t) = &m.next_start {
             let row = [b.sym(t), b.num(epoch(t).unwrap_or_default())];
-            r.window_next.push(&mut b, row);
+            r.window_next.push(b, row);
         }
         for p in &m.problems {
             let id = b.sym(p);
-            r.window_problem.push(&mut b, [id]);
+            r.window_problem.push(b, [id]);
         }
     }
     for h in &c.health {
         let row = [b.sym(&h.name), b.num(h.timeout_seconds)];
-        r.health_check.push(&mut b, row);
+        r.health_check.push(b, row);
         for res in &h.results {
             if res.passed {
                 let row = [b.sym(&h.name), b.sym(&res.object)];
-                r.health_passed.push(&mut b, row);
+                r.health_passed.push(b, row);
             } else {
                 let row = [b.sym(&h.name), b.sym(&res.object), b.sym(&res.result)];
-                r.health_failing.push(&mut b, row);
+                r.health_failing.push(b, row);
             }
         }
     }
     if !c.release_set_talos.is_empty() {
         let id = b.sym(&c.release_set_talos);
-        r.release_set_talos.push(&mut b, [id]);
+        r.release_set_talos.push(b, [id]);
     }
     let row = [b.sym(c.cni.preset.name()), b.sym(c.cni.handover.name())];
-    r.cni.push(&mut b, row);
+    r.cni.push(b, row);
     if c.cni.handover_done {
-        r.handover_done.push(&mut b, []);
+        r.handover_done.push(b, []);
     }
     if let Some(pch) = &c.cni.bootstrap_patch {
         let id = b.sym(pch);
-        r.bootstrap_patch.push(&mut b, [id]);
+        r.bootstrap_patch.push(b, [id]);
     }
     if let Some(v) = &c.cni.home_kube_proxy_replacement {
         let id = b.sym(v);
-        r.home_kpr.push(&mut b, [id]);
+        r.home_kpr.push(b, [id]);
     }
     if let Some(a) = &c.cilium_adoption {
         let id = b.sym(&a.operation);
-        r.cilium_adopted.push(&mut b, [id]);
+        r.cilium_adopted.push(b, [id]);
     }
     let id = b.sym(render::embedded::CILIUM_CHART_VERSION);
-    r.embedded_cilium_chart.push(&mut b, [id]);
+    r.embedded_cilium_chart.push(b, [id]);
     let id = b.sym(c.cni.kube_proxy.name());
-    r.spec_kube_proxy.push(&mut b, [id]);
+    r.spec_kube_proxy.push(b, [id]);
     if let Some(k) = c.status_kube_proxy {
         let id = b.sym(k.name());
-        r.status_kube_proxy.push(&mut b, [id]);
+        r.status_kube_proxy.push(b, [id]);
     }
     if let Some(mode) = c.annotations.get(render::api::CONFIRM_KUBE_PROXY_SWITCH) {
         let id = b.sym(mode);
-        r.consent.push(&mut b, [id]);
+        r.consent.push(b, [id]);
     }
+}
+
+/// Each machine's facts, with its position in name order.
+fn machine_facts(b: &mut FactBuilder, r: &Rels, s: &ObservedState) {
     // Machines, with their position in name order.
     let mut names: Vec<&str> = s.machines.iter().map(|m| m.name.as_str()).collect();
     names.sort_unstable();
     for m in &s.machines {
         let name = b.sym(&m.name);
         let row = [name, b.sym(m.role.name())];
-        r.machine.push(&mut b, row);
+        r.machine.push(b, row);
         let idx = names.binary_search(&m.name.as_str()).unwrap_or(0) as i64;
         let row = [name, b.num(idx)];
-        r.machine_order.push(&mut b, row);
+        r.machine_order.push(b, row);
         let row = [name, b.sym(&m.talos_version), b.sym(&m.kubelet_version)];
-        r.machine_versions.push(&mut b, row);
+        r.machine_versions.push(b, row);
         if m.ready {
-            r.node_ready.push(&mut b, [name]);
+            r.node_ready.push(b, [name]);
         }
         if m.hold {
-            r.held.push(&mut b, [name]);
+            r.held.push(b, [name]);
         }
         if m.runs_controller {
-            r.runs_controller.push(&mut b, [name]);
+            r.runs_controller.push(b, [name]);
         }
         for pp in &m.pending {
             let owner = pp.applied_by.map_or("none", |k| k.name());
             let row = [name, b.sym(&pp.path), b.sym(pp.class.name()), b.sym(owner)];
-            r.pending.push(&mut b, row);
+            r.pending.push(b, row);
             for svc in &pp.restarts {
                 let row = [name, b.sym(&pp.path), b.sym(svc)];
-                r.pending_restart.push(&mut b, row);
+                r.pending_restart.push(b, row);
             }
             if let Some(v) = &pp.new {
                 let row = [name, b.sym(&pp.path), b.sym(v)];
-                r.pending_value.push(&mut b, row);
+                r.pending_value.push(b, row);
             }
         }
         if let Some(boot) = &m.boot_id {
             let row = [name, b.sym(boot)];
-            r.node_boot.push(&mut b, row);
+            r.node_boot.push(b, row);
         }
         if let Some(os) = &m.os_image {
             let row = [name, b.sym(os)];
-            r.node_os_image.push(&mut b, row);
+            r.node_os_image.push(b, row);
         }
         if let Some(boot) = &m.talos_boot_id {
             let row = [name, b.sym(boot)];
-            r.talos_boot.push(&mut b, row);
+            r.talos_boot.push(b, row);
         }
         for p in &m.awaiting_reboot {
             let row = [name, b.sym(p)];
-            r.awaiting_reboot.push(&mut b, row);
+            r.awaiting_reboot.push(b, row);
         }
         if m.cordoned {
-            r.ichor_cordoned.push(&mut b, [name]);
+            r.ichor_cordoned.push(b, [name]);
         }
         if m.tainted {
-            r.ichor_tainted.push(&mut b, [name]);
+            r.ichor_tainted.push(b, [name]);
         }
         for d in &m.drain_refusals {
             let row = [name, b.sym(&d.budget), b.sym(&d.pods.join(", "))];
-            r.drain_refused.push(&mut b, row);
+            r.drain_refused.push(b, row);
         }
         for svc in &m.unhealthy_services {
             let row = [name, b.sym(svc)];
-            r.service_unhealthy.push(&mut b, row);
+            r.service_unhealthy.push(b, row);
         }
         if let Some(c) = m.contract {
             let row = [name, b.sym(&c.to_string())];
-            r.machine_contract.push(&mut b, row);
+            r.machine_contract.push(b, row);
         }
         if m.role == render::api::Role::Controlplane && m.kube_proxy_manifest_rendered != Some(false) {
-            r.kube_proxy_manifest_rendered.push(&mut b, [name]);
+            r.kube_proxy_manifest_rendered.push(b, [name]);
         }
         for (kind, reason) in &m.conditions {
             let row = [name, b.sym(kind), b.sym(reason)];
-            r.machine_condition.push(&mut b, row);
+            r.machine_condition.push(b, row);
         }
         for (component, pod) in &m.static_pods {
             let row = [name, b.sym(component), b.sym(&pod.image), b.sym(if pod.ready { "true" } else { "false" })];
-            r.static_pod.push(&mut b, row);
+            r.static_pod.push(b, row);
         }
     }
     for pair in names.windows(2) {
         let row = [b.sym(pair[0]), b.sym(pair[1])];
-        r.next_in_order.push(&mut b, row);
+        r.next_in_order.push(b, row);
     }
     if let Some(last) = names.last() {
         let id = b.sym(last);
-        r.last_in_order.push(&mut b, [id]);
+        r.last_in_order.push(b, [id]);
     }
+}
+
+/// The workload cluster's facts: Cilium, kube-proxy, the Jobs, the kubernetes Service, the
+/// removed APIs in use.
+fn workload_facts(b: &mut FactBuilder, r: &Rels, s: &ObservedState) {
     // The workload cluster.
     let w = &s.workload;
     if let Some(v) = &w.cilium_kube_proxy_replacement {
         let id = b.sym(v);
-        r.cilium_kpr.push(&mut b, [id]);
+        r.cilium_kpr.push(b, [id]);
     }
     if w.cilium_config_read {
-        r.cilium_config_read.push(&mut b, []);
+        r.cilium_config_read.push(b, []);
     }
     if w.cilium_k8s_service_host.is_some() || w.cilium_k8s_service_port.is_some() {
         let row = [
             b.sym(w.cilium_k8s_service_host.as_deref().unwrap_or("")),
             b.sym(w.cilium_k8s_service_port.as_deref().unwrap_or("")),
         ];
-        r.cilium_api_server.push(&mut b, row);
+        r.cilium_api_server.push(b, row);
     }
     if let Some(v) = &w.cilium_chart_version {
         let id = b.sym(v);
-        r.cilium_chart_running.push(&mut b, [id]);
+        r.cilium_chart_running.push(b, [id]);
     }
     if let Some(a) = &w.argocd_application {
         let row = [b.sym(&a.health), b.sym(&a.sync)];
-        r.argocd_application.push(&mut b, row);
+        r.argocd_application.push(b, row);
     }
     // Unobserved: present while the DaemonSet or a ConfigMap is (deleting a missing one is a no-op).
     let others = w.kube_proxy_daemon_set.is_some() || !w.kube_proxy_config_maps.is_empty();
@@ -584,57 +608,56 @@ pub fn facts(engine: &Engine, r: &Rels, s: &ObservedState, keys: &render::invent
     {
         if seen.unwrap_or(others) {
             let row = [b.sym(kind), b.sym("kube-proxy")];
-            r.kube_proxy_object.push(&mut b, row);
+            r.kube_proxy_object.push(b, row);
         }
     }
     for (mode, why) in &w.cilium_jobs_failed {
         let row = [b.sym(mode.name()), b.sym(why)];
-        r.cilium_job_failed.push(&mut b, row);
+        r.cilium_job_failed.push(b, row);
     }
     for job in &w.cilium_jobs_in_flight {
         let id = b.sym(job);
-        r.cilium_job_in_flight.push(&mut b, [id]);
+        r.cilium_job_in_flight.push(b, [id]);
     }
     for mode in &w.cilium_jobs_succeeded {
         let id = b.sym(mode.name());
-        r.cilium_job_succeeded.push(&mut b, [id]);
+        r.cilium_job_succeeded.push(b, [id]);
     }
     // cilium-config's `ipam`; `""` for a cilium-config read without the key.
     if let Some(ipam) = w.cilium_ipam.as_deref().or(w.cilium_config_read.then_some("")) {
         let id = b.sym(ipam);
-        r.cilium_ipam.push(&mut b, [id]);
+        r.cilium_ipam.push(b, [id]);
     }
     for o in &w.cilium_owners {
         let row = [b.sym(&o.kind), b.sym(&o.name)];
-        r.cilium_owner.push(&mut b, row);
+        r.cilium_owner.push(b, row);
     }
     if let Some(why) = &w.removed_apis_check_failed {
         let id = b.sym(why);
-        r.removed_apis_unknown.push(&mut b, [id]);
+        r.removed_apis_unknown.push(b, [id]);
     }
     if let Some(d) = &w.cilium_daemon_set {
         let row =
             [b.num(d.desired), b.num(d.updated), b.num(d.ready), b.num(d.generation), b.num(d.observed_generation)];
-        r.cilium_ds.push(&mut b, row);
+        r.cilium_ds.push(b, row);
     }
     if let Some(d) = &w.kube_proxy_daemon_set {
         let row = [b.num(d.desired), b.num(d.updated), b.num(d.ready), b.sym(d.image.as_deref().unwrap_or(""))];
-        r.kube_proxy_ds.push(&mut b, row);
+        r.kube_proxy_ds.push(b, row);
     }
     for cm in &w.kube_proxy_config_maps {
         let id = b.sym(cm);
-        r.kube_proxy_configmap.push(&mut b, [id]);
+        r.kube_proxy_configmap.push(b, [id]);
     }
     if w.kubernetes_service_answers {
-        r.service_answers.push(&mut b, []);
+        r.service_answers.push(b, []);
     }
     if !w.kubernetes_service_probe.is_empty() {
         let target = b.sym(&w.kubernetes_service_probe);
-        r.service_probe.push(&mut b, [target]);
+        r.service_probe.push(b, [target]);
     }
     for api in &w.removed_apis_in_use {
         let row = [b.sym(&api.api), b.sym(&api.removed_in)];
-        r.removed_api_in_use.push(&mut b, row);
+        r.removed_api_in_use.push(b, row);
     }
-    b
 }

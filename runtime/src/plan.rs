@@ -792,24 +792,15 @@ impl Planner {
         self.plan_with(s, false)
     }
 
-    pub fn plan_with(&self, s: &ObservedState, explain: bool) -> Result<Plan, PlanError> {
+    /// What every message of the plan may name: the cluster, the operation, its target and where
+    /// it moves from, the fleet's counts, the CNI's modes and charts.
+    fn message_base(&self, db: &Database, s: &ObservedState) -> Json {
         let r = &self.rels;
-        let facts = crate::facts::facts(&self.engine, r, s, &self.cilium_keys);
-        let db = self.engine.evaluate_built(facts, EvalOptions { provenance: true, ..EvalOptions::default() })?;
-        let p = &self.engine.program;
         let text = |id: u32| db.sym(id).to_string();
-        let num = |id: u32| db.num(id);
-        let graph = std::cell::RefCell::new(ProofGraph::default());
-        let proof = |rel: engine::RelId, row: &[u32]| -> Option<usize> {
-            if !explain {
-                return None;
-            }
-            graph.borrow_mut().add(p, &db, rel, row).ok()
-        };
         let cps = s.machines.iter().filter(|m| m.role == Role::Controlplane).count();
         let embedded = render::embedded::CILIUM_CHART_VERSION;
         let running = s.workload.cilium_chart_version.clone().unwrap_or_else(|| "unknown".into());
-        let current_mode = r.current_kube_proxy_mode.rows(&db).next().map(|[m]| text(m)).unwrap_or_default();
+        let current_mode = r.current_kube_proxy_mode.rows(db).next().map(|[m]| text(m)).unwrap_or_default();
         let target = s
             .operation
             .target_kubernetes
@@ -829,7 +820,7 @@ impl Planner {
             _ => oldest(s.machines.iter().map(|m| m.kubelet_version.clone()))
                 .unwrap_or_else(|| s.cluster.kubernetes_version.clone()),
         };
-        let base = json!({
+        json!({
             "cluster": s.cluster.name,
             "operation": s.operation.name,
             "kind": s.operation.kind.name(),
@@ -846,15 +837,21 @@ impl Planner {
             "mode": current_mode,
             "embedded": embedded,
             "running": running,
-            "takeOwnership": r.cilium_job_takes_ownership.any(&db),
-        });
-        let data = |extra: Json| -> Json {
-            let mut d = base.clone();
-            if let (Json::Object(m), Json::Object(x)) = (&mut d, extra) {
-                m.extend(x);
-            }
-            d
-        };
+            "takeOwnership": r.cilium_job_takes_ownership.any(db),
+        })
+    }
+
+    /// The machines' steps the rules derived (abort, resume, pause and fail too), as actions, in
+    /// the order decoded.
+    fn machine_actions(
+        &self,
+        db: &Database,
+        s: &ObservedState,
+        proof: &dyn Fn(engine::RelId, &[u32]) -> Option<usize>,
+        data: &dyn Fn(Json) -> Json,
+    ) -> Result<Vec<(Action, Vec<usize>)>, PlanError> {
+        let r = &self.rels;
+        let text = |id: u32| db.sym(id).to_string();
         // How the Talos API reaches a machine: actions that call Talos carry it.
         let addresses: HashMap<&str, &str> =
             s.machines.iter().filter_map(|x| Some((x.name.as_str(), x.address.as_deref()?))).collect();
@@ -867,30 +864,30 @@ impl Planner {
             .collect();
         let mut actions: Vec<(Action, Vec<usize>)> = vec![];
         let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
-        for row @ [was] in r.act_abort.rows(&db) {
-            let was = phase(&db, "act_abort", was)?;
+        for row @ [was] in r.act_abort.rows(db) {
+            let was = phase(db, "act_abort", was)?;
             push(Action::Abort { was }, proof(r.act_abort.id(), &row));
         }
-        if r.act_resume.any(&db) {
+        if r.act_resume.any(db) {
             push(Action::Resume, proof(r.act_resume.id(), &[]));
         }
-        for row @ [t, m, d] in r.act_pause.rows(&db) {
+        for row @ [t, m, d] in r.act_pause.rows(db) {
             let msg = self.message(&text(t), &data(json!({"machine": text(m), "detail": text(d)})));
             push(Action::Pause { message: msg }, proof(r.act_pause.id(), &row));
         }
-        for row @ [m, t, d] in r.act_fail.rows(&db) {
+        for row @ [m, t, d] in r.act_fail.rows(db) {
             let msg = self.message(&text(t), &data(json!({"machine": text(m), "detail": text(d)})));
             push(Action::Fail { machine: text(m), message: msg }, proof(r.act_fail.id(), &row));
         }
-        for row @ [m] in r.act_set_kube_proxy_status.rows(&db) {
-            let mode = mode(&db, "act_set_kube_proxy_status", m)?;
+        for row @ [m] in r.act_set_kube_proxy_status.rows(db) {
+            let mode = mode(db, "act_set_kube_proxy_status", m)?;
             push(Action::SetKubeProxyStatus { mode }, proof(r.act_set_kube_proxy_status.id(), &row));
         }
-        for row @ [m, st] in r.act_start.rows(&db) {
+        for row @ [m, st] in r.act_start.rows(db) {
             let boot_id = boots.get(db.sym(m)).map(|b| b.to_string());
             push(Action::Start { machine: text(m), stage: text(st), boot_id }, proof(r.act_start.id(), &row));
         }
-        for row @ [m, ns, img] in r.act_pull_image.rows(&db) {
+        for row @ [m, ns, img] in r.act_pull_image.rows(db) {
             let namespace = ContainerdNamespace::parse(db.sym(ns)).ok_or_else(|| PlanError::Decode {
                 relation: "act_pull_image",
                 value: text(ns),
@@ -901,11 +898,11 @@ impl Planner {
                 proof(r.act_pull_image.id(), &row),
             );
         }
-        for row @ [m] in r.act_cordon.rows(&db) {
+        for row @ [m] in r.act_cordon.rows(db) {
             push(Action::Cordon { machine: text(m) }, proof(r.act_cordon.id(), &row));
         }
-        let forced: BTreeSet<String> = r.act_drain_forced.rows(&db).map(|[m]| text(m)).collect();
-        for row @ [m] in r.act_drain.rows(&db) {
+        let forced: BTreeSet<String> = r.act_drain_forced.rows(db).map(|[m]| text(m)).collect();
+        for row @ [m] in r.act_drain.rows(db) {
             let machine = text(m);
             let force = forced.contains(&machine);
             push(Action::Drain { machine, force }, proof(r.act_drain.id(), &row));
@@ -913,7 +910,7 @@ impl Planner {
         // Each machine's applied paths, one action per machine and mode, paths sorted.
         let by_machine = |rel: &engine::Output<2>| {
             let mut out: BTreeMap<String, (Vec<String>, Vec<usize>)> = BTreeMap::new();
-            for row @ [m, path] in rel.rows(&db) {
+            for row @ [m, path] in rel.rows(db) {
                 let e = out.entry(text(m)).or_default();
                 e.0.push(text(path));
                 e.1.extend(proof(rel.id(), &row));
@@ -928,7 +925,7 @@ impl Planner {
             actions.push((Action::ApplyStaged { node: node_of(&m), machine: m, paths, payload: None }, proofs));
         }
         let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
-        for row @ [m, img, api] in r.act_upgrade_talos.rows(&db) {
+        for row @ [m, img, api] in r.act_upgrade_talos.rows(db) {
             let legacy = match db.sym(api) {
                 "lifecycle" => false,
                 "legacy" => true,
@@ -945,33 +942,54 @@ impl Planner {
                 proof(r.act_upgrade_talos.id(), &row),
             );
         }
-        for row @ [m, st] in r.act_stage.rows(&db) {
+        for row @ [m, st] in r.act_stage.rows(db) {
             push(Action::Stage { machine: text(m), stage: text(st) }, proof(r.act_stage.id(), &row));
         }
-        for row @ [m] in r.act_reboot.rows(&db) {
+        for row @ [m] in r.act_reboot.rows(db) {
             push(Action::Reboot { machine: text(m), node: node_of(db.sym(m)) }, proof(r.act_reboot.id(), &row));
         }
-        for row @ [m] in r.act_done.rows(&db) {
+        for row @ [m] in r.act_done.rows(db) {
             push(Action::Done { machine: text(m) }, proof(r.act_done.id(), &row));
         }
-        for row @ [m] in r.act_uncordon.rows(&db) {
+        for row @ [m] in r.act_uncordon.rows(db) {
             push(Action::Uncordon { machine: text(m) }, proof(r.act_uncordon.id(), &row));
         }
-        for row @ [v] in r.act_sync_manifests.rows(&db) {
+        Ok(actions)
+    }
+
+    /// The cluster-wide actions the rules derived (the manifests, deletions, Cilium's Job, stages,
+    /// waits, clocks, warnings, the end), as actions, in the order decoded.
+    fn cluster_actions(
+        &self,
+        db: &Database,
+        s: &ObservedState,
+        proof: &dyn Fn(engine::RelId, &[u32]) -> Option<usize>,
+        data: &dyn Fn(Json) -> Json,
+    ) -> Result<Vec<(Action, Vec<usize>)>, PlanError> {
+        let r = &self.rels;
+        let text = |id: u32| db.sym(id).to_string();
+        let num = |id: u32| db.num(id);
+        // How the Talos API reaches a machine: actions that call Talos carry it.
+        let addresses: HashMap<&str, &str> =
+            s.machines.iter().filter_map(|x| Some((x.name.as_str(), x.address.as_deref()?))).collect();
+        let node_of = |m: &str| addresses.get(m).map(|a| a.to_string());
+        let mut actions: Vec<(Action, Vec<usize>)> = vec![];
+        let mut push = |a: Action, p: Option<usize>| actions.push((a, p.into_iter().collect()));
+        for row @ [v] in r.act_sync_manifests.rows(db) {
             push(
                 Action::SyncManifests { via: text(v), node: node_of(db.sym(v)), field_manager: TALOS_FIELD_MANAGER },
                 proof(r.act_sync_manifests.id(), &row),
             );
         }
         // In the order the rules give (their first column), then by name.
-        let mut deletes: Vec<[u32; 5]> = r.act_delete.rows(&db).collect();
+        let mut deletes: Vec<[u32; 5]> = r.act_delete.rows(db).collect();
         deletes.sort_by_key(|&[order, _, _, _, name]| (num(order), text(name)));
         for row @ [_, api_version, kind, ns, name] in deletes {
             let namespace = Some(text(ns)).filter(|n| !n.is_empty());
             let object = ObjectRef { api_version: text(api_version), kind: text(kind), namespace, name: text(name) };
             push(Action::Delete { object }, proof(r.act_delete.id(), &row));
         }
-        for row @ [v, manifest] in r.act_restore_kube_proxy.rows(&db) {
+        for row @ [v, manifest] in r.act_restore_kube_proxy.rows(db) {
             push(
                 Action::RestoreKubeProxy {
                     via: text(v),
@@ -982,8 +1000,8 @@ impl Planner {
                 proof(r.act_restore_kube_proxy.id(), &row),
             );
         }
-        for row @ [m] in r.act_cilium_job.rows(&db) {
-            let mode = mode(&db, "act_cilium_job", m)?;
+        for row @ [m] in r.act_cilium_job.rows(db) {
+            let mode = mode(db, "act_cilium_job", m)?;
             let user = s.cluster.cilium_values.clone().unwrap_or(Json::Null);
             let tunnel = s.cluster.cilium_tunnel.clone().unwrap_or_else(|| "vxlan".into());
             let values = render::cilium::layered(&user, mode == KubeProxyMode::Replaced, &tunnel);
@@ -995,29 +1013,29 @@ impl Planner {
                 "ichor-cni-{}",
                 render::cilium::values_hash(&serde_json::json!({"values": values, "operation": s.operation.name}))
             );
-            let take_ownership = r.cilium_job_takes_ownership.any(&db);
+            let take_ownership = r.cilium_job_takes_ownership.any(db);
             push(
                 Action::CiliumJob { mode, name, values, user, tunnel, take_ownership },
                 proof(r.act_cilium_job.id(), &row),
             );
         }
-        for row @ [chart] in r.act_record_adoption.rows(&db) {
+        for row @ [chart] in r.act_record_adoption.rows(db) {
             push(Action::RecordCiliumAdoption { chart: text(chart) }, proof(r.act_record_adoption.id(), &row));
         }
-        for row @ [m] in r.act_taint.rows(&db) {
+        for row @ [m] in r.act_taint.rows(db) {
             push(Action::Taint { machine: text(m) }, proof(r.act_taint.id(), &row));
         }
-        for row @ [m] in r.act_untaint.rows(&db) {
+        for row @ [m] in r.act_untaint.rows(db) {
             push(Action::Untaint { machine: text(m) }, proof(r.act_untaint.id(), &row));
         }
-        for row @ [st] in r.act_step_done.rows(&db) {
+        for row @ [st] in r.act_step_done.rows(db) {
             push(Action::StepDone { step: text(st) }, proof(r.act_step_done.id(), &row));
         }
-        for row @ [k, t] in r.act_start_stage.rows(&db) {
-            let kind = op_kind(&db, "act_start_stage", k)?;
+        for row @ [k, t] in r.act_start_stage.rows(db) {
+            let kind = op_kind(db, "act_start_stage", k)?;
             push(Action::StartStage { stage: StageStart::of(s, kind, &text(t)) }, proof(r.act_start_stage.id(), &row));
         }
-        for row @ [t, d, clock, since, limit] in r.act_wait.rows(&db) {
+        for row @ [t, d, clock, since, limit] in r.act_wait.rows(db) {
             let (t, since, limit) = (text(t), rfc3339(num(since)), num(limit));
             let msg = self.message(
                 &t,
@@ -1028,16 +1046,43 @@ impl Planner {
                 proof(r.act_wait.id(), &row),
             );
         }
-        for row @ [c] in r.act_clear_clock.rows(&db) {
+        for row @ [c] in r.act_clear_clock.rows(db) {
             push(Action::ClearClock { clock: text(c) }, proof(r.act_clear_clock.id(), &row));
         }
-        for row @ [t, a, b] in r.act_warn.rows(&db) {
+        for row @ [t, a, b] in r.act_warn.rows(db) {
             let msg = self.message(&text(t), &data(json!({"a": text(a), "b": text(b)})));
             push(Action::Warn { message: msg }, proof(r.act_warn.id(), &row));
         }
-        if r.act_complete.any(&db) {
+        if r.act_complete.any(db) {
             push(Action::Complete, proof(r.act_complete.id(), &[]));
         }
+        Ok(actions)
+    }
+
+    pub fn plan_with(&self, s: &ObservedState, explain: bool) -> Result<Plan, PlanError> {
+        let r = &self.rels;
+        let facts = crate::facts::facts(&self.engine, r, s, &self.cilium_keys);
+        let db = self.engine.evaluate_built(facts, EvalOptions { provenance: true, ..EvalOptions::default() })?;
+        let p = &self.engine.program;
+        let text = |id: u32| db.sym(id).to_string();
+        let num = |id: u32| db.num(id);
+        let graph = std::cell::RefCell::new(ProofGraph::default());
+        let proof = |rel: engine::RelId, row: &[u32]| -> Option<usize> {
+            if !explain {
+                return None;
+            }
+            graph.borrow_mut().add(p, &db, rel, row).ok()
+        };
+        let base = self.message_base(&db, s);
+        let data = |extra: Json| -> Json {
+            let mut d = base.clone();
+            if let (Json::Object(m), Json::Object(x)) = (&mut d, extra) {
+                m.extend(x);
+            }
+            d
+        };
+        let mut actions = self.machine_actions(&db, s, &proof, &data)?;
+        actions.extend(self.cluster_actions(&db, s, &proof, &data)?);
         // The order of action kinds is the rules' (`action_order`); within a kind, as decoded.
         let rank: HashMap<&str, i64> = r.action_order.rows(&db).map(|[a, n]| (db.sym(a), num(n))).collect();
         actions.sort_by_key(|(a, _)| rank.get(a.kind()).copied().unwrap_or(i64::MAX));

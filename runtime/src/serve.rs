@@ -582,6 +582,156 @@ pub const SHUTDOWN_RECONCILE_GRACE: std::time::Duration = std::time::Duration::f
 pub const SHUTDOWN_LEASE_RELEASE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Runs until `shutdown` resolves; releases the Lease on the way out.
+/// Serves /healthz, /readyz (`ready`) and /metrics on `addr` (the release-behind gauge read at
+/// each scrape); nothing when the address cannot be bound.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    controller: Arc<Controller>,
+    metrics: Arc<Metrics>,
+    namespace: &str,
+    ready: Arc<AtomicBool>,
+) {
+    let m = metrics.clone();
+    m.set_release_set(&controller.release_set_kubernetes, &controller.release_set_talos);
+    let metrics_controller = controller.clone();
+    // (No receiver of the Lease's channel here: the Lease is released only once every
+    // receiver is gone, and the metrics server outlives the shutdown. `log_lease_changes`
+    // sets the leader gauge.)
+    let metrics_ns = namespace.to_string();
+    let app = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || async move {
+                if ready.load(Ordering::Relaxed) {
+                    (axum::http::StatusCode::OK, "ready")
+                } else {
+                    (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let (m, c) = (m.clone(), metrics_controller.clone());
+                let ns = metrics_ns.clone();
+                async move {
+                    // The clusters behind the release set, read now (kept from the last
+                    // scrape when the read fails or takes longer than 5 s).
+                    let api: Api<render::api::TalosCluster> = Api::namespaced(c.kube.clone(), &ns);
+                    let read = tokio::time::timeout(Duration::from_secs(5), api.list(&Default::default())).await;
+                    if let Ok(Ok(list)) = read {
+                        let behind = crate::metrics::release_behind(
+                            &list.items,
+                            &c.release_set_talos,
+                            &c.release_set_kubernetes,
+                        );
+                        m.set_release_behind(&behind);
+                    }
+                    m.encode_with(c.stores.get())
+                }
+            }),
+        );
+    if let Ok(listener) = tokio::net::TcpListener::bind(addr).await {
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+    }
+}
+
+/// The cluster loop (the hand-over, the Cilium values, the lockdown) until `shutdown`.
+fn cluster_loop(
+    ctx: Arc<Ctx>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> impl std::future::Future<Output = ()> {
+    let ns = ctx.config.namespace.clone();
+    // The cluster host (the hand-over and the Cilium values) is woken by its cluster, by an
+    // operation of the cluster that ends (it releases the lock the values wait on), and by Ichor's
+    // Cilium Jobs (one that ends, or a failed one deleted to run it again).
+    let controller_clusters = kube_runtime::Controller::new(
+        Api::<render::api::TalosCluster>::namespaced(ctx.controller.kube.clone(), &ns),
+        watcher::Config::default(),
+    );
+    let cstore = controller_clusters.store();
+    let every_cluster = move || {
+        cstore.state().iter().map(|c| kube_runtime::reflector::ObjectRef::from_obj(c.as_ref())).collect::<Vec<_>>()
+    };
+    let k = ctx.controller.kube.clone();
+    let ns_of_ops = ns.clone();
+    controller_clusters
+        .watches(Api::<TalosOperation>::namespaced(k.clone(), &ns), watcher::Config::default(), move |o| {
+            let ended = o.status.as_ref().is_some_and(|s| s.phase().is_terminal());
+            ended.then(|| kube_runtime::reflector::ObjectRef::new(&o.spec.cluster_ref.name).within(&ns_of_ops))
+        })
+        .watches(
+            Api::<k8s_openapi::api::batch::v1::Job>::namespaced(k, crate::kube::JOB_NAMESPACE),
+            watcher::Config::default().labels("app.kubernetes.io/managed-by=ichor"),
+            move |_| every_cluster(),
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile_handover, error_policy, ctx.clone())
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %crate::error_chain(&e), "hand-over reconcile");
+            }
+        })
+}
+
+/// The machine loop, woken by what a machine's render reads and by its cluster's operations
+/// ending, until `shutdown`.
+fn machine_loop(
+    ctx: Arc<Ctx>,
+    stores: &crate::stores::Stores,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> impl std::future::Future<Output = ()> {
+    use crate::stores::Changed;
+    let ns = ctx.config.namespace.clone();
+    let machines: Api<render::api::TalosMachine> = Api::namespaced(ctx.controller.kube.clone(), &ns);
+    // A machine is woken by what its render reads and by its cluster's operations ending (an
+    // ended one hands the machine back; a running one's status writes wake nothing): its
+    // cluster, the cluster's patches and operations, and the namespace's Secrets (watched by
+    // their metadata alone: a Secret's data never enters a cache; a change wakes every machine
+    // of the namespace, as secrets change rarely).
+    let secrets = watcher::watcher(
+        Api::<kube_client::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>>::namespaced(
+            ctx.controller.kube.clone(),
+            &ctx.config.namespace,
+        ),
+        watcher::Config::default(),
+    )
+    .touched_objects()
+    .filter_map(|r| async move { r.ok().map(|_| ()) });
+    let controller_machines = kube_runtime::Controller::new(machines, watcher::Config::default());
+    let mstore = controller_machines.store();
+    let machines_of = |store| of_cluster_in(store, |m: &render::api::TalosMachine| &m.spec.cluster_ref.name);
+    let (m1, m2, m3) = (machines_of(mstore.clone()), machines_of(mstore.clone()), machines_of(mstore));
+    let k = ctx.controller.kube.clone();
+    controller_machines
+        .watches(Api::<render::api::TalosCluster>::namespaced(k.clone(), &ns), watcher::Config::default(), move |c| {
+            m1(c.metadata.name.unwrap_or_default())
+        })
+        .watches(
+            Api::<render::api::TalosConfigPatch>::namespaced(k.clone(), &ns),
+            watcher::Config::default(),
+            move |p| m2(p.spec.cluster_ref.name),
+        )
+        .watches(Api::<TalosOperation>::namespaced(k, &ns), watcher::Config::default(), move |o| {
+            let ended = o.status.as_ref().is_some_and(|s| s.phase().is_terminal());
+            if ended { m3(o.spec.cluster_ref.name) } else { vec![] }
+        })
+        .reconcile_all_on(futures::stream::select(
+            secrets,
+            stores.changes(|c| matches!(c, Changed::Patch | Changed::OperationEnded)),
+        ))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile_machine, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!(error = %crate::error_chain(&e), "machine reconcile");
+            }
+        })
+}
+
 pub async fn run(
     controller: Arc<Controller>,
     config: RunConfig,
@@ -615,56 +765,7 @@ pub async fn run(
     use crate::stores::Changed;
     let ready = Arc::new(AtomicBool::new(true));
     if let Some(addr) = config.listen {
-        let m = metrics.clone();
-        m.set_release_set(&controller.release_set_kubernetes, &controller.release_set_talos);
-        let metrics_controller = controller.clone();
-        // (No receiver of the Lease's channel here: the Lease is released only once every
-        // receiver is gone, and the metrics server outlives the shutdown. `log_lease_changes`
-        // sets the leader gauge.)
-        let metrics_ns = config.namespace.clone();
-        let ready = ready.clone();
-        let app = axum::Router::new()
-            .route("/healthz", axum::routing::get(|| async { "ok" }))
-            .route(
-                "/readyz",
-                axum::routing::get(move || {
-                    let ready = ready.clone();
-                    async move {
-                        if ready.load(Ordering::Relaxed) {
-                            (axum::http::StatusCode::OK, "ready")
-                        } else {
-                            (axum::http::StatusCode::SERVICE_UNAVAILABLE, "not ready")
-                        }
-                    }
-                }),
-            )
-            .route(
-                "/metrics",
-                axum::routing::get(move || {
-                    let (m, c) = (m.clone(), metrics_controller.clone());
-                    let ns = metrics_ns.clone();
-                    async move {
-                        // The clusters behind the release set, read now (kept from the last
-                        // scrape when the read fails or takes longer than 5 s).
-                        let api: Api<render::api::TalosCluster> = Api::namespaced(c.kube.clone(), &ns);
-                        let read = tokio::time::timeout(Duration::from_secs(5), api.list(&Default::default())).await;
-                        if let Ok(Ok(list)) = read {
-                            let behind = crate::metrics::release_behind(
-                                &list.items,
-                                &c.release_set_talos,
-                                &c.release_set_kubernetes,
-                            );
-                            m.set_release_behind(&behind);
-                        }
-                        m.encode_with(c.stores.get())
-                    }
-                }),
-            );
-        if let Ok(listener) = tokio::net::TcpListener::bind(addr).await {
-            tokio::spawn(async move {
-                let _ = axum::serve(listener, app).await;
-            });
-        }
+        serve_metrics(addr, controller.clone(), metrics.clone(), &config.namespace, ready.clone()).await;
     }
     let reporter = Reporter { controller: "ichor-controller".into(), instance: Some(config.identity.clone()) };
     let ctx = Arc::new(Ctx {
@@ -677,7 +778,6 @@ pub async fn run(
         backoff: Backoff::default(),
     });
     let ops: Api<TalosOperation> = Api::namespaced(client.clone(), &config.namespace);
-    let machines: Api<render::api::TalosMachine> = Api::namespaced(client, &config.namespace);
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
     let shutdown_begun = shutdown.clone();
     // What an operation depends on wakes it: its cluster, machines and patches, and the
@@ -729,79 +829,8 @@ pub async fn run(
                 tracing::debug!(error = %crate::error_chain(&e), "reconcile");
             }
         });
-    // The cluster host (the hand-over and the Cilium values) is woken by its cluster, by an
-    // operation of the cluster that ends (it releases the lock the values wait on), and by Ichor's
-    // Cilium Jobs (one that ends, or a failed one deleted to run it again).
-    let controller_clusters = kube_runtime::Controller::new(
-        Api::<render::api::TalosCluster>::namespaced(ctx.controller.kube.clone(), &config.namespace),
-        watcher::Config::default(),
-    );
-    let cstore = controller_clusters.store();
-    let every_cluster = move || {
-        cstore.state().iter().map(|c| kube_runtime::reflector::ObjectRef::from_obj(c.as_ref())).collect::<Vec<_>>()
-    };
-    let k = ctx.controller.kube.clone();
-    let ns_of_ops = ns.clone();
-    let handovers = controller_clusters
-        .watches(Api::<TalosOperation>::namespaced(k.clone(), &ns), watcher::Config::default(), move |o| {
-            let ended = o.status.as_ref().is_some_and(|s| s.phase().is_terminal());
-            ended.then(|| kube_runtime::reflector::ObjectRef::new(&o.spec.cluster_ref.name).within(&ns_of_ops))
-        })
-        .watches(
-            Api::<k8s_openapi::api::batch::v1::Job>::namespaced(k, crate::kube::JOB_NAMESPACE),
-            watcher::Config::default().labels("app.kubernetes.io/managed-by=ichor"),
-            move |_| every_cluster(),
-        )
-        .graceful_shutdown_on(shutdown.clone())
-        .run(reconcile_handover, error_policy, ctx.clone())
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!(error = %crate::error_chain(&e), "hand-over reconcile");
-            }
-        });
-    // A machine is woken by what its render reads and by its cluster's operations ending (an
-    // ended one hands the machine back; a running one's status writes wake nothing): its
-    // cluster, the cluster's patches and operations, and the namespace's Secrets (watched by
-    // their metadata alone: a Secret's data never enters a cache; a change wakes every machine
-    // of the namespace, as secrets change rarely).
-    let secrets = watcher::watcher(
-        Api::<kube_client::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>>::namespaced(
-            ctx.controller.kube.clone(),
-            &ns,
-        ),
-        watcher::Config::default(),
-    )
-    .touched_objects()
-    .filter_map(|r| async move { r.ok().map(|_| ()) });
-    let controller_machines = kube_runtime::Controller::new(machines, watcher::Config::default());
-    let mstore = controller_machines.store();
-    let machines_of = |store| of_cluster_in(store, |m: &render::api::TalosMachine| &m.spec.cluster_ref.name);
-    let (m1, m2, m3) = (machines_of(mstore.clone()), machines_of(mstore.clone()), machines_of(mstore));
-    let k = ctx.controller.kube.clone();
-    let machine_conditions = controller_machines
-        .watches(Api::<render::api::TalosCluster>::namespaced(k.clone(), &ns), watcher::Config::default(), move |c| {
-            m1(c.metadata.name.unwrap_or_default())
-        })
-        .watches(
-            Api::<render::api::TalosConfigPatch>::namespaced(k.clone(), &ns),
-            watcher::Config::default(),
-            move |p| m2(p.spec.cluster_ref.name),
-        )
-        .watches(Api::<TalosOperation>::namespaced(k, &ns), watcher::Config::default(), move |o| {
-            let ended = o.status.as_ref().is_some_and(|s| s.phase().is_terminal());
-            if ended { m3(o.spec.cluster_ref.name) } else { vec![] }
-        })
-        .reconcile_all_on(futures::stream::select(
-            secrets,
-            stores.changes(|c| matches!(c, Changed::Patch | Changed::OperationEnded)),
-        ))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile_machine, error_policy, ctx)
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!(error = %crate::error_chain(&e), "machine reconcile");
-            }
-        });
+    let handovers = cluster_loop(ctx.clone(), shutdown.clone());
+    let machine_conditions = machine_loop(ctx, stores, shutdown);
     // On a SIGTERM the loops take no new work and let the reconciles in flight end, within
     // their grace; past it they are dropped (cut), before the Lease is released, so no step of
     // this replica runs beside a standby's.

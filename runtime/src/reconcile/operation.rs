@@ -241,4 +241,5 @@ impl Controller {
             .await
             .map_err(kube_err(format!("writing the status of TalosCluster {namespace}/{}", after.cluster.name)))?;
         Ok(())
-    }}
+    }
+}
