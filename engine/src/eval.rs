@@ -781,6 +781,15 @@ struct Eval<'a, const W: usize, M: Meta> {
     opts: EvalOptions,
 }
 
+/// A rule's runtime in a recursive stratum: the input of each step (its index) and the
+/// holder of each step's output.
+struct RuleRt<const W: usize, M: Meta> {
+    plan: usize,
+    inputs: Vec<Input<W, M>>,
+    outs: Vec<Option<Input<W, M>>>,
+    dynamic: Vec<bool>,
+}
+
 impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
     fn run(
         program: &'a Program,
@@ -968,6 +977,61 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
         Ok(AggTable::Folded(Keyed::new(out, a.corr_len)))
     }
 
+    /// Each rule's runtime in a recursive stratum: a step reads its index (`dyn_index` for this
+    /// stratum's relations, a static one otherwise), and a step fed by a dynamic one is dynamic.
+    fn rule_runtimes(
+        &mut self,
+        rules: &[usize],
+        dyn_index: &HashMap<usize, Variable<Tup<W, M>>>,
+        it: &mut Iteration,
+    ) -> Vec<RuleRt<W, M>> {
+        let plan = self.ctx.plan;
+        let mut rts: Vec<RuleRt<W, M>> = vec![];
+        for &r in rules {
+            let rp = &plan.rules[r];
+            let mut inputs = vec![];
+            let mut dynamic = vec![];
+            for (i, step) in rp.steps.iter().enumerate() {
+                let input = match &step.source {
+                    Source::Unit => Input::Static(Rc::new(vec![Tup { row: [0; W], meta: M::default() }])),
+                    Source::Scan(idx, _) => match dyn_index.get(idx) {
+                        Some(v) => Input::Dynamic(v.clone()),
+                        None => Input::Static(self.static_index(*idx)),
+                    },
+                };
+                let d = input.is_dynamic() || (i > 0 && dynamic[i - 1]);
+                dynamic.push(d);
+                inputs.push(input);
+            }
+            let mut outs = vec![];
+            for (i, step) in rp.steps.iter().enumerate() {
+                let last = i + 1 == rp.steps.len();
+                // Step 0 with no filter is its own index: no copy.
+                let direct = i == 0
+                    && step.ops.is_empty()
+                    && matches!(step.source, Source::Scan(..))
+                    && plan.indexes[match step.source {
+                        Source::Scan(idx, _) => idx,
+                        _ => 0,
+                    }]
+                    .cols
+                    .len()
+                        == step.out.len();
+                if last || direct {
+                    outs.push(None);
+                } else if dynamic[i] {
+                    outs.push(Some(Input::Dynamic(
+                        it.variable(&format!("{}_step{i}", self.ctx.program.relations[rp.head].name)),
+                    )));
+                } else {
+                    outs.push(Some(Input::Static(Rc::new(vec![]))));
+                }
+            }
+            rts.push(RuleRt { plan: r, inputs, outs, dynamic });
+        }
+        rts
+    }
+
     fn stratum(&mut self, s: usize, initial: &mut [Vec<Tup<W, M>>], total: &mut usize) -> Result<(), EvalError> {
         let plan = self.ctx.plan;
         let sp = &plan.strata[s];
@@ -1012,56 +1076,7 @@ impl<'a, const W: usize, M: Meta> Eval<'a, W, M> {
                 }
             }
         }
-        // Per rule: the input of each step (its index) and the holder of each step's output.
-        struct RuleRt<const W: usize, M: Meta> {
-            plan: usize,
-            inputs: Vec<Input<W, M>>,
-            outs: Vec<Option<Input<W, M>>>,
-            dynamic: Vec<bool>,
-        }
-        let mut rts: Vec<RuleRt<W, M>> = vec![];
-        for &r in &sp.rules {
-            let rp = &plan.rules[r];
-            let mut inputs = vec![];
-            let mut dynamic = vec![];
-            for (i, step) in rp.steps.iter().enumerate() {
-                let input = match &step.source {
-                    Source::Unit => Input::Static(Rc::new(vec![Tup { row: [0; W], meta: M::default() }])),
-                    Source::Scan(idx, _) => match dyn_index.get(idx) {
-                        Some(v) => Input::Dynamic(v.clone()),
-                        None => Input::Static(self.static_index(*idx)),
-                    },
-                };
-                let d = input.is_dynamic() || (i > 0 && dynamic[i - 1]);
-                dynamic.push(d);
-                inputs.push(input);
-            }
-            let mut outs = vec![];
-            for (i, step) in rp.steps.iter().enumerate() {
-                let last = i + 1 == rp.steps.len();
-                // Step 0 with no filter is its own index: no copy.
-                let direct = i == 0
-                    && step.ops.is_empty()
-                    && matches!(step.source, Source::Scan(..))
-                    && plan.indexes[match step.source {
-                        Source::Scan(idx, _) => idx,
-                        _ => 0,
-                    }]
-                    .cols
-                    .len()
-                        == step.out.len();
-                if last || direct {
-                    outs.push(None);
-                } else if dynamic[i] {
-                    outs.push(Some(Input::Dynamic(
-                        it.variable(&format!("{}_step{i}", self.ctx.program.relations[rp.head].name)),
-                    )));
-                } else {
-                    outs.push(Some(Input::Static(Rc::new(vec![]))));
-                }
-            }
-            rts.push(RuleRt { plan: r, inputs, outs, dynamic });
-        }
+        let mut rts = self.rule_runtimes(&sp.rules, &dyn_index, &mut it);
         // Static parts: computed once, before the loop.
         let h = self.height;
         for rt in &mut rts {

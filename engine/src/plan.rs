@@ -298,32 +298,16 @@ impl Builder<'_> {
     }
 
     #[allow(clippy::needless_range_loop)] // steps index several parallel vectors
-    fn rule(&mut self, rule: &Rule) -> Result<RulePlan, String> {
-        let nvars = rule.vars.len();
-        if nvars > MAX_VARS {
-            return Err(format!("the rule has {nvars} variables; the evaluator supports at most {MAX_VARS}"));
-        }
-        let atoms: Vec<(RelId, &Vec<Arg>)> = rule
-            .body
-            .iter()
-            .filter_map(|l| match l {
-                Lit::Atom { rel, args, negated: false, .. } => Some((*rel, args)),
-                _ => None,
-            })
-            .collect();
-        let others: Vec<&Lit> = rule.body.iter().filter(|l| !matches!(l, Lit::Atom { negated: false, .. })).collect();
-        let atom_vars = |args: &Vec<Arg>| -> Vec<usize> {
-            let mut vs = vec![];
-            for a in args {
-                if let Arg::Var(v) = a
-                    && !vs.contains(v)
-                {
-                    vs.push(*v);
-                }
-            }
-            vs
-        };
-        // Which step evaluates each non-atom literal: the first after which its inputs are bound.
+    /// Which step of a rule evaluates each of its non-atom literals (`others`): the first after
+    /// which its inputs are bound. Returns each step's ops, the variables bound after each step,
+    /// and which literals were placed.
+    #[allow(clippy::type_complexity)]
+    fn schedule(
+        &mut self,
+        atoms: &[(RelId, &Vec<Arg>)],
+        others: &[&Lit],
+        nvars: usize,
+    ) -> Result<(Vec<Vec<Op>>, Vec<Vec<bool>>, Vec<bool>), String> {
         let nsteps = atoms.len().max(1);
         let mut bound = vec![false; nvars];
         let mut step_ops: Vec<Vec<Op>> = vec![vec![]; nsteps];
@@ -332,7 +316,7 @@ impl Builder<'_> {
         // An aggregate whose value an atom or an earlier literal binds (the checker orders them)
         // compares with that value: it must wait for it, wherever the atoms put it.
         let mut set_before = vec![false; nvars];
-        for (_, args) in &atoms {
+        for (_, args) in atoms {
             atom_vars(args).into_iter().for_each(|v| set_before[v] = true);
         }
         let compares: Vec<bool> = others
@@ -380,6 +364,25 @@ impl Builder<'_> {
             }
             bound_after.push(bound.clone());
         }
+        Ok((step_ops, bound_after, done))
+    }
+
+    fn rule(&mut self, rule: &Rule) -> Result<RulePlan, String> {
+        let nvars = rule.vars.len();
+        if nvars > MAX_VARS {
+            return Err(format!("the rule has {nvars} variables; the evaluator supports at most {MAX_VARS}"));
+        }
+        let atoms: Vec<(RelId, &Vec<Arg>)> = rule
+            .body
+            .iter()
+            .filter_map(|l| match l {
+                Lit::Atom { rel, args, negated: false, .. } => Some((*rel, args)),
+                _ => None,
+            })
+            .collect();
+        let others: Vec<&Lit> = rule.body.iter().filter(|l| !matches!(l, Lit::Atom { negated: false, .. })).collect();
+        let nsteps = atoms.len().max(1);
+        let (mut step_ops, bound_after, done) = self.schedule(&atoms, &others, nvars)?;
         // Variables used at or after each step: later atoms, later ops, the head.
         let mut head_vars = vec![];
         rule.head_args.iter().for_each(|e| e.vars(&mut head_vars));
@@ -405,8 +408,8 @@ impl Builder<'_> {
                 let next_key: Vec<usize> =
                     atom_vars(atoms[s + 1].1).into_iter().filter(|&v| bound_after[s][v]).collect();
                 let mut out = next_key.clone();
-                for v in 0..nvars {
-                    if bound_after[s][v] && live.contains(&v) && !out.contains(&v) {
+                for (v, &is_bound) in bound_after[s].iter().enumerate() {
+                    if is_bound && live.contains(&v) && !out.contains(&v) {
                         out.push(v);
                     }
                 }
@@ -630,4 +633,17 @@ impl QueryPlan {
             facts,
         })
     }
+}
+
+/// An atom's variables, each once, in the order they appear.
+fn atom_vars(args: &[Arg]) -> Vec<usize> {
+    let mut vs = vec![];
+    for a in args {
+        if let Arg::Var(v) = a
+            && !vs.contains(v)
+        {
+            vs.push(*v);
+        }
+    }
+    vs
 }

@@ -644,6 +644,42 @@ fn filtered(docs: &[PatchDoc], contract: Contract, handed_over: bool, owns_proxy
     out
 }
 
+/// kube-proxy in the render (ADR 0066 Decision 2): status wins over spec; replaced renders
+/// disabled; enabled renders an explicit flag only once a switch set the status (a control
+/// plane's KubeProxyConfig from v1.14, `cluster.proxy.disabled` before).
+fn kube_proxy_flag(docs: &mut Vec<Value>, i: &Inputs, v114: bool, cp: bool, status_mode: Option<KubeProxyMode>) {
+    let mode = kube_proxy_in_force(i.cluster);
+    let flag = match (mode, status_mode) {
+        (KubeProxyMode::Replaced, _) => Some(false),
+        (KubeProxyMode::Enabled, Some(_)) => Some(true),
+        (KubeProxyMode::Enabled, None) => None,
+    };
+    if let Some(enabled) = flag {
+        if v114 {
+            if cp {
+                match docs.iter_mut().find(|d| d.get("kind").and_then(Value::as_str) == Some("KubeProxyConfig")) {
+                    Some(Value::Mapping(m)) => {
+                        m.insert(s("enabled"), Value::Bool(enabled));
+                    }
+                    _ => docs.push(doc(
+                        "KubeProxyConfig",
+                        None,
+                        vec![
+                            ("image", image("registry.k8s.io/kube-proxy", &i.cluster.spec.kubernetes_version)),
+                            ("enabled", Value::Bool(enabled)),
+                        ],
+                    )),
+                }
+            }
+        } else if let Some(Value::Mapping(cluster)) = docs[0].get_mut("cluster") {
+            let proxy = cluster.entry(s("proxy")).or_insert_with(|| map(vec![]));
+            if let Value::Mapping(p) = proxy {
+                p.insert(s("disabled"), Value::Bool(!enabled));
+            }
+        }
+    }
+}
+
 /// Renders one machine's config at the cluster's contract.
 pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderError>> {
     let mut errors = vec![];
@@ -740,38 +776,7 @@ pub fn render(i: &Inputs, contract: Contract) -> Result<Rendered, Vec<RenderErro
         }
         applied.push(obj.trim_start_matches("TalosConfigPatch ").to_string());
     }
-    // kube-proxy (ADR 0066 Decision 2): status wins over spec; replaced renders disabled;
-    // enabled renders an explicit flag only once a switch set the status.
-    let mode = kube_proxy_in_force(i.cluster);
-    let flag = match (mode, status_mode) {
-        (KubeProxyMode::Replaced, _) => Some(false),
-        (KubeProxyMode::Enabled, Some(_)) => Some(true),
-        (KubeProxyMode::Enabled, None) => None,
-    };
-    if let Some(enabled) = flag {
-        if v114 {
-            if cp {
-                match docs.iter_mut().find(|d| d.get("kind").and_then(Value::as_str) == Some("KubeProxyConfig")) {
-                    Some(Value::Mapping(m)) => {
-                        m.insert(s("enabled"), Value::Bool(enabled));
-                    }
-                    _ => docs.push(doc(
-                        "KubeProxyConfig",
-                        None,
-                        vec![
-                            ("image", image("registry.k8s.io/kube-proxy", &i.cluster.spec.kubernetes_version)),
-                            ("enabled", Value::Bool(enabled)),
-                        ],
-                    )),
-                }
-            }
-        } else if let Some(Value::Mapping(cluster)) = docs[0].get_mut("cluster") {
-            let proxy = cluster.entry(s("proxy")).or_insert_with(|| map(vec![]));
-            if let Value::Mapping(p) = proxy {
-                p.insert(s("disabled"), Value::Bool(!enabled));
-            }
-        }
-    }
+    kube_proxy_flag(&mut docs, i, v114, cp, status_mode);
     if !errors.is_empty() {
         return Err(errors);
     }
