@@ -525,25 +525,10 @@ impl Checker<'_> {
         let _ = self.finish_rule(head, head_args, body, scope, r.span, r.doc.clone(), None, None, AggKind::Count);
     }
 
-    /// Types, orders and safety-checks a converted rule and adds it to the program. Returns the
-    /// types of the head's columns (used to type an aggregate's auxiliary relation).
-    #[allow(clippy::too_many_arguments)]
-    fn finish_rule(
-        &mut self,
-        head: RelId,
-        head_args: Vec<Expr>,
-        body: Vec<Lit>,
-        scope: Scope,
-        span: Span,
-        doc: Option<String>,
-        aux_of: Option<usize>,
-        agg_target: Option<&Expr>,
-        agg_kind: AggKind,
-    ) -> Option<Vec<Type>> {
-        let mut types = scope.types.clone();
-        let errors_before = self.diags.len();
-        // Atoms give their columns' types.
-        for lit in &body {
+    /// The types an atom's columns give its variables (and a mismatch with a constant or an
+    /// earlier type).
+    fn atom_types(&mut self, body: &[Lit], scope: &Scope, types: &mut [Option<Type>]) {
+        for lit in body {
             if let Lit::Atom { rel, args, span, .. } = lit {
                 for (i, a) in args.iter().enumerate() {
                     let (col, ty) = self.relations[*rel].columns[i].clone();
@@ -576,6 +561,73 @@ impl Checker<'_> {
                 }
             }
         }
+    }
+
+    /// The types inside an aggregate's residual: its auxiliary relation's columns, the outside
+    /// values it reads, its own bindings; a target that is not a number for a numeric aggregate.
+    fn residual_types(&mut self, agg: &Aggregate, r: &Residual, types: &[Option<Type>], span: Span) {
+        // The residual's environment: aux columns, outside values, its bindings.
+        let mut rt: Vec<Option<Type>> = self.relations[agg.aux].columns.iter().map(|c| Some(c.1)).collect();
+        rt.extend(r.outer.iter().map(|&v| types[v]));
+        rt.resize(r.names.len(), None);
+        for l in &r.lits {
+            match l {
+                Lit::Bind { var, expr, .. } => {
+                    if rt[*var].is_none() {
+                        rt[*var] = infer(expr, &rt);
+                    }
+                }
+                Lit::Atom { rel, args, span, .. } => {
+                    for (i, a) in args.iter().enumerate() {
+                        let (col, ty) = self.relations[*rel].columns[i].clone();
+                        if let Arg::Var(v) = a
+                            && let Some(t) = rt[*v]
+                            && t != ty
+                        {
+                            self.err(
+                                *span,
+                                format!(
+                                    "type mismatch: variable `{}` is a {} but column `{col}` of `{}` is a {}",
+                                    r.names[*v],
+                                    t.name(),
+                                    self.relations[*rel].name,
+                                    ty.name()
+                                ),
+                            );
+                        }
+                    }
+                }
+                _ => self.lit_types(l, &rt),
+            }
+        }
+        if let Some(t) = &agg.target
+            && let Some(ty) = self.type_of(t, &rt, span)
+            && ty != Type::Number
+            && agg.kind != AggKind::Count
+        {
+            self.err(span, format!("type mismatch: `{}` aggregates numbers, found a symbol", agg.kind.name()));
+        }
+    }
+
+    /// Types, orders and safety-checks a converted rule and adds it to the program. Returns the
+    /// types of the head's columns (used to type an aggregate's auxiliary relation).
+    #[allow(clippy::too_many_arguments)]
+    fn finish_rule(
+        &mut self,
+        head: RelId,
+        head_args: Vec<Expr>,
+        body: Vec<Lit>,
+        scope: Scope,
+        span: Span,
+        doc: Option<String>,
+        aux_of: Option<usize>,
+        agg_target: Option<&Expr>,
+        agg_kind: AggKind,
+    ) -> Option<Vec<Type>> {
+        let mut types = scope.types.clone();
+        let errors_before = self.diags.len();
+        // Atoms give their columns' types.
+        self.atom_types(&body, &scope, &mut types);
         // Bindings and aggregates give types to what they bind; repeat until nothing changes.
         for _ in 0..body.len() + 1 {
             let mut changed = false;
@@ -614,51 +666,7 @@ impl Checker<'_> {
                         self.err(*span, "type mismatch: an aggregate's value is a number");
                     }
                     if let Some(r) = &agg.residual {
-                        // The residual's environment: aux columns, outside values, its bindings.
-                        let mut rt: Vec<Option<Type>> =
-                            self.relations[agg.aux].columns.iter().map(|c| Some(c.1)).collect();
-                        rt.extend(r.outer.iter().map(|&v| types[v]));
-                        rt.resize(r.names.len(), None);
-                        for l in &r.lits {
-                            match l {
-                                Lit::Bind { var, expr, .. } => {
-                                    if rt[*var].is_none() {
-                                        rt[*var] = infer(expr, &rt);
-                                    }
-                                }
-                                Lit::Atom { rel, args, span, .. } => {
-                                    for (i, a) in args.iter().enumerate() {
-                                        let (col, ty) = self.relations[*rel].columns[i].clone();
-                                        if let Arg::Var(v) = a
-                                            && let Some(t) = rt[*v]
-                                            && t != ty
-                                        {
-                                            self.err(
-                                                *span,
-                                                format!(
-                                                    "type mismatch: variable `{}` is a {} but column `{col}` of `{}` is a {}",
-                                                    r.names[*v],
-                                                    t.name(),
-                                                    self.relations[*rel].name,
-                                                    ty.name()
-                                                ),
-                                            );
-                                        }
-                                    }
-                                }
-                                _ => self.lit_types(l, &rt),
-                            }
-                        }
-                        if let Some(t) = &agg.target
-                            && let Some(ty) = self.type_of(t, &rt, *span)
-                            && ty != Type::Number
-                            && agg.kind != AggKind::Count
-                        {
-                            self.err(
-                                *span,
-                                format!("type mismatch: `{}` aggregates numbers, found a symbol", agg.kind.name()),
-                            );
-                        }
+                        self.residual_types(agg, r, &types, *span);
                     }
                 }
                 _ => {}

@@ -699,79 +699,10 @@ impl Classifier {
             r.moved_change.push(&mut b, row);
         }
         if let Some(cfg) = desired {
-            let row = [b.sym(&contract.to_string())];
-            r.contract.push(&mut b, row);
-            for d in &cfg.docs {
-                let kind = b.sym(d.kind.as_deref().unwrap_or("v1alpha1"));
-                r.document.push(&mut b, [kind]);
-                if d.kind.is_some() {
-                    let name = b.sym(d.name.as_deref().unwrap_or_default());
-                    r.document_name.push(&mut b, [kind, name]);
-                }
-            }
-            if let Some(t) = cfg.machine_type() {
-                let id = b.sym(t);
-                r.machine_type.push(&mut b, [id]);
-            }
-            for (path, v) in cfg.leaves() {
-                let text = path.to_string();
-                let id = b.sym(&text);
-                r.present.push(&mut b, [id]);
-                let facts = leaf_facts(&v);
-                if facts.filled {
-                    r.filled.push(&mut b, [id]);
-                }
-                if let Some(n) = facts.b64_bytes {
-                    let row = [id, b.num(n as i64)];
-                    r.b64_bytes.push(&mut b, row);
-                }
-                if let Some((parent, i)) = path.parent_index() {
-                    let row = [b.sym(&parent.to_string()), b.num(i as i64), id];
-                    r.item.push(&mut b, row);
-                }
-                // A secret's value is never a fact: only whether it is there, and its length.
-                if !data.matcher.secret(&path) {
-                    if let Some(t) = facts.text {
-                        let row = [id, b.sym(&t)];
-                        r.value.push(&mut b, row);
-                    }
-                    if let Some(f) = facts.cidr {
-                        let row = [id, b.sym(f)];
-                        r.cidr.push(&mut b, row);
-                    }
-                }
-            }
+            desired_facts(&mut b, &r, data, contract, cfg);
         }
         if let Some(m) = machine {
-            let mut one = |rel: Input<1>, v: &str| {
-                let id = b.sym(v);
-                rel.push(&mut b, [id]);
-            };
-            one(r.machine_role, m.role.name());
-            one(r.spec_kube_proxy, m.spec_kube_proxy.name());
-            one(r.drift_policy, m.drift_policy.name());
-            if let Some(p) = &m.render_failed {
-                one(r.render_failed, p);
-            }
-            if let Some(w) = &m.node_unreachable {
-                one(r.node_unreachable, w);
-            }
-            if let Some(c) = &m.consent {
-                one(r.consent, c);
-            }
-            if let Some(s) = m.status_kube_proxy {
-                one(r.status_kube_proxy, s.name());
-            }
-            for p in &m.applied_awaiting_reboot {
-                one(r.applied_awaiting_reboot, p);
-            }
-            if let Some((name, kind)) = &m.operation_in_progress {
-                let row = [b.sym(name), b.sym(kind.name())];
-                r.operation_in_progress.push(&mut b, row);
-            }
-            if m.inputs_unchanged {
-                r.inputs_unchanged.push(&mut b, []);
-            }
+            machine_facts(&mut b, &r, m);
         }
         // Only what the answers read is evaluated: the machine's rules only with its context.
         let demand = if machine.is_some() { &self.machine_demand } else { &self.changes_demand };
@@ -832,31 +763,7 @@ impl Classifier {
             .map(|[m, a]| Rejection { message: db.sym(m).to_string(), at: db.sym(a).to_string() })
             .collect();
         rejected.sort();
-        let machine = machine.and_then(|_| {
-            let [status, reason, message] = r.machine_ready.rows(&db).next()?;
-            let mut reboot_paths: Vec<String> = r.reboot_path.rows(&db).map(|[p]| db.sym(p).to_string()).collect();
-            reboot_paths.sort();
-            let mut apply_paths: Vec<String> = r.apply_live.rows(&db).map(|[p]| db.sym(p).to_string()).collect();
-            apply_paths.sort();
-            let mut pending: Vec<crate::api::PendingChange> = changes
-                .iter()
-                .zip(&out)
-                .map(|(ch, k)| crate::api::PendingChange {
-                    path: ch.path.to_string(),
-                    class: k.class.to_string(),
-                    effect: k.effect.map(|e| e.name().to_string()),
-                })
-                .collect();
-            pending.sort_by(|a, b| a.path.cmp(&b.path));
-            Some(MachineVerdict {
-                pending,
-                status: db.sym(status).to_string(),
-                reason: db.sym(reason).to_string(),
-                message: db.sym(message).to_string(),
-                reboot_paths,
-                apply_paths,
-            })
-        });
+        let machine = machine.and_then(|_| machine_verdict(&r, &db, changes, &out));
         Ok(Outcome { contract, verdict, changes: out, no_effect, moved_to, rejected, machine, db })
     }
 
@@ -1133,4 +1040,114 @@ fn cidr_family(t: &str) -> Option<&'static str> {
         core::net::IpAddr::V6(_) if len <= 128 => Some("ipv6"),
         _ => None,
     }
+}
+
+/// The desired config's facts: its contract, documents, machine type, and each leaf (present,
+/// filled, base64 length, list position; a value and a CIDR family only for a leaf that is not
+/// secret).
+fn desired_facts(b: &mut engine::FactBuilder, r: &Rels, data: &ContractData, contract: Contract, cfg: &Config) {
+    let row = [b.sym(&contract.to_string())];
+    r.contract.push(b, row);
+    for d in &cfg.docs {
+        let kind = b.sym(d.kind.as_deref().unwrap_or("v1alpha1"));
+        r.document.push(b, [kind]);
+        if d.kind.is_some() {
+            let name = b.sym(d.name.as_deref().unwrap_or_default());
+            r.document_name.push(b, [kind, name]);
+        }
+    }
+    if let Some(t) = cfg.machine_type() {
+        let id = b.sym(t);
+        r.machine_type.push(b, [id]);
+    }
+    for (path, v) in cfg.leaves() {
+        let text = path.to_string();
+        let id = b.sym(&text);
+        r.present.push(b, [id]);
+        let facts = leaf_facts(&v);
+        if facts.filled {
+            r.filled.push(b, [id]);
+        }
+        if let Some(n) = facts.b64_bytes {
+            let row = [id, b.num(n as i64)];
+            r.b64_bytes.push(b, row);
+        }
+        if let Some((parent, i)) = path.parent_index() {
+            let row = [b.sym(&parent.to_string()), b.num(i as i64), id];
+            r.item.push(b, row);
+        }
+        // A secret's value is never a fact: only whether it is there, and its length.
+        if !data.matcher.secret(&path) {
+            if let Some(t) = facts.text {
+                let row = [id, b.sym(&t)];
+                r.value.push(b, row);
+            }
+            if let Some(f) = facts.cidr {
+                let row = [id, b.sym(f)];
+                r.cidr.push(b, row);
+            }
+        }
+    }
+}
+
+/// The machine's context as facts: its role, the cluster's modes and drift policy, why its render
+/// failed or its node could not be read, the consent, the operation it is left to.
+fn machine_facts(b: &mut engine::FactBuilder, r: &Rels, m: &MachineContext) {
+    let mut one = |rel: Input<1>, v: &str| {
+        let id = b.sym(v);
+        rel.push(b, [id]);
+    };
+    one(r.machine_role, m.role.name());
+    one(r.spec_kube_proxy, m.spec_kube_proxy.name());
+    one(r.drift_policy, m.drift_policy.name());
+    if let Some(p) = &m.render_failed {
+        one(r.render_failed, p);
+    }
+    if let Some(w) = &m.node_unreachable {
+        one(r.node_unreachable, w);
+    }
+    if let Some(c) = &m.consent {
+        one(r.consent, c);
+    }
+    if let Some(s) = m.status_kube_proxy {
+        one(r.status_kube_proxy, s.name());
+    }
+    for p in &m.applied_awaiting_reboot {
+        one(r.applied_awaiting_reboot, p);
+    }
+    if let Some((name, kind)) = &m.operation_in_progress {
+        let row = [b.sym(name), b.sym(kind.name())];
+        r.operation_in_progress.push(b, row);
+    }
+    if m.inputs_unchanged {
+        r.inputs_unchanged.push(b, []);
+    }
+}
+
+/// The machine's verdict the rules derived: its condition, what needs a reboot, what applies
+/// live, every change with its class and effect (`out`, in the order of `changes`).
+fn machine_verdict(r: &Rels, db: &Database, changes: &[Change], out: &[Classified]) -> Option<MachineVerdict> {
+    let [status, reason, message] = r.machine_ready.rows(db).next()?;
+    let mut reboot_paths: Vec<String> = r.reboot_path.rows(db).map(|[p]| db.sym(p).to_string()).collect();
+    reboot_paths.sort();
+    let mut apply_paths: Vec<String> = r.apply_live.rows(db).map(|[p]| db.sym(p).to_string()).collect();
+    apply_paths.sort();
+    let mut pending: Vec<crate::api::PendingChange> = changes
+        .iter()
+        .zip(out)
+        .map(|(ch, k)| crate::api::PendingChange {
+            path: ch.path.to_string(),
+            class: k.class.to_string(),
+            effect: k.effect.map(|e| e.name().to_string()),
+        })
+        .collect();
+    pending.sort_by(|a, b| a.path.cmp(&b.path));
+    Some(MachineVerdict {
+        pending,
+        status: db.sym(status).to_string(),
+        reason: db.sym(reason).to_string(),
+        message: db.sym(message).to_string(),
+        reboot_paths,
+        apply_paths,
+    })
 }

@@ -287,6 +287,40 @@ fn now() -> (String, i64) {
 }
 
 /// `/api/v1/...` or `/apis/G/V/...` -> (group, version, namespace, plural, name, subresource).
+/// A request's body as JSON (kubectl sends server-side apply bodies as YAML); protobuf and
+/// what parses as neither are refused as kube-apiserver refuses them.
+#[allow(clippy::result_large_err)]
+fn request_body(content_type: &str, bytes: &[u8]) -> Result<Json, Response<Body>> {
+    if content_type.starts_with("application/vnd.kubernetes.protobuf") && !bytes.is_empty() {
+        // kubectl's typed generators (`kubectl create configmap`) write protobuf; the sim
+        // speaks JSON and YAML only (`kubectl create -f` and `apply` send JSON).
+        return Err(status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (the simulated API does not decode {content_type}; write the object from a file: kubectl create -f)"
+            ),
+        ));
+    }
+    Ok(if bytes.is_empty() {
+        Json::Null
+    } else if let Ok(v) = serde_json::from_slice(bytes) {
+        v
+    } else {
+        // kubectl sends server-side apply bodies as YAML.
+        match serde_yaml::from_slice::<Json>(bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                return Err(status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("the body is not JSON or YAML: {e}"),
+                ));
+            }
+        }
+    })
+}
+
 fn route(path: &str) -> Option<(String, String, String, String, String, String)> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, version, rest) = match segs.as_slice() {
@@ -693,6 +727,25 @@ impl Api {
         })
     }
 
+    /// A SubjectAccessReview answered from the grants, never stored (as the API server does):
+    /// system:masters may do everything.
+    fn access_review(&self, body: &Json) -> Response<Body> {
+        let a = |p: &str| body.pointer(p).and_then(Json::as_str).unwrap_or_default().to_string();
+        let resource =
+            format!("{}/{}", a("/spec/resourceAttributes/resource"), a("/spec/resourceAttributes/subresource"));
+        let grant =
+            (a("/spec/user"), a("/spec/resourceAttributes/namespace"), resource, a("/spec/resourceAttributes/verb"));
+        // As kube-apiserver's authorizer: system:masters may do everything.
+        let admin = body
+            .pointer("/spec/groups")
+            .and_then(Json::as_array)
+            .is_some_and(|g| g.iter().any(|g| g.as_str() == Some(SIM_ADMIN_GROUP)));
+        let allowed = admin || self.store.lock().is_ok_and(|s| s.grants.contains(&grant));
+        let mut out = body.clone();
+        out["status"] = json!({"allowed": allowed});
+        full(&out, StatusCode::CREATED)
+    }
+
     async fn serve(&self, req: Request<kube_client::client::Body>) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let bytes = match body.collect().await {
@@ -737,50 +790,13 @@ impl Api {
         }
         let api_version = resource.group_version();
         let content_type = parts.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
-        if content_type.starts_with("application/vnd.kubernetes.protobuf") && !bytes.is_empty() {
-            // kubectl's typed generators (`kubectl create configmap`) write protobuf; the sim
-            // speaks JSON and YAML only (`kubectl create -f` and `apply` send JSON).
-            return status(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "UnsupportedMediaType",
-                format!(
-                    "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (the simulated API does not decode {content_type}; write the object from a file: kubectl create -f)"
-                ),
-            );
-        }
-        let body: Json = if bytes.is_empty() {
-            Json::Null
-        } else if let Ok(v) = serde_json::from_slice(&bytes) {
-            v
-        } else {
-            // kubectl sends server-side apply bodies as YAML.
-            match serde_yaml::from_slice::<Json>(&bytes) {
-                Ok(v) => v,
-                Err(e) => {
-                    return status(StatusCode::BAD_REQUEST, "BadRequest", format!("the body is not JSON or YAML: {e}"));
-                }
-            }
+        let body = match request_body(content_type, &bytes) {
+            Ok(b) => b,
+            Err(answer) => return answer,
         };
         // SubjectAccessReview: answered from the grants, never stored (as the API server does).
         if plural == "subjectaccessreviews" && parts.method == Method::POST {
-            let a = |p: &str| body.pointer(p).and_then(Json::as_str).unwrap_or_default().to_string();
-            let resource =
-                format!("{}/{}", a("/spec/resourceAttributes/resource"), a("/spec/resourceAttributes/subresource"));
-            let grant = (
-                a("/spec/user"),
-                a("/spec/resourceAttributes/namespace"),
-                resource,
-                a("/spec/resourceAttributes/verb"),
-            );
-            // As kube-apiserver's authorizer: system:masters may do everything.
-            let admin = body
-                .pointer("/spec/groups")
-                .and_then(Json::as_array)
-                .is_some_and(|g| g.iter().any(|g| g.as_str() == Some(SIM_ADMIN_GROUP)));
-            let allowed = admin || self.store.lock().is_ok_and(|s| s.grants.contains(&grant));
-            let mut out = body.clone();
-            out["status"] = json!({"allowed": allowed});
-            return full(&out, StatusCode::CREATED);
+            return self.access_review(&body);
         }
         let key = (group.clone(), plural.clone(), ns.clone(), name.clone());
         let header = |h: &str| parts.headers.get(h).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
