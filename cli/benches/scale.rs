@@ -22,9 +22,11 @@
 //! mean deciding time (`ichor_reconcile_decide_seconds`: reads from the caches and the API,
 //! assembly and plan, no execution): the steady-state reconcile at that size.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use render::api::Phase;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -32,9 +34,7 @@ const ICHOR: &str = env!("CARGO_BIN_EXE_ichor");
 /// Machines the example cluster already has (3 control planes, 1 worker).
 const EXAMPLE_MACHINES: usize = 4;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
+use common::root;
 
 /// CPU seconds a process used so far (utime + stime; the clock ticks are 100 a second).
 fn cpu_seconds(pid: u32) -> f64 {
@@ -68,24 +68,8 @@ impl Drop for Sim {
 impl Sim {
     fn start(machines: usize) -> Sim {
         let dir = std::env::temp_dir().join(format!("ichor-scale-{machines}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
         let workers = machines.saturating_sub(EXAMPLE_MACHINES).to_string();
-        let mut sim = Command::new(ICHOR)
-            .args(["sim", "cluster", "--no-controller", "--handover", "disabled", "--workers", &workers])
-            .arg("--kubeconfig")
-            .arg(dir.join("kubeconfig"))
-            .arg("--talosconfig")
-            .arg(dir.join("talosconfig"))
-            .current_dir(root())
-            .env("ICHOR_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(sim.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert!(line.starts_with("ready:"), "the simulated cluster did not start: {line:?}");
+        let sim = common::spawn_sim(&dir, &["--no-controller", "--handover", "disabled", "--workers", &workers]);
         Sim { sim, controller: None, dir, metrics: String::new() }
     }
 

@@ -200,19 +200,15 @@ fn check_run(args: &[String], secret: Option<&str>) {
     }
 }
 
-/// A reproducible stream of numbers (splitmix64).
-struct Mutator(u64);
+#[path = "../../tests/shared/seeded.rs"]
+mod seeded;
+
+/// Hostile edits of valid inputs, from one seeded stream (`tests/shared/seeded.rs`).
+struct Mutator(seeded::Seeded);
 
 impl Mutator {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        self.0.below(n as u64) as usize
     }
 
     /// One hostile edit of a valid input.
@@ -266,7 +262,7 @@ fn hostile_inputs_end_in_exit_0_1_or_2_with_a_message() {
     std::fs::create_dir_all(&dir).unwrap();
     let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
     let read = |p: &str| std::fs::read(root().join(p)).unwrap();
-    let mut m = Mutator(0x1c40);
+    let mut m = Mutator(seeded::Seeded(0x1c40));
     // A copy of the rules and of a cluster's manifests, one file of which is mutated per run.
     let copy = |from: &str, to: &std::path::Path| {
         let status = Command::new("cp").arg("-rL").arg(root().join(from)).arg(to).status().unwrap();
@@ -552,7 +548,7 @@ fn fuzz_every_parser_in_process() {
             ("fieldmeta", Box::new(|t| drop(render::fieldmeta::FieldMeta::parse(t, &contracts)))),
         ),
     ];
-    let mut m = Mutator(0xf022);
+    let mut m = Mutator(seeded::Seeded(0xf022));
     for (base, (name, parse)) in &targets {
         for _ in 0..rounds / targets.len() {
             let input = text(&m.mutate(base));

@@ -4,9 +4,10 @@
 //! `operation abort|resume`. Outputs are goldens under `tests/golden/operations/` (timestamps
 //! and the API's port redacted), rewritten with `TRYCMD=overwrite`.
 
+mod common;
+
 use render::api::{MachinePhase, Phase};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
@@ -23,9 +24,7 @@ impl Drop for Sim {
     }
 }
 
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
+use common::root;
 
 impl Sim {
     fn start(name: &str) -> Sim {
@@ -43,24 +42,9 @@ impl Sim {
     /// The simulated cluster of a folder of manifests (a path from the repository's root, or absolute).
     fn start_manifests(name: &str, manifests: &str, handover: &str, extra: &[&str]) -> Sim {
         let dir = std::env::temp_dir().join(format!("ichor-ops-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ichor"))
-            .args(["sim", "cluster", "--manifests", manifests, "--handover", handover])
-            .args(extra)
-            .arg("--kubeconfig")
-            .arg(dir.join("kubeconfig"))
-            .arg("--talosconfig")
-            .arg(dir.join("talosconfig"))
-            .current_dir(root())
-            .env("ICHOR_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert!(line.starts_with("ready:"), "the simulated cluster did not start: {line:?}");
+        let mut args = vec!["--manifests", manifests, "--handover", handover];
+        args.extend(extra);
+        let child = common::spawn_sim(&dir, &args);
         Sim { child, dir }
     }
 

@@ -20,30 +20,22 @@ use engine::facts::FactSet;
 use engine::{Const, Engine, EvalOptions, load_str};
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The allocator the `ichor` binary ships with (cli/src/main.rs), so that what is measured is
 /// what runs.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Median wall time of `f`, repeated until `budget` is spent (at least 3, at most 15 runs).
-fn time<R>(budget: Duration, mut f: impl FnMut() -> R) -> Duration {
-    let mut samples = vec![];
-    let start = Instant::now();
-    let min = if budget < Duration::from_millis(10) { 1 } else { 3 };
-    while samples.len() < min || (start.elapsed() < budget && samples.len() < 15) {
-        let t = Instant::now();
-        black_box(f());
-        samples.push(t.elapsed());
-    }
-    samples.sort();
-    samples[samples.len() / 2]
+#[path = "../../tests/shared/timer.rs"]
+mod timer;
+
+/// `timer::time`, at most 15 runs.
+fn time<R>(budget: Duration, f: impl FnMut() -> R) -> Duration {
+    timer::time(budget, 15, f)
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
+use timer::ms;
 
 const TC: &str = "
 .decl edge(a: number, b: number)

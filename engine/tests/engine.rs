@@ -545,25 +545,10 @@ fn why_not_names_the_failing_literal() {
 
 // ---- property tests ----
 
+#[path = "../../tests/shared/seeded.rs"]
+mod seeded;
 /// A small deterministic generator of random but checkable programs with facts.
-struct Gen(u64);
-
-impl Gen {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+use seeded::Seeded as Gen;
 
 /// A program over number relations e0..e2 (input) and two levels of derived relations, with
 /// recursion, negation and aggregates only on lower levels, constraints and arithmetic with

@@ -9,7 +9,6 @@ use render::config::Config;
 use render::diff::{self, Change, Op};
 use render::path::Path;
 use render::vocab::Contract;
-use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 /// The allocator the `ichor` binary ships with (cli/src/main.rs), so that what is measured is
@@ -17,17 +16,12 @@ use std::time::{Duration, Instant};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn time<R>(budget: Duration, mut f: impl FnMut() -> R) -> Duration {
-    let mut samples = vec![];
-    let start = Instant::now();
-    let min = if budget < Duration::from_millis(10) { 1 } else { 3 };
-    while samples.len() < min || (start.elapsed() < budget && samples.len() < 30) {
-        let t = Instant::now();
-        black_box(f());
-        samples.push(t.elapsed());
-    }
-    samples.sort();
-    samples[samples.len() / 2]
+#[path = "../../tests/shared/timer.rs"]
+mod timer;
+
+/// `timer::time`, at most 30 runs.
+fn time<R>(budget: Duration, f: impl FnMut() -> R) -> Duration {
+    timer::time(budget, 30, f)
 }
 
 fn main() {

@@ -5,25 +5,19 @@
 
 use runtime::plan::Planner;
 use runtime::state::ObservedState;
-use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The allocator the `ichor` binary ships with (cli/src/main.rs), so that what is measured is
 /// what runs.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn time<R>(budget: Duration, mut f: impl FnMut() -> R) -> Duration {
-    let mut samples = vec![];
-    let start = Instant::now();
-    let min = if budget < Duration::from_millis(10) { 1 } else { 3 };
-    while samples.len() < min || (start.elapsed() < budget && samples.len() < 50) {
-        let t = Instant::now();
-        black_box(f());
-        samples.push(t.elapsed());
-    }
-    samples.sort();
-    samples[samples.len() / 2]
+#[path = "../../tests/shared/timer.rs"]
+mod timer;
+
+/// `timer::time`, at most 50 runs.
+fn time<R>(budget: Duration, f: impl FnMut() -> R) -> Duration {
+    timer::time(budget, 50, f)
 }
 
 /// A cluster of 3 control planes and `workers` workers mid-operation: each control plane's

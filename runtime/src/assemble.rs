@@ -55,7 +55,7 @@ pub fn pending(
 
 /// What was read of one machine from Kubernetes (its Node, its static pods) and Talos (its
 /// version, whether it rendered kube-proxy); its running config is passed beside it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct MachineRead {
     pub name: String,
     pub role: Role,

@@ -373,6 +373,37 @@ fn one() -> i64 {
     1
 }
 
+impl Operation {
+    /// An operation of `kind` named `name` as it is created: `Pending`, one machine at a time,
+    /// no target, nothing recorded (a fixture's start: set the rest with `..`).
+    pub fn new(name: &str, kind: OperationKind) -> Operation {
+        Operation {
+            name: name.to_string(),
+            kind,
+            target_kubernetes: None,
+            target_kube_proxy: None,
+            target_machines: vec![],
+            target_cilium_chart: None,
+            target_talos: None,
+            talos_installer: None,
+            allow_downgrade: false,
+            force_drain: false,
+            drain_deadline: None,
+            max_unavailable: 1,
+            phase: Phase::Pending,
+            intent: Intent::default(),
+            paused_reason: None,
+            machines: BTreeMap::new(),
+            waiting_since: BTreeMap::new(),
+            done: vec![],
+            waits: vec![],
+            machines_left: vec![],
+            stages: vec![],
+            release: None,
+        }
+    }
+}
+
 /// The user's intent, read from the operation's annotations (`render::api::ABORT`, `RESUME`).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -120,7 +120,6 @@ fn machine_read(o: &NodeObservation, name: &str, role: Role, runs_controller: bo
         talos_version: o.talos_version.clone(),
         kubelet_version: tag(&o.kubelet_image),
         node_ready: true,
-        hold: false,
         runs_controller,
         static_pods: o
             .components
@@ -128,14 +127,7 @@ fn machine_read(o: &NodeObservation, name: &str, role: Role, runs_controller: bo
             .map(|(k, v)| (k.clone(), StaticPod { image: v.clone(), ready: true }))
             .collect(),
         kube_proxy_manifest: (role == Role::Controlplane).then(|| o.manifests.iter().any(|m| m == "10-kube-proxy")),
-        address: None,
-        boot_id: None,
-        talos_boot_id: None,
-        os_image: None,
-        awaiting_reboot: vec![],
-        unhealthy_services: vec![],
-        cordoned: false,
-        tainted: false,
+        ..Default::default()
     }
 }
 
@@ -169,28 +161,8 @@ async fn upgrade(crash: impl Fn(usize) -> Crash) -> (BTreeMap<String, (String, V
     };
     let planner = Planner::embedded().unwrap();
     let mut status = Operation {
-        name: "upgrade-1-37".into(),
-        kind: OperationKind::Kubernetes,
         target_kubernetes: Some(TARGET.into()),
-        target_kube_proxy: None,
-        target_machines: vec![],
-        target_cilium_chart: None,
-        target_talos: None,
-        talos_installer: None,
-        allow_downgrade: false,
-        force_drain: false,
-        drain_deadline: None,
-        max_unavailable: 1,
-        phase: render::api::Phase::Pending,
-        intent: Default::default(),
-        paused_reason: None,
-        machines: BTreeMap::new(),
-        waiting_since: BTreeMap::new(),
-        done: vec![],
-        waits: vec![],
-        machines_left: vec![],
-        stages: vec![],
-        release: None,
+        ..Operation::new("upgrade-1-37", OperationKind::Kubernetes)
     };
     let t0 = runtime::state::epoch("2026-11-30T10:00:00Z").unwrap();
     for i in 0..300 {

@@ -240,24 +240,9 @@ fn the_kube_proxy_mode_in_force_is_pinned_to_the_rules() {
 
 // ---- issue 12: properties of every plan, over random upgrade snapshots -------------------
 
-/// A reproducible stream (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+#[path = "../../tests/shared/seeded.rs"]
+mod seeded;
+use seeded::Seeded as Rng;
 
 const COMPONENTS: [(&str, &str, &str); 3] = [
     ("kube-apiserver", "KubeAPIServerConfig.image", "registry.k8s.io/kube-apiserver"),

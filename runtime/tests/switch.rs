@@ -106,28 +106,8 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
     let planner = Planner::embedded().unwrap();
     let mut cluster_status = status_before;
     let mut op = Operation {
-        name: format!("switch-{}", target.name()),
-        kind: OperationKind::Cni,
-        target_kubernetes: None,
         target_kube_proxy: Some(target),
-        target_machines: vec![],
-        target_cilium_chart: None,
-        target_talos: None,
-        talos_installer: None,
-        allow_downgrade: false,
-        force_drain: false,
-        drain_deadline: None,
-        max_unavailable: 1,
-        phase: render::api::Phase::Pending,
-        intent: Default::default(),
-        paused_reason: None,
-        machines: BTreeMap::new(),
-        waiting_since: BTreeMap::new(),
-        done: vec![],
-        waits: vec![],
-        machines_left: vec![],
-        stages: vec![],
-        release: None,
+        ..Operation::new(&format!("switch-{}", target.name()), OperationKind::Cni)
     };
     let t0 = runtime::state::epoch("2026-11-30T12:00:00Z").unwrap();
     for i in 0..200 {
@@ -147,19 +127,10 @@ async fn switch(w: &mut World, target: KubeProxyMode, status_before: Option<Kube
                 talos_version: o.talos_version.clone(),
                 kubelet_version: "v1.36.4".into(),
                 node_ready: true,
-                hold: false,
                 runs_controller: name == "w2",
-                static_pods: BTreeMap::new(),
                 kube_proxy_manifest: (role == Role::Controlplane)
                     .then(|| o.manifests.iter().any(|m| m == "10-kube-proxy")),
-                address: None,
-                boot_id: None,
-                talos_boot_id: None,
-                os_image: None,
-                awaiting_reboot: vec![],
-                unhealthy_services: vec![],
-                cordoned: false,
-                tainted: false,
+                ..Default::default()
             };
             machines.push(
                 runtime::assemble::machine(
