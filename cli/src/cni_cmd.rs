@@ -182,9 +182,9 @@ pub fn run(cmd: CniCommand) -> Result<Report> {
             helm_apply(kube_proxy.into(), values.as_deref(), values_env.as_deref(), &tunnel, &chart, &namespace)
         }
         CniCommand::KubeProxy { mode, start } => {
-            crate::op_cmd::start(crate::op_cmd::Start::KubeProxy { mode: mode.into() }, &start)
+            crate::start_cmd::start(crate::start_cmd::Start::KubeProxy { mode: mode.into() }, &start)
         }
-        CniCommand::Upgrade { start } => crate::op_cmd::start(crate::op_cmd::Start::CiliumUpgrade, &start),
+        CniCommand::Upgrade { start } => crate::start_cmd::start(crate::start_cmd::Start::CiliumUpgrade, &start),
         CniCommand::Schema(SchemaCommand::Derive { schema, values, chart, out, defaults_out }) => {
             let text = disk::read_text(&schema, disk::caps::FACTS, "a chart's values schema")?;
             let values_text = match &values {

@@ -154,7 +154,7 @@ pub fn run(cmd: ConfigCommand) -> Result<Report> {
         }
         ConfigCommand::Migrate(args) => crate::migrate_cmd::run(args),
         ConfigCommand::Apply { machines, max_unavailable, force_drain, start } => {
-            crate::op_cmd::start(crate::op_cmd::Start::Rollout { machines, max_unavailable, force_drain }, &start)
+            crate::start_cmd::start(crate::start_cmd::Start::Rollout { machines, max_unavailable, force_drain }, &start)
         }
         ConfigCommand::Diff {
             from,

@@ -20,6 +20,7 @@ mod output;
 mod plan_cmd;
 mod render_cmd;
 mod rules_cmd;
+mod start_cmd;
 mod talos_cmd;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -602,15 +603,15 @@ fn main() -> ExitCode {
         }
         Command::Controller(args) => controller_cmd::run_real(&args),
         Command::Webhook(args) => controller_cmd::run_webhook(&args),
-        Command::Adopt { start } => op_cmd::start(op_cmd::Start::Adopt, &start),
+        Command::Adopt { start } => start_cmd::start(start_cmd::Start::Adopt, &start),
         Command::Upgrade(UpgradeCommand::Kubernetes { to, max_unavailable, force_drain, start }) => {
-            op_cmd::start(op_cmd::Start::Upgrade { to, max_unavailable, force_drain }, &start)
+            start_cmd::start(start_cmd::Start::Upgrade { to, max_unavailable, force_drain }, &start)
         }
         Command::Upgrade(UpgradeCommand::Talos { to, max_unavailable, allow_downgrade, force_drain, start }) => {
-            op_cmd::start(op_cmd::Start::Talos { to, max_unavailable, allow_downgrade, force_drain }, &start)
+            start_cmd::start(start_cmd::Start::Talos { to, max_unavailable, allow_downgrade, force_drain }, &start)
         }
         Command::Upgrade(UpgradeCommand::Cluster { max_unavailable, force_drain, start }) => {
-            op_cmd::start(op_cmd::Start::Release { max_unavailable, force_drain }, &start)
+            start_cmd::start(start_cmd::Start::Release { max_unavailable, force_drain }, &start)
         }
         Command::Status { name, cluster, watch, output, kube } => {
             op_cmd::status(name.as_deref(), cluster.as_deref(), watch, output, &kube)
