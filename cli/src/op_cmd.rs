@@ -471,6 +471,7 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
     let rt = crate::io::io_runtime()?;
     rt.block_on(async {
         let (client, ns) = connect(kube).await?;
+        let intent_rules = runtime::intent::Rules::embedded()?;
         let ops: Api<TalosOperation> = Api::namespaced(client, &ns);
         // A release's intent goes to the stage operation it follows first (a resumed release
         // whose stage is still paused would pause again): the stage resumes or aborts with it.
@@ -483,12 +484,20 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
                 .with_context(|| format!("listing the stage operations of TalosOperation {ns}/{name}"))?;
             for stage in listed.items {
                 let st = stage.status.clone().unwrap_or_default();
-                let due = if resume { st.phase() == Phase::Paused } else { !st.phase().is_terminal() };
-                if !due {
-                    continue;
-                }
                 let stage_name = stage.metadata.name.clone().unwrap_or_default();
                 let intent = runtime::state::Intent::of(stage.metadata.annotations.as_ref(), st.resumed);
+                // A stage the intent may be asked of now (rules/intent.rules), as of the release.
+                let asked = runtime::intent::Operation {
+                    namespace: &ns,
+                    name: &stage_name,
+                    kind: stage.spec.kind,
+                    phase: st.phase(),
+                    abort_requested: intent.abort,
+                };
+                let which = if resume { runtime::intent::Intent::Resume } else { runtime::intent::Intent::Abort };
+                if intent_rules.refusal(&asked, which)?.is_some() {
+                    continue;
+                }
                 let (key, value) =
                     if resume { (RESUME, (intent.resume.max(intent.resumed) + 1).to_string()) } else { (ABORT, "true".into()) };
                 let body = json!({"metadata": {"annotations": {key: value}}});
@@ -505,24 +514,22 @@ pub fn resume_or_abort(name: &str, resume: bool, output: Output, kube: &KubeArgs
             let phase = st.phase();
             let annotations = op.metadata.annotations.clone().unwrap_or_default();
             let intent = runtime::state::Intent::of(Some(&annotations), st.resumed);
+            // Whether it may be asked now is the rules' (rules/intent.rules), as the controller
+            // acts on it.
+            let asked = runtime::intent::Operation {
+                namespace: &ns,
+                name,
+                kind: op.spec.kind,
+                phase,
+                abort_requested: intent.abort,
+            };
+            let which = if resume { runtime::intent::Intent::Resume } else { runtime::intent::Intent::Abort };
+            if let Some(why) = intent_rules.refusal(&asked, which)? {
+                bail!("{why}");
+            }
             let (key, value) = if resume {
-                if phase != Phase::Paused {
-                    bail!(
-                        "TalosOperation {ns}/{name} is {phase}, not Paused: only a paused operation is resumed{}",
-                        match phase {
-                            Phase::Completed | Phase::Aborted => "; it has ended: start the operation again to run it once more",
-                            _ => "; follow it with ichor status --watch, or end it with ichor operation abort",
-                        }
-                    );
-                }
-                if intent.abort {
-                    bail!("TalosOperation {ns}/{name} was asked to abort: an aborted operation is not resumed");
-                }
                 (RESUME, (intent.resume.max(intent.resumed) + 1).to_string())
             } else {
-                if phase.is_terminal() {
-                    bail!("TalosOperation {ns}/{name} is already {phase}: there is nothing to abort");
-                }
                 (ABORT, "true".to_string())
             };
             let body = json!({"metadata": {

@@ -18,6 +18,9 @@ pub const OPERATIONS_PROGRAM: &str = "rules/programs/operations.rules";
 /// The root of the program the hand-over host evaluates (the CNIHandover condition).
 pub const HANDOVER_PROGRAM: &str = "rules/programs/handover.rules";
 
+/// The root of the program the intent host evaluates (whether `ichor operation resume|abort`
+/// may be asked now).
+pub const INTENT_PROGRAM: &str = "rules/programs/intent.rules";
 /// The root of the program the admission host evaluates (the validating webhook's refusals).
 pub const ADMISSION_PROGRAM: &str = "rules/programs/admission.rules";
 

@@ -20,6 +20,7 @@ pub mod handover;
 pub mod health;
 #[cfg(feature = "io")]
 pub mod install;
+pub mod intent;
 #[cfg(feature = "io")]
 pub mod kube;
 pub mod messages;
