@@ -49,17 +49,14 @@ pub mod webhook;
 pub mod window;
 
 /// An error and its sources as one line (`a: b: c`): how logs, Events and status messages print
-/// an error, since each error's own text names only its layer (the chain is printed once, here
-/// and by the CLI's `main`).
+/// an error, since each error's own text names only its layer and never repeats its source's
+/// (the chain is printed once, here and by the CLI's `main`; nothing is hidden).
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let (mut text, mut source) = layer(e);
     while let Some(s) = source {
         let (next, below) = layer(s);
-        // A layer that repeats its source's text adds nothing.
-        if !text.ends_with(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
+        text.push_str(": ");
+        text.push_str(&next);
         source = below;
     }
     text
