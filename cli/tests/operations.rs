@@ -1088,15 +1088,8 @@ fn config_apply_previews_refuses_and_rolls_out_a_reboot_class_patch() {
 fn a_safe_patch_is_applied_live_on_every_machine_within_seconds() {
     let sim = Sim::start("live-patch");
     sim.wait_quiet();
-    let patch = sim.dir.join("label.yaml");
-    std::fs::write(
-        &patch,
-        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: team-label\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 50\n  patch: |\n    apiVersion: v1alpha1\n    kind: KubeNodeConfig\n    labels:\n      team: storage\n",
-    )
-    .unwrap();
     let start = std::time::Instant::now();
-    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl (tests/kube) runs");
-    assert_eq!(code, 0, "{err}");
+    apply_label_patch(&sim);
     let reasons = || sim.machine_reasons();
     let labels = || sim.kubectl(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.labels.team}"]).unwrap().1;
     let mut seen = (String::new(), String::new());
@@ -1125,14 +1118,7 @@ fn the_machine_and_cluster_loops_states_replay_through_ichor_plan_to_what_the_lo
     let dumps = sim.dir.join("dumps");
     let mut replica = sim.replica_dumping("ichor-test", &dumps);
     sim.wait_quiet();
-    let patch = sim.dir.join("label.yaml");
-    std::fs::write(
-        &patch,
-        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: team-label\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 50\n  patch: |\n    apiVersion: v1alpha1\n    kind: KubeNodeConfig\n    labels:\n      team: storage\n",
-    )
-    .unwrap();
-    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl (tests/kube) runs");
-    assert_eq!(code, 0, "{err}");
+    apply_label_patch(&sim);
     let start = std::time::Instant::now();
     while sim.machine_reasons() != "Converged Converged Converged Converged"
         && start.elapsed() < std::time::Duration::from_secs(30)
@@ -1215,6 +1201,18 @@ fn a_config_rollout_completes_with_its_controller_killed_at_random_points() {
     sim.wait_quiet();
     sim.check_then_stop(controller, || sim.assert_rolled_out_once(&format!("after {kills} kill(s)")));
     eprintln!("the rollout completed after {kills} SIGKILL(s) of its controller");
+}
+
+/// `kubectl apply` of a patch that labels every node `team: storage`: safe, applied live.
+fn apply_label_patch(sim: &Sim) {
+    let patch = sim.dir.join("label.yaml");
+    std::fs::write(
+        &patch,
+        "apiVersion: ichor.maesh.dev/v1alpha1\nkind: TalosConfigPatch\nmetadata:\n  name: team-label\n  namespace: ichor-system\nspec:\n  clusterRef:\n    name: lab\n  order: 50\n  patch: |\n    apiVersion: v1alpha1\n    kind: KubeNodeConfig\n    labels:\n      team: storage\n",
+    )
+    .unwrap();
+    let (code, _, err) = sim.kubectl(&["apply", "-f", patch.to_str().unwrap()]).expect("kubectl (tests/kube) runs");
+    assert_eq!(code, 0, "{err}");
 }
 
 /// `kubectl apply` of a patch that loads a kernel module on every machine: reboot-class on
