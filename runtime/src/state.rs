@@ -524,6 +524,26 @@ pub struct StateError {
     pub message: String,
 }
 
+impl StateError {
+    /// What the bounded YAML reader refused, at its line and column.
+    pub fn of_yaml(e: render::yaml::YamlError) -> StateError {
+        let field = match (e.line, e.col) {
+            (Some(l), Some(c)) => format!("line {l}, column {c}"),
+            _ => "the snapshot".to_string(),
+        };
+        StateError { field, message: e.message }
+    }
+
+    /// What the typed decode refused, at its line and column, with no value quoted
+    /// (`render::yaml::scrub`: a tagged secret is never shown).
+    pub fn of_serde(e: &serde_yaml::Error) -> StateError {
+        let field = e.location().map(|l| format!("line {}, column {}", l.line(), l.column())).unwrap_or_default();
+        let msg = render::yaml::scrub(&e.to_string());
+        // serde_yaml appends "at line X column Y": the field says it.
+        StateError { field, message: msg.split(" at line ").next().unwrap_or(&msg).to_string() }
+    }
+}
+
 /// What one probe of the kubernetes Service found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProbeResult {
@@ -595,18 +615,13 @@ impl ObservedState {
     pub fn parse(text: &str) -> Result<ObservedState, Vec<StateError>> {
         // The one bounded reader first: aliases cannot expand a small file past the cap.
         // (Its value is dropped: the typed decode below keeps serde's positions for its errors.)
-        render::yaml::parse(text, SNAPSHOT_EXPANDED_BYTES).map_err(|e| {
-            let at = match (e.line, e.col) {
-                (Some(l), Some(c)) => format!("line {l}, column {c}"),
-                _ => "the snapshot".to_string(),
-            };
-            vec![StateError { field: at, message: e.message }]
-        })?;
-        let s: ObservedState = serde_yaml::from_str(text).map_err(|e| {
-            let at = e.location().map(|l| format!("line {}, column {}", l.line(), l.column())).unwrap_or_default();
-            let msg = render::yaml::scrub(&e.to_string());
-            vec![StateError { field: at, message: msg.split(" at line ").next().unwrap_or(&msg).to_string() }]
-        })?;
+        render::yaml::parse(text, SNAPSHOT_EXPANDED_BYTES).map_err(|e| vec![StateError::of_yaml(e)])?;
+        ObservedState::decode(text)
+    }
+
+    /// `parse` of a text the bounded reader has read already: the typed decode and the check.
+    pub(crate) fn decode(text: &str) -> Result<ObservedState, Vec<StateError>> {
+        let s: ObservedState = serde_yaml::from_str(text).map_err(|e| vec![StateError::of_serde(&e)])?;
         s.check()?;
         Ok(s)
     }

@@ -53,8 +53,9 @@ pub struct MachineObservation {
     pub manifests: Arc<render::manifests::Manifests>,
     /// The operation of the machine's cluster that has not ended (its name and kind).
     pub in_progress: Option<(String, OperationKind)>,
-    /// The node's running config as read, or why it could not be read.
-    pub running: Result<String, String>,
+    /// The node's running config as read, or why it could not be read; none: not read (the
+    /// machine's render fails, so nothing of the node is judged).
+    pub running: Option<Result<String, String>>,
     /// The node's boot ID (none: a Talos before 1.14, or it could not be read).
     pub boot_id: Option<String>,
 }
@@ -133,11 +134,13 @@ pub fn assemble(
     state.desired = Some(rendered.config.clone());
     state.inputs_hash = Some(rendered.inputs_hash.clone());
     let text = match &o.running {
-        Err(why) => {
+        Some(Err(why)) => {
             state.context.node_unreachable = Some(why.clone());
             return Ok(state);
         }
-        Ok(text) => text,
+        Some(Ok(text)) => text,
+        // Not read: judged on the render and context alone.
+        None => return Ok(state),
     };
     // A boot ID Talos does not have (before 1.14) or cannot give now: no boot is tracked,
     // nothing is said to wait. The node still runs the config it booted with (the common case):
@@ -471,10 +474,17 @@ mod io {
             .and_then(|o| Some((o.metadata.name.clone()?, o.spec.kind)));
         let manifests = c.cluster_loaded(namespace, &cluster, secret).await?;
         let address = machine.spec.address.clone();
-        let running = c.talos.running_config(&address).await.map_err(|e| e.to_string());
+        // A machine whose render fails is judged on that alone: its node is not read (the render
+        // is kept, so the assembly's is the same one).
+        let name = machine.metadata.name.clone().unwrap_or_default();
+        let renders = c.renders.render(&c.classifier, &manifests, &name).is_ok();
+        let running = match renders {
+            true => Some(c.talos.running_config(&address).await.map_err(|e| e.to_string())),
+            false => None,
+        };
         let boot_id = match &running {
-            Ok(_) => c.talos.boot_id(&address).await.ok().flatten(),
-            Err(_) => None,
+            Some(Ok(_)) => c.talos.boot_id(&address).await.ok().flatten(),
+            _ => None,
         };
         Ok(MachineObservation {
             namespace: namespace.to_string(),

@@ -27,23 +27,10 @@ impl LoopSnapshot {
     /// The snapshot in `text`, or every problem with its field.
     pub fn parse(text: &str) -> Result<LoopSnapshot, Vec<crate::state::StateError>> {
         use crate::state::StateError;
-        let at = |e: serde_yaml::Error| {
-            let field = match e.location() {
-                Some(l) => format!("line {}, column {}", l.line(), l.column()),
-                None => "the snapshot".to_string(),
-            };
-            let message = e.to_string();
-            // serde_yaml appends "at line X column Y": the field says it.
-            vec![StateError { field, message: message.split(" at line ").next().unwrap_or(&message).to_string() }]
-        };
+        let at = |e: serde_yaml::Error| vec![StateError::of_serde(&e)];
         // The one bounded reader first: aliases cannot expand a small file past the cap.
-        let value = render::yaml::parse(text, crate::state::SNAPSHOT_EXPANDED_BYTES).map_err(|e| {
-            let field = match (e.line, e.col) {
-                (Some(l), Some(c)) => format!("line {l}, column {c}"),
-                _ => "the snapshot".to_string(),
-            };
-            vec![StateError { field, message: e.message }]
-        })?;
+        let value = render::yaml::parse(text, crate::state::SNAPSHOT_EXPANDED_BYTES)
+            .map_err(|e| vec![StateError::of_yaml(e)])?;
         match value.get("loop").and_then(|l| l.as_str()) {
             Some("machine") => Ok(LoopSnapshot::Machine(Box::new(serde_yaml::from_str(text).map_err(at)?))),
             Some("cluster") => Ok(LoopSnapshot::Cluster(Box::new(serde_yaml::from_str(text).map_err(at)?))),
@@ -51,7 +38,7 @@ impl LoopSnapshot {
                 field: "loop".into(),
                 message: format!("{other:?} is no loop: write `machine`, `cluster`, or leave it out for an operation"),
             }]),
-            None => Ok(LoopSnapshot::Operation(Box::new(crate::state::ObservedState::parse(text)?))),
+            None => Ok(LoopSnapshot::Operation(Box::new(crate::state::ObservedState::decode(text)?))),
         }
     }
 }
